@@ -1,0 +1,67 @@
+# ngx_http_kv_aware_module: build, test, demo, benchmark.
+#
+#   make deps    install what is missing from Debian's archive (apt-get)
+#   make module  build/ngx_http_kv_aware_module.so against Debian's nginx
+#   make test    unit tests of the core, then the nginx integration tests
+#   make demo    nginx + the module in front of local backends, narrated
+#   make bench   routing cost in process, then through nginx with wrk
+
+SHELL      := /bin/bash
+BUILD      := $(CURDIR)/build
+NGX_SRC    := /usr/share/nginx/src
+MODULE     := $(BUILD)/ngx_http_kv_aware_module.so
+
+CC         ?= cc
+CFLAGS_CORE = -std=gnu99 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter \
+              -Wpointer-arith -Isrc
+
+CORE_SRCS  := src/kva_prompt.c src/kva_hash.c src/kva_index.c src/kva_score.c
+CORE_HDRS  := $(CORE_SRCS:.c=.h)
+NGX_SRCS   := $(wildcard src/ngx_http_kv_aware_*.c src/ngx_http_kv_aware_*.h)
+
+UNIT_TESTS := $(patsubst t/unit/%.c,$(BUILD)/unit/%,$(wildcard t/unit/test_*.c))
+
+PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
+              libxxhash-dev libevent-dev redis-server redis-tools wrk \
+              gnuplot-nox perl ca-certificates
+
+.PHONY: all deps module unit test demo bench clean
+
+all: module
+
+deps:
+	@bash tools/install-deps.sh $(PACKAGES)
+
+module: $(MODULE)
+
+$(BUILD)/Makefile: config
+	@mkdir -p $(BUILD)
+	cd $(NGX_SRC) && . ./conf_flags && \
+	    ./configure "$${NGX_CONF_FLAGS[@]}" --add-dynamic-module=$(CURDIR) \
+	        --builddir=$(BUILD) > $(BUILD)/configure.log 2>&1 || \
+	    { tail -20 $(BUILD)/configure.log; exit 1; }
+
+$(MODULE): $(BUILD)/Makefile $(CORE_SRCS) $(CORE_HDRS) $(NGX_SRCS)
+	cd $(NGX_SRC) && $(MAKE) -s -f $(BUILD)/Makefile modules
+	@ls -l $(MODULE)
+
+$(BUILD)/unit/%: t/unit/%.c $(CORE_SRCS) $(CORE_HDRS)
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -o $@ $< $(CORE_SRCS) -ljansson -lxxhash
+
+unit: $(UNIT_TESTS)
+
+test: deps module unit
+	prove -I t/lib -r t/
+
+demo: deps module
+	perl tools/demo.pl
+
+bench: deps module
+	$(CC) $(CFLAGS_CORE) -o $(BUILD)/bench_route bench/bench_route.c \
+	    $(CORE_SRCS) -lxxhash
+	$(BUILD)/bench_route
+	bash bench/wrk.sh
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,42 @@
+/*
+ * kv_aware core: chained XXH3-64 block hashes.
+ */
+
+#include <xxhash.h>
+
+#include "kva_hash.h"
+
+
+uint64_t
+kva_hash_seed(uint64_t keyspace, const uint8_t *model, size_t model_len)
+{
+    return XXH3_64bits_withSeed(model, model_len, keyspace);
+}
+
+
+size_t
+kva_hash_blocks(uint64_t seed, const uint8_t *data, size_t len,
+    size_t block_size, uint64_t *out, size_t max_blocks)
+{
+    size_t    n, i;
+    uint64_t  h;
+
+    if (block_size == 0) {
+        return 0;
+    }
+
+    n = len / block_size;
+
+    if (n > max_blocks) {
+        n = max_blocks;
+    }
+
+    h = seed;
+
+    for (i = 0; i < n; i++) {
+        h = XXH3_64bits_withSeed(data + i * block_size, block_size, h);
+        out[i] = h;
+    }
+
+    return n;
+}

@@ -1,0 +1,103 @@
+/*
+ * kv_aware core: block hash -> servers, inside a caller-supplied region.
+ *
+ * The region may be nginx shared memory or plain malloc'ed memory in a
+ * test: the index holds offsets, never pointers, so it stays valid wherever
+ * the region is mapped.  The caller serialises access.
+ *
+ * An entry is one block hash with three bitmaps over server slots (0..63):
+ * what the server told us through events, what this router learned by
+ * sending the prefix there, and speculative guesses that stand in for events
+ * not yet received.  Learned and speculative bits age out by TTL; event bits
+ * are authoritative until removed.
+ */
+
+#ifndef _KVA_INDEX_H_INCLUDED_
+#define _KVA_INDEX_H_INCLUDED_
+
+
+#include <stddef.h>
+#include <stdint.h>
+
+
+#define KVA_MAX_SLOTS       64
+#define KVA_NIL             0xffffffffu
+
+
+typedef enum {
+    KVA_SRC_EVENT = 0,
+    KVA_SRC_LEARNED,
+    KVA_SRC_SPEC,
+    KVA_SRC_ALL                         /* kva_index_del(), drop_slots() */
+} kva_src_e;
+
+
+typedef struct {
+    uint64_t            key;
+    uint64_t            bits[3];        /* indexed by kva_src_e */
+    uint32_t            stamp;          /* last touch, caller's ticks */
+    uint32_t            next;           /* hash chain or free list */
+} kva_entry_t;
+
+
+typedef struct {
+    uint32_t            magic;
+    uint32_t            capacity;
+    uint32_t            nbuckets;       /* power of two */
+    uint32_t            used;
+    uint32_t            high_water;     /* entries handed out at least once */
+    uint32_t            free_head;
+    uint32_t            hand;           /* eviction sampling position */
+    uint32_t            pad;
+    uint64_t            evictions;
+    uint64_t            inserts;
+    /* uint32_t buckets[nbuckets]; kva_entry_t entries[capacity]; */
+} kva_index_t;
+
+
+/* what lookups and inserts consider fresh, in the caller's ticks */
+typedef struct {
+    uint32_t            now;
+    uint32_t            ttl_learned;
+    uint32_t            ttl_spec;
+} kva_clock_t;
+
+
+typedef struct {
+    uint64_t            entries[3];     /* per source, fresh or not */
+} kva_slot_count_t;
+
+
+size_t kva_index_region_size(uint32_t capacity);
+uint32_t kva_index_capacity_for(size_t region_size);
+
+/* returns NULL when the region cannot hold a single bucket and entry */
+kva_index_t *kva_index_init(void *region, size_t region_size);
+int kva_index_valid(const kva_index_t *ix, size_t region_size);
+
+/*
+ * For each slot in mask, depth[slot] = number of leading hashes that slot
+ * holds.  Stops at the first hash no slot in mask holds, so a miss costs
+ * one probe.  Returns the deepest match.
+ */
+uint32_t kva_index_match(kva_index_t *ix, const uint64_t *hashes,
+    uint32_t n, uint64_t mask, const kva_clock_t *clk,
+    uint32_t depth[KVA_MAX_SLOTS]);
+
+/* marks slot as holding every hash, evicting least recently used entries */
+void kva_index_add(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
+    unsigned slot, kva_src_e src, const kva_clock_t *clk);
+
+/* forgets what src says about slot for these hashes */
+void kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
+    unsigned slot, kva_src_e src);
+
+/* forgets everything src says about the slots in mask (whole-index scan) */
+void kva_index_drop_slots(kva_index_t *ix, uint64_t mask, kva_src_e src);
+
+/* per-slot entry counts for status pages (whole-index scan) */
+void kva_index_count(kva_index_t *ix, const kva_clock_t *clk,
+    kva_slot_count_t counts[KVA_MAX_SLOTS]);
+
+
+#endif /* _KVA_INDEX_H_INCLUDED_ */

@@ -1,0 +1,66 @@
+/*
+ * kv_aware core: OpenAI-style request body -> canonical prompt bytes.
+ *
+ * Plain C, no nginx headers: linked by the module, the tools and the tests.
+ */
+
+#ifndef _KVA_PROMPT_H_INCLUDED_
+#define _KVA_PROMPT_H_INCLUDED_
+
+
+#include <stddef.h>
+#include <stdint.h>
+
+
+#define KVA_PROMPT_MODEL_MAX   256      /* longer model names: first bytes */
+#define KVA_PROMPT_MAX_DEPTH   64       /* nesting deeper than this: error */
+
+/* separators in the canonical form; never produced by the framing itself */
+#define KVA_SEP_ROLE           0x1f     /* after a message role */
+#define KVA_SEP_MESSAGE        0x1e     /* after a message, a prompt string */
+#define KVA_SEP_TOOLS          0x1d     /* after the raw tools value */
+
+
+typedef enum {
+    KVA_PROMPT_OK = 0,
+    KVA_PROMPT_NOT_JSON,        /* syntax error, bad escape, trailing data */
+    KVA_PROMPT_BAD_UTF8,        /* invalid UTF-8 or lone surrogate escape */
+    KVA_PROMPT_TOO_DEEP,        /* nesting over KVA_PROMPT_MAX_DEPTH */
+    KVA_PROMPT_NO_PROMPT,       /* valid JSON, but no messages/prompt/input */
+    KVA_PROMPT_EMPTY            /* empty body */
+} kva_prompt_rc_e;
+
+
+typedef struct {
+    /* filled by kva_prompt_extract() */
+    uint8_t        *out;            /* canonical bytes, caller's buffer */
+    size_t          out_len;
+    unsigned        truncated:1;    /* out was full: out holds a prefix */
+    unsigned        kind:2;         /* KVA_PROMPT_KIND_* */
+
+    uint8_t         model[KVA_PROMPT_MODEL_MAX];
+    size_t          model_len;      /* 0 when there is no "model" string,
+                                       or when the body is not valid JSON;
+                                       set with KVA_PROMPT_NO_PROMPT too */
+} kva_prompt_t;
+
+
+#define KVA_PROMPT_KIND_NONE       0
+#define KVA_PROMPT_KIND_MESSAGES   1
+#define KVA_PROMPT_KIND_PROMPT     2
+#define KVA_PROMPT_KIND_INPUT      3
+
+
+/*
+ * Validates the whole body as JSON (RFC 8259, UTF-8) and writes the canonical
+ * prompt into out[0 .. out_cap).  When out fills up, the rest is validated
+ * but not written and p->truncated is set: a prefix is all routing needs.
+ * out_cap of len + 64 never truncates text prompts.
+ */
+kva_prompt_rc_e kva_prompt_extract(const uint8_t *body, size_t len,
+    uint8_t *out, size_t out_cap, kva_prompt_t *p);
+
+const char *kva_prompt_strerror(kva_prompt_rc_e rc);
+
+
+#endif /* _KVA_PROMPT_H_INCLUDED_ */

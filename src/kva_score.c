@@ -1,0 +1,134 @@
+/*
+ * kv_aware core: the routing decision.
+ */
+
+#include "kva_score.h"
+
+
+#define KVA_COST_EPSILON  1e-9
+
+
+static double kva_load(const kva_candidate_t *c, double mean_weight);
+static unsigned kva_pick_min(const double *cost, const kva_candidate_t *c,
+    unsigned n, uint32_t rnd);
+
+
+static double
+kva_load(const kva_candidate_t *c, double mean_weight)
+{
+    return (double) (c->inflight_reqs + c->inflight_blocks)
+           * mean_weight / c->weight;
+}
+
+
+/* lowest cost; ties go to the least routed, then to rnd */
+static unsigned
+kva_pick_min(const double *cost, const kva_candidate_t *c, unsigned n,
+    uint32_t rnd)
+{
+    unsigned  i, ties, best;
+    double    min;
+    uint64_t  routed;
+
+    min = cost[0];
+
+    for (i = 1; i < n; i++) {
+        if (cost[i] < min) {
+            min = cost[i];
+        }
+    }
+
+    routed = UINT64_MAX;
+
+    for (i = 0; i < n; i++) {
+        if (cost[i] <= min + KVA_COST_EPSILON && c[i].routed < routed) {
+            routed = c[i].routed;
+        }
+    }
+
+    ties = 0;
+    best = 0;
+
+    for (i = 0; i < n; i++) {
+        if (cost[i] <= min + KVA_COST_EPSILON && c[i].routed == routed) {
+            ties++;
+        }
+    }
+
+    ties = rnd % ties;
+
+    for (i = 0; i < n; i++) {
+        if (cost[i] <= min + KVA_COST_EPSILON && c[i].routed == routed) {
+            if (ties-- == 0) {
+                best = i;
+                break;
+            }
+        }
+    }
+
+    return best;
+}
+
+
+unsigned
+kva_score_pick(const kva_score_conf_t *conf, const kva_candidate_t *c,
+    unsigned n, uint32_t nblocks, uint32_t rnd, kva_why_e *why)
+{
+    double    cost[64], mean_weight;
+    unsigned  i, best;
+    uint64_t  least_reqs, total_weight;
+
+    if (n > 64) {
+        n = 64;
+    }
+
+    total_weight = 0;
+    least_reqs = UINT64_MAX;
+
+    for (i = 0; i < n; i++) {
+        total_weight += c[i].weight;
+
+        if (c[i].inflight_reqs < least_reqs) {
+            least_reqs = c[i].inflight_reqs;
+        }
+    }
+
+    mean_weight = (double) total_weight / n;
+
+    for (i = 0; i < n; i++) {
+        cost[i] = conf->overlap_weight * (nblocks - c[i].matched)
+                  + kva_load(&c[i], mean_weight);
+    }
+
+    best = kva_pick_min(cost, c, n, rnd);
+    *why = c[best].matched ? KVA_WHY_AFFINITY : KVA_WHY_LOAD;
+
+    if (*why == KVA_WHY_AFFINITY
+        && conf->imbalance
+        && c[best].inflight_reqs > least_reqs + conf->imbalance
+        && c[best].inflight_reqs > conf->imbalance_ratio * least_reqs)
+    {
+        for (i = 0; i < n; i++) {
+            cost[i] = kva_load(&c[i], mean_weight);
+        }
+
+        best = kva_pick_min(cost, c, n, rnd);
+        *why = KVA_WHY_GATE;
+    }
+
+    return best;
+}
+
+
+const char *
+kva_score_why(kva_why_e why)
+{
+    switch (why) {
+    case KVA_WHY_AFFINITY:
+        return "affinity";
+    case KVA_WHY_GATE:
+        return "gate";
+    default:
+        return "load";
+    }
+}

@@ -1,0 +1,400 @@
+/*
+ * ngx_http_kv_aware_module: the balancer.
+ *
+ * Wraps round-robin the way least_conn and hash do: round-robin keeps the
+ * peer lists, the tried bitmap and failure accounting; we only choose.
+ */
+
+#include "ngx_http_kv_aware_module.h"
+
+
+typedef struct {
+    /* first: round-robin's free and keepalive expect it here */
+    ngx_http_upstream_rr_peer_data_t   rrp;
+
+    ngx_http_kv_aware_srv_conf_t      *kcf;
+    ngx_http_kv_aware_ctx_t           *ctx;
+    ngx_http_upstream_rr_peers_t      *primary;
+
+    ngx_http_kv_aware_load_t          *charged;  /* load of the current try */
+    uint32_t                           charged_blocks;
+    ngx_uint_t                         slot;
+} ngx_http_kv_aware_peer_data_t;
+
+
+typedef struct {
+    ngx_http_upstream_rr_peer_t       *peer;
+    ngx_uint_t                         number;  /* in its peer list */
+    ngx_uint_t                         slot;
+} ngx_http_kv_aware_pick_t;
+
+
+static ngx_int_t ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
+    ngx_http_upstream_srv_conf_t *us);
+static ngx_int_t ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc,
+    void *data);
+static void ngx_http_kv_aware_free_peer(ngx_peer_connection_t *pc,
+    void *data, ngx_uint_t state);
+static ngx_uint_t ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
+    ngx_http_kv_aware_pick_t *picks, ngx_uint_t n, ngx_log_t *log);
+
+
+ngx_int_t
+ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *us)
+{
+    ngx_str_t                     *name;
+    ngx_uint_t                     n;
+    ngx_http_upstream_rr_peer_t   *peer;
+    ngx_http_upstream_rr_peers_t  *peers, *list;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
+
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, cf->log, 0, "kv_aware: init upstream");
+
+    if (ngx_http_upstream_init_round_robin(cf, us) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kv_aware_module);
+    peers = us->peer.data;
+
+    n = peers->number + (peers->next ? peers->next->number : 0);
+
+    if (n > KVA_MAX_SLOTS) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "kv_aware: upstream \"%V\" has %ui servers, "
+                           "at most %d are supported", &us->host, n,
+                           KVA_MAX_SLOTS);
+        return NGX_ERROR;
+    }
+
+    kcf->nprimary = peers->number;
+
+    kcf->peer_names = ngx_array_create(cf->pool, n, sizeof(ngx_str_t));
+    if (kcf->peer_names == NULL) {
+        return NGX_ERROR;
+    }
+
+    kcf->slot_of = ngx_pcalloc(cf->pool, n);
+    if (kcf->slot_of == NULL) {
+        return NGX_ERROR;
+    }
+
+    for (list = peers; list; list = (list == peers) ? peers->next : NULL) {
+        for (peer = list->peer; peer; peer = peer->next) {
+            name = ngx_array_push(kcf->peer_names);
+            if (name == NULL) {
+                return NGX_ERROR;
+            }
+
+            *name = peer->name;
+
+            if (name->len > NGX_HTTP_KV_AWARE_NAME_LEN) {
+                name->len = NGX_HTTP_KV_AWARE_NAME_LEN;
+            }
+        }
+    }
+
+    us->peer.init = ngx_http_kv_aware_init_peer;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
+    ngx_http_upstream_srv_conf_t *us)
+{
+    ngx_http_kv_aware_ctx_t        *ctx;
+    ngx_http_kv_aware_srv_conf_t   *kcf;
+    ngx_http_kv_aware_peer_data_t  *kp;
+
+    kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kv_aware_module);
+
+    kp = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_peer_data_t));
+    if (kp == NULL) {
+        return NGX_ERROR;
+    }
+
+    r->upstream->peer.data = &kp->rrp;
+
+    if (ngx_http_upstream_init_round_robin_peer(r, us) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    r->upstream->peer.get = ngx_http_kv_aware_get_peer;
+    r->upstream->peer.free = ngx_http_kv_aware_free_peer;
+
+    kp->kcf = kcf;
+    kp->primary = kp->rrp.peers;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
+
+    if (ctx == NULL) {
+        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_ctx_t));
+        if (ctx == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_http_set_ctx(r, ctx, ngx_http_kv_aware_module);
+
+        /* a prompt we cannot read only costs the request its affinity */
+        (void) ngx_http_kv_aware_prompt_hashes(r, kcf, ctx);
+
+        (void) ngx_atomic_fetch_add(&kcf->sh->requests, 1);
+
+        if (ctx->fallback != NGX_HTTP_KV_AWARE_ROUTED) {
+            (void) ngx_atomic_fetch_add(&kcf->sh->fallbacks, 1);
+        }
+    }
+
+    kp->ctx = ctx;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc, void *data)
+{
+    ngx_http_kv_aware_peer_data_t *kp = data;
+
+    time_t                          now;
+    uintptr_t                       m;
+    ngx_int_t                       rc;
+    ngx_uint_t                      i, n, base, best;
+    ngx_http_upstream_rr_peer_t    *peer;
+    ngx_http_upstream_rr_peers_t   *peers;
+    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
+    ngx_http_upstream_rr_peer_data_t  *rrp;
+
+    rrp = &kp->rrp;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, pc->log, 0,
+                   "kv_aware: get peer, try: %ui", pc->tries);
+
+    pc->cached = 0;
+    pc->connection = NULL;
+
+    now = ngx_time();
+
+    peers = rrp->peers;
+    base = (peers == kp->primary) ? 0 : kp->kcf->nprimary;
+
+    ngx_http_upstream_rr_peers_wlock(peers);
+
+    n = 0;
+
+    for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
+
+        m = (uintptr_t) 1 << i % (8 * sizeof(uintptr_t));
+
+        if (rrp->tried[i / (8 * sizeof(uintptr_t))] & m) {
+            continue;
+        }
+
+        if (peer->down) {
+            continue;
+        }
+
+        if (peer->max_fails
+            && peer->fails >= peer->max_fails
+            && now - peer->checked <= peer->fail_timeout)
+        {
+            continue;
+        }
+
+        if (peer->max_conns && peer->conns >= peer->max_conns) {
+            continue;
+        }
+
+        picks[n].peer = peer;
+        picks[n].number = i;
+        picks[n].slot = kp->kcf->slot_of[base + i];
+        n++;
+    }
+
+    if (n == 0) {
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, pc->log, 0,
+                       "kv_aware: no peer found");
+        goto failed;
+    }
+
+    best = ngx_http_kv_aware_choose(kp, picks, n, pc->log);
+    peer = picks[best].peer;
+
+    if (now - peer->checked > peer->fail_timeout) {
+        peer->checked = now;
+    }
+
+    pc->sockaddr = peer->sockaddr;
+    pc->socklen = peer->socklen;
+    pc->name = &peer->name;
+
+    peer->conns++;
+
+    rrp->current = peer;
+
+    i = picks[best].number;
+    rrp->tried[i / (8 * sizeof(uintptr_t))] |=
+                                 (uintptr_t) 1 << i % (8 * sizeof(uintptr_t));
+
+    ngx_http_upstream_rr_peers_unlock(peers);
+
+    return NGX_OK;
+
+failed:
+
+    if (peers->next) {
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, pc->log, 0,
+                       "kv_aware: backup servers");
+
+        rrp->peers = peers->next;
+
+        n = (rrp->peers->number + (8 * sizeof(uintptr_t) - 1))
+                / (8 * sizeof(uintptr_t));
+
+        for (i = 0; i < n; i++) {
+            rrp->tried[i] = 0;
+        }
+
+        ngx_http_upstream_rr_peers_unlock(peers);
+
+        rc = ngx_http_kv_aware_get_peer(pc, kp);
+
+        if (rc != NGX_BUSY) {
+            return rc;
+        }
+
+        ngx_http_upstream_rr_peers_wlock(peers);
+    }
+
+    /* all peers failed, mark them as live for quick recovery */
+
+    for (peer = peers->peer; peer; peer = peer->next) {
+        peer->fails = 0;
+    }
+
+    ngx_http_upstream_rr_peers_unlock(peers);
+
+    pc->name = peers->name;
+
+    return NGX_BUSY;
+}
+
+
+/*
+ * Scores the eligible peers, charges the winner with the request's load
+ * and records that it now holds the prompt's blocks, so that siblings of
+ * a burst follow it before any of them has finished.
+ */
+static ngx_uint_t
+ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
+    ngx_http_kv_aware_pick_t *picks, ngx_uint_t n, ngx_log_t *log)
+{
+    uint32_t                       depth[KVA_MAX_SLOTS], nblocks, matched;
+    uint64_t                       mask;
+    ngx_int_t                      reqs, blocks;
+    ngx_uint_t                     i, best, slot;
+    kva_clock_t                    clk;
+    kva_candidate_t                cand[KVA_MAX_SLOTS];
+    ngx_http_kv_aware_ctx_t       *ctx;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
+
+    kcf = kp->kcf;
+    ctx = kp->ctx;
+    nblocks = ctx->nblocks;
+
+    ngx_memzero(depth, sizeof(depth));
+
+    mask = 0;
+
+    for (i = 0; i < n; i++) {
+        mask |= 1ULL << picks[i].slot;
+    }
+
+    ngx_http_kv_aware_clock(kcf, &clk);
+
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+
+    if (nblocks) {
+        (void) kva_index_match(kcf->sh->index, ctx->hashes, nblocks, mask,
+                               &clk, depth);
+    }
+
+    for (i = 0; i < n; i++) {
+        slot = picks[i].slot;
+
+        /* other workers update these without the lock: never below zero */
+        reqs = (ngx_int_t) kcf->load[slot].reqs;
+        blocks = (ngx_int_t) kcf->load[slot].blocks;
+
+        cand[i].matched = depth[slot];
+        cand[i].weight = picks[i].peer->weight;
+        cand[i].inflight_reqs = reqs > 0 ? reqs : 0;
+        cand[i].inflight_blocks = blocks > 0 ? blocks : 0;
+        cand[i].routed = kcf->sh->slots[slot].routed;
+    }
+
+    best = kva_score_pick(&kcf->score, cand, n, nblocks,
+                          (uint32_t) ngx_random(), &ctx->why);
+    slot = picks[best].slot;
+    matched = cand[best].matched;
+
+    if (nblocks) {
+        kva_index_add(kcf->sh->index, ctx->hashes, nblocks, slot,
+                      KVA_SRC_LEARNED, &clk);
+    }
+
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
+
+    kp->slot = slot;
+    kp->charged = &kcf->load[slot];
+    kp->charged_blocks = nblocks - matched;
+
+    (void) ngx_atomic_fetch_add(&kp->charged->reqs, 1);
+    (void) ngx_atomic_fetch_add(&kp->charged->blocks, kp->charged_blocks);
+    (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].routed, 1);
+    (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].blocks, nblocks);
+    (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].matched, matched);
+
+    ctx->matched = matched;
+    ctx->decided = 1;
+
+    ngx_log_debug6(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "kv_aware: upstream \"%V\" chose slot %ui (%s), "
+                   "%uD of %uD blocks held, %uL in flight",
+                   &kcf->upstream, slot, kva_score_why(ctx->why), matched,
+                   nblocks, cand[best].inflight_reqs);
+
+    return best;
+}
+
+
+static void
+ngx_http_kv_aware_free_peer(ngx_peer_connection_t *pc, void *data,
+    ngx_uint_t state)
+{
+    ngx_http_kv_aware_peer_data_t *kp = data;
+
+    ngx_http_kv_aware_srv_conf_t  *kcf;
+
+    kcf = kp->kcf;
+
+    if (kp->charged) {
+        (void) ngx_atomic_fetch_add(&kp->charged->reqs, -1);
+        (void) ngx_atomic_fetch_add(&kp->charged->blocks,
+                                    -(ngx_atomic_int_t) kp->charged_blocks);
+        kp->charged = NULL;
+
+        /* the server did not take the prompt: do not send siblings there */
+        if ((state & NGX_PEER_FAILED) && kp->ctx->nblocks) {
+            ngx_shmtx_lock(&kcf->shpool->mutex);
+            kva_index_del(kcf->sh->index, kp->ctx->hashes, kp->ctx->nblocks,
+                          kp->slot, KVA_SRC_LEARNED);
+            ngx_shmtx_unlock(&kcf->shpool->mutex);
+        }
+    }
+
+    ngx_http_upstream_free_round_robin_peer(pc, &kp->rrp, state);
+}

@@ -1,0 +1,224 @@
+/*
+ * ngx_http_kv_aware_module: request body -> prompt block hashes.
+ *
+ * Runs in the peer init, after proxy has read the whole body (request
+ * buffering on).  The body may sit in one buffer, several, or a temp file.
+ * Nothing here changes what is sent upstream: we read copies or in place.
+ */
+
+#include "ngx_http_kv_aware_module.h"
+
+#include "kva_hash.h"
+#include "kva_prompt.h"
+
+
+/* the scanner's canonical form is never longer than the body plus this */
+#define NGX_HTTP_KV_AWARE_OUT_SLACK  64
+
+
+static u_char *ngx_http_kv_aware_read_body(ngx_http_request_t *r,
+    size_t len, ngx_http_kv_aware_fallback_e *fallback);
+
+
+static const char  *ngx_http_kv_aware_fallbacks[] = {
+    "",
+    "no_body",
+    "unbuffered",
+    "too_large",
+    "file_error",
+    "not_json",
+    "bad_utf8",
+    "too_deep",
+    "no_prompt",
+    "no_memory"
+};
+
+
+const char *
+ngx_http_kv_aware_fallback_name(ngx_http_kv_aware_fallback_e fallback)
+{
+    return ngx_http_kv_aware_fallbacks[fallback];
+}
+
+
+ngx_int_t
+ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx)
+{
+    off_t                      len;
+    size_t                     max_blocks;
+    u_char                    *body, *out;
+    uint64_t                   seed;
+    ngx_buf_t                 *b;
+    ngx_chain_t               *cl;
+    kva_prompt_t               prompt;
+    kva_prompt_rc_e            rc;
+    ngx_http_request_body_t   *rb;
+
+    rb = r->request_body;
+
+    if (r->request_body_no_buffering) {
+        ctx->fallback = NGX_HTTP_KV_AWARE_UNBUFFERED;
+        return NGX_DECLINED;
+    }
+
+    if (rb == NULL || rb->bufs == NULL) {
+        ctx->fallback = NGX_HTTP_KV_AWARE_NO_BODY;
+        return NGX_DECLINED;
+    }
+
+    len = 0;
+
+    for (cl = rb->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+        len += ngx_buf_in_memory(b) ? b->last - b->pos
+                                    : b->file_last - b->file_pos;
+    }
+
+    if (len == 0) {
+        ctx->fallback = NGX_HTTP_KV_AWARE_NO_BODY;
+        return NGX_DECLINED;
+    }
+
+    if ((size_t) len > kcf->max_body) {
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "kv_aware: body of %O bytes over max_body %uz",
+                       len, kcf->max_body);
+        ctx->fallback = NGX_HTTP_KV_AWARE_TOO_LARGE;
+        return NGX_DECLINED;
+    }
+
+    body = ngx_http_kv_aware_read_body(r, (size_t) len, &ctx->fallback);
+    if (body == NULL) {
+        return NGX_DECLINED;
+    }
+
+    out = ngx_pnalloc(r->pool, len + NGX_HTTP_KV_AWARE_OUT_SLACK);
+    if (out == NULL) {
+        ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
+        return NGX_DECLINED;
+    }
+
+    rc = kva_prompt_extract(body, len, out, len + NGX_HTTP_KV_AWARE_OUT_SLACK,
+                            &prompt);
+
+    if (body != rb->bufs->buf->pos) {
+        ngx_pfree(r->pool, body);
+    }
+
+    switch (rc) {
+
+    case KVA_PROMPT_OK:
+        break;
+
+    case KVA_PROMPT_BAD_UTF8:
+        ctx->fallback = NGX_HTTP_KV_AWARE_BAD_UTF8;
+        break;
+
+    case KVA_PROMPT_TOO_DEEP:
+        ctx->fallback = NGX_HTTP_KV_AWARE_TOO_DEEP;
+        break;
+
+    case KVA_PROMPT_NO_PROMPT:
+        ctx->fallback = NGX_HTTP_KV_AWARE_NO_PROMPT;
+        break;
+
+    case KVA_PROMPT_EMPTY:
+        ctx->fallback = NGX_HTTP_KV_AWARE_NO_BODY;
+        break;
+
+    default:
+        ctx->fallback = NGX_HTTP_KV_AWARE_NOT_JSON;
+        break;
+    }
+
+    if (rc != KVA_PROMPT_OK) {
+        /* a client fault, not ours: routed by load, proxied as it came */
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "kv_aware: routing by load, request body: %s",
+                      kva_prompt_strerror(rc));
+        ngx_pfree(r->pool, out);
+        return NGX_DECLINED;
+    }
+
+    max_blocks = prompt.out_len / kcf->block_size;
+
+    if (max_blocks) {
+        ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
+        if (ctx->hashes == NULL) {
+            ngx_pfree(r->pool, out);
+            ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
+            return NGX_DECLINED;
+        }
+
+        seed = kva_hash_seed(KVA_KEYSPACE_TEXT, prompt.model,
+                             prompt.model_len);
+
+        ctx->nblocks = (uint32_t) kva_hash_blocks(seed, out, prompt.out_len,
+                                                  kcf->block_size,
+                                                  ctx->hashes, max_blocks);
+    }
+
+    ngx_pfree(r->pool, out);
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kv_aware: prompt of %uz bytes, %uD blocks%s",
+                   prompt.out_len, ctx->nblocks,
+                   prompt.truncated ? ", truncated" : "");
+
+    return NGX_OK;
+}
+
+
+/* one contiguous copy of the body, or the body itself when it is one */
+static u_char *
+ngx_http_kv_aware_read_body(ngx_http_request_t *r, size_t len,
+    ngx_http_kv_aware_fallback_e *fallback)
+{
+    u_char       *body, *p;
+    size_t        size;
+    ssize_t       n;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    b = r->request_body->bufs->buf;
+
+    if (r->request_body->bufs->next == NULL && ngx_buf_in_memory(b)) {
+        return b->pos;
+    }
+
+    body = ngx_pnalloc(r->pool, len);
+    if (body == NULL) {
+        *fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
+        return NULL;
+    }
+
+    p = body;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (ngx_buf_in_memory(b)) {
+            p = ngx_cpymem(p, b->pos, b->last - b->pos);
+            continue;
+        }
+
+        size = (size_t) (b->file_last - b->file_pos);
+
+        /* a local temp file the client body module just wrote */
+        n = ngx_read_file(b->file, p, size, b->file_pos);
+
+        if (n != (ssize_t) size) {
+            ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                          "kv_aware: routing by load, cannot read "
+                          "request body from \"%V\"", &b->file->name);
+            ngx_pfree(r->pool, body);
+            *fallback = NGX_HTTP_KV_AWARE_FILE_ERROR;
+            return NULL;
+        }
+
+        p += n;
+    }
+
+    return body;
+}

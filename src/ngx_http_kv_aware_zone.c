@@ -1,0 +1,207 @@
+/*
+ * ngx_http_kv_aware_module: the per-upstream shared memory zone.
+ *
+ * The zone outlives reloads (limit_req's pattern): the index and the
+ * server slots are reused when the new configuration is compatible, so
+ * affinity survives `nginx -s reload`.  Servers keep their slot by name;
+ * slots of servers that left the upstream are wiped.
+ */
+
+#include "ngx_http_kv_aware_module.h"
+
+
+static ngx_int_t ngx_http_kv_aware_create_sh(ngx_shm_zone_t *shm_zone,
+    ngx_http_kv_aware_srv_conf_t *kcf);
+static ngx_int_t ngx_http_kv_aware_assign_slots(
+    ngx_http_kv_aware_srv_conf_t *kcf);
+
+
+ngx_int_t
+ngx_http_kv_aware_init_zone(ngx_shm_zone_t *shm_zone, void *data)
+{
+    ngx_http_kv_aware_srv_conf_t  *okcf = data;
+
+    ngx_uint_t                     g;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
+
+    kcf = shm_zone->data;
+    kcf->shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
+
+    if (okcf) {
+        kcf->sh = okcf->sh;
+
+    } else if (shm_zone->shm.exists) {
+        kcf->sh = kcf->shpool->data;
+
+    } else if (ngx_http_kv_aware_create_sh(shm_zone, kcf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (kcf->sh->block_size != kcf->block_size) {
+        /* hashes of another block size never match: start afresh */
+        if (kcf->sh->block_size) {
+            ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
+                          "kv_aware: block_size of upstream \"%V\" "
+                          "changed, index reset", &kcf->upstream);
+        }
+
+        (void) kva_index_init(kcf->sh->index, kcf->sh->index_size);
+        ngx_memzero(kcf->sh->slots, sizeof(kcf->sh->slots));
+        kcf->sh->block_size = kcf->block_size;
+    }
+
+    /*
+     * Workers of the old cycle still return their in-flight load to the
+     * table they charged; this cycle starts a clean one.
+     */
+    g = ++kcf->sh->generation % NGX_HTTP_KV_AWARE_GENERATIONS;
+    kcf->load = kcf->sh->load[g];
+    ngx_memzero(kcf->load, sizeof(kcf->sh->load[g]));
+
+    return ngx_http_kv_aware_assign_slots(kcf);
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_create_sh(ngx_shm_zone_t *shm_zone,
+    ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    size_t            len, size;
+    void             *region;
+    ngx_uint_t        tries;
+    ngx_slab_pool_t  *shpool;
+
+    shpool = kcf->shpool;
+
+    kcf->sh = ngx_slab_calloc(shpool, sizeof(ngx_http_kv_aware_shctx_t));
+    if (kcf->sh == NULL) {
+        return NGX_ERROR;
+    }
+
+    shpool->data = kcf->sh;
+
+    len = sizeof(" in kv_aware zone \"\"") + shm_zone->shm.name.len;
+
+    shpool->log_ctx = ngx_slab_alloc(shpool, len);
+    if (shpool->log_ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_sprintf(shpool->log_ctx, " in kv_aware zone \"%V\"%Z",
+                &shm_zone->shm.name);
+
+    shpool->log_nomem = 0;
+
+    /* the index takes every page left, in one run of pages */
+    size = shpool->pfree * ngx_pagesize;
+    region = NULL;
+
+    for (tries = 0; tries < 16 && size > ngx_pagesize; tries++) {
+        region = ngx_slab_alloc(shpool, size);
+
+        if (region) {
+            break;
+        }
+
+        size -= ngx_pagesize;
+    }
+
+    if (region == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                      "kv_aware: no room for the index in zone \"%V\"",
+                      &shm_zone->shm.name);
+        return NGX_ERROR;
+    }
+
+    kcf->sh->index = kva_index_init(region, size);
+    if (kcf->sh->index == NULL) {
+        return NGX_ERROR;
+    }
+
+    kcf->sh->index_size = size;
+
+    ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
+                  "kv_aware: upstream \"%V\" indexes up to %uD blocks",
+                  &kcf->upstream, kcf->sh->index->capacity);
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    uint64_t                   used, stale;
+    ngx_str_t                 *names;
+    ngx_uint_t                 i, s;
+    ngx_http_kv_aware_slot_t  *slots;
+
+    slots = kcf->sh->slots;
+    names = kcf->peer_names->elts;
+    used = 0;
+
+    for (i = 0; i < kcf->peer_names->nelts; i++) {
+        for (s = 0; s < KVA_MAX_SLOTS; s++) {
+            if (slots[s].name_len == names[i].len
+                && ngx_memcmp(slots[s].name, names[i].data, names[i].len)
+                   == 0)
+            {
+                break;
+            }
+        }
+
+        if (s < KVA_MAX_SLOTS) {
+            kcf->slot_of[i] = (u_char) s;
+            used |= 1ULL << s;
+        }
+    }
+
+    /* slots of servers that left: their entries would mislead newcomers */
+    stale = 0;
+
+    for (s = 0; s < KVA_MAX_SLOTS; s++) {
+        if (slots[s].name_len && !(used & (1ULL << s))) {
+            stale |= 1ULL << s;
+            ngx_memzero(&slots[s], sizeof(ngx_http_kv_aware_slot_t));
+        }
+    }
+
+    if (stale) {
+        ngx_shmtx_lock(&kcf->shpool->mutex);
+        kva_index_drop_slots(kcf->sh->index, stale, KVA_SRC_ALL);
+        ngx_shmtx_unlock(&kcf->shpool->mutex);
+    }
+
+    for (i = 0; i < kcf->peer_names->nelts; i++) {
+        if (used & (1ULL << kcf->slot_of[i])
+            && slots[kcf->slot_of[i]].name_len == names[i].len
+            && ngx_memcmp(slots[kcf->slot_of[i]].name, names[i].data,
+                          names[i].len) == 0)
+        {
+            continue;
+        }
+
+        for (s = 0; s < KVA_MAX_SLOTS; s++) {
+            if (!(used & (1ULL << s))) {
+                break;
+            }
+        }
+
+        /* init_upstream allowed at most KVA_MAX_SLOTS servers */
+        used |= 1ULL << s;
+        kcf->slot_of[i] = (u_char) s;
+        slots[s].name_len = names[i].len;
+        ngx_memcpy(slots[s].name, names[i].data, names[i].len);
+    }
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf, kva_clock_t *clk)
+{
+    clk->now = ngx_http_kv_aware_ticks(ngx_current_msec);
+    clk->ttl_learned = ngx_http_kv_aware_ticks(kcf->learned_ttl);
+    clk->ttl_spec = 0;
+}
