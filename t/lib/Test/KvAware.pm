@@ -90,6 +90,7 @@ sub new {
     $LIVE{refaddr $self} = $self;
     weaken $LIVE{refaddr $self};
     _install_signal_handlers();
+    $self->{watchdog} = _start_watchdog($self->{prefix});
 
     my @ports = _free_ports($self->{nbackends} + 2);
     $self->{port}       = shift @ports;
@@ -122,7 +123,40 @@ sub cleanup {
         eval { $self->backend_stop($i) };
     }
     eval { $self->redis_stop };
+    if (my $w = delete $self->{watchdog}) {
+        kill 'KILL', $w;
+        waitpid($w, 0);
+    }
     delete $LIVE{refaddr $self};
+}
+
+# A forked sentinel for when the test process is SIGKILLed (CI timeout):
+# END never runs then, so it kills what the pid files in PREFIX/logs name
+# and removes the prefix.  Normal cleanup kills the sentinel first.
+sub _start_watchdog {
+    my ($prefix) = @_;
+    my $owner = $$;
+    my $pid = fork // croak "fork: $!";
+    return $pid if $pid;
+
+    $SIG{INT} = 'IGNORE';          # Ctrl-C: the owner's END cleans up
+    $SIG{TERM} = 'DEFAULT';
+    # never hold the TAP pipe open: prove waits for its EOF
+    open(STDIN, '<', '/dev/null');
+    open(STDOUT, '>', '/dev/null');
+    open(STDERR, '>', '/dev/null');
+
+    sleep 0.5 while getppid() == $owner;
+
+    if (my $ngx = _read_pid("$prefix/logs/nginx.pid")) {
+        kill 'KILL', $ngx, _workers_of($ngx) if _alive($ngx);
+    }
+    for my $f (glob "$prefix/logs/*.pgid") {
+        my $pg = _read_pid($f) or next;
+        kill 'KILL', -$pg;
+    }
+    File::Path::remove_tree($prefix) unless $ENV{TEST_KEEP};
+    POSIX::_exit(0);
 }
 
 END {
@@ -131,13 +165,17 @@ END {
     }
 }
 
-# Ctrl-C / kill of the test: exit normally so END above still runs.
+# Ctrl-C, kill, or a closed TAP pipe: exit normally so END above still
+# runs (the default actions would skip it).  Handlers set by the test stay.
 sub _install_signal_handlers {
-    for my $sig (qw(INT TERM)) {
+    for my $sig (qw(INT TERM PIPE)) {
         my $cur = $SIG{$sig};
-        next if defined $cur && ref $cur;
         next if defined $cur && $cur ne '' && $cur ne 'DEFAULT';
-        $SIG{$sig} = sub { Test::More::diag("caught SIG$sig"); exit 1 };
+        $SIG{$sig} = sub {
+            $SIG{PIPE} = 'IGNORE';
+            print STDERR "# caught SIG$sig\n" unless $sig eq 'PIPE';
+            exit 1;
+        };
     }
 }
 
@@ -423,7 +461,8 @@ sub _workers_of {
         push @pids, $pid if $cmd =~ /worker process/;
     }
     closedir $dh;
-    return sort { $a <=> $b } @pids;
+    @pids = sort { $a <=> $b } @pids;
+    return @pids;                   # a count in scalar context
 }
 
 # (state, ppid) from /proc/PID/stat; the comm field may hold spaces/parens.
@@ -673,6 +712,7 @@ sub backend_start {
     my $log = "$self->{prefix}/logs/backend-$b->{name}.log";
     $b->{pid} = _spawn($log, $^X, $BACKEND_PL, '--port', $b->{port},
                        '--name', $b->{name}, '--mode', $b->{mode});
+    _write_file("$self->{prefix}/logs/backend-$b->{name}.pgid", $b->{pid});
 
     my $ok = _wait_until(5, sub {
         return -1 if waitpid($b->{pid}, WNOHANG) == $b->{pid};
@@ -691,6 +731,7 @@ sub backend_stop {
     my $b = $self->_backend($i);
     my $pid = delete $b->{pid} or return;
     _kill_group($pid);
+    unlink "$self->{prefix}/logs/backend-$b->{name}.pgid";
 }
 
 # Kills a process group we spawned (the process and its forked children);
@@ -717,6 +758,7 @@ sub redis_start {
         '--daemonize', 'no', '--dir', $self->{prefix});
 
     my $pid = $self->{redis_pid};
+    _write_file("$self->{prefix}/logs/redis.pgid", $pid);
     my $ok = _wait_until(5, sub {
         return -1 if waitpid($pid, WNOHANG) == $pid;
         return _redis_ping($port);
@@ -732,6 +774,7 @@ sub redis_stop {
     my ($self) = @_;
     my $pid = delete $self->{redis_pid} or return;
     _kill_group($pid);
+    unlink "$self->{prefix}/logs/redis.pgid";
 }
 
 # Output of "redis-cli -p PORT @args", trailing newline removed.

@@ -1,0 +1,111 @@
+/*
+ * kv_aware core: KV event protocol v1 (docs/events.md), JSON <-> batches.
+ *
+ * Shared by the module (decoder) and the publishers (encoder): the
+ * simulator, and later a bridge from vLLM.  Decoding uses jansson; events
+ * are small next to prompts, so it is not on the routing path.
+ */
+
+#ifndef _KVA_EVENT_H_INCLUDED_
+#define _KVA_EVENT_H_INCLUDED_
+
+
+#include <stddef.h>
+#include <stdint.h>
+
+
+#define KVA_EVENT_SERVER_MAX   128
+
+
+typedef enum {
+    KVA_EV_STORED = 0,
+    KVA_EV_REMOVED,
+    KVA_EV_CLEARED
+} kva_ev_type_e;
+
+
+typedef enum {
+    KVA_SNAP_NONE = 0,
+    KVA_SNAP_FULL,
+    KVA_SNAP_BEGIN,
+    KVA_SNAP_MORE,
+    KVA_SNAP_END
+} kva_snap_e;
+
+
+typedef struct {
+    kva_ev_type_e       type;
+    unsigned            has_parent:1;
+    uint64_t            parent;
+    uint64_t           *hashes;         /* into the batch's hash storage */
+    size_t              nhashes;
+} kva_ev_t;
+
+
+typedef struct {
+    char                server[KVA_EVENT_SERVER_MAX];
+    size_t              server_len;
+    uint64_t            seq;
+    kva_snap_e          snapshot;
+    unsigned            heartbeat:1;    /* no events, no snapshot */
+    unsigned            has_load:1;
+    uint32_t            waiting;
+    uint32_t            running;
+    double              kv_usage;
+
+    kva_ev_t           *events;
+    size_t              nevents;
+
+    /* owned storage, released by kva_batch_free() */
+    uint64_t           *hash_store;
+    size_t              hash_count;
+} kva_batch_t;
+
+
+typedef struct {
+    size_t              max_message;    /* bytes, 0: no limit */
+    size_t              max_hashes;     /* over the whole message, 0: none */
+    size_t              max_events;     /* 0: no limit */
+} kva_event_limits_t;
+
+
+typedef enum {
+    KVA_EVENT_OK = 0,
+    KVA_EVENT_TOO_BIG,                  /* message or lists over a limit */
+    KVA_EVENT_MALFORMED,                /* not JSON, or not an object */
+    KVA_EVENT_BAD_FIELD,                /* a field missing or of a bad type */
+    KVA_EVENT_VERSION,                  /* "v" is not 1 */
+    KVA_EVENT_NO_MEMORY
+} kva_event_rc_e;
+
+
+/*
+ * Decodes one message.  On success b owns heap memory: kva_batch_free().
+ * On failure nothing is left to free and err holds a short reason.
+ */
+kva_event_rc_e kva_event_decode(const char *msg, size_t len,
+    const kva_event_limits_t *lim, kva_batch_t *b, char *err,
+    size_t err_len);
+
+void kva_batch_free(kva_batch_t *b);
+
+/*
+ * Encodes a batch (events, snapshot, load, heartbeat as set in b) into a
+ * malloc'ed NUL-terminated string; *len excludes the NUL.  NULL: no memory.
+ */
+char *kva_event_encode(const kva_batch_t *b, size_t *len);
+
+/* {"v":1,"type":"resync","server":"..."} and its decoder */
+char *kva_event_encode_resync(const char *server, size_t server_len,
+    size_t *len);
+int kva_event_decode_resync(const char *msg, size_t len, char *server,
+    size_t server_cap, size_t *server_len);
+
+const char *kva_event_strerror(kva_event_rc_e rc);
+
+/* 16 lowercase hex digits, no NUL; and back (returns -1 if not hex) */
+void kva_hex64(uint64_t v, char out[16]);
+int kva_unhex64(const char *s, size_t len, uint64_t *v);
+
+
+#endif /* _KVA_EVENT_H_INCLUDED_ */
