@@ -19,15 +19,19 @@ CORE_SRCS  := src/kva_prompt.c src/kva_hash.c src/kva_index.c src/kva_score.c
 CORE_HDRS  := $(CORE_SRCS:.c=.h)
 NGX_SRCS   := $(wildcard src/ngx_http_kv_aware_*.c src/ngx_http_kv_aware_*.h)
 
-UNIT_TESTS := $(patsubst t/unit/%.c,$(BUILD)/unit/%,$(wildcard t/unit/test_*.c))
+# core unit tests link the core alone; tools/*.mk add their own
+UNIT_TESTS := $(patsubst %,$(BUILD)/unit/test_%,prompt hash index score)
+TOOLS      :=
 
 PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
               libxxhash-dev libevent-dev redis-server redis-tools wrk \
               gnuplot-nox perl ca-certificates
 
-.PHONY: all deps module unit test demo bench clean
+.PHONY: all deps module unit tools test demo bench clean
 
 all: module
+
+-include $(wildcard tools/*.mk)
 
 deps:
 	@bash tools/install-deps.sh $(PACKAGES)
@@ -51,7 +55,9 @@ $(BUILD)/unit/%: t/unit/%.c $(CORE_SRCS) $(CORE_HDRS)
 
 unit: $(UNIT_TESTS)
 
-test: deps module unit
+tools: $(TOOLS)
+
+test: deps module unit tools
 	prove -I t/lib -r t/
 
 demo: deps module

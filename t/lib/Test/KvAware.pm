@@ -977,8 +977,11 @@ sub run_blocks {
 
             my $ok = eval { _run_block($blk, $no_module); 1 };
             die $@ if !$ok && ref $@;   # Test::Builder control flow
-            Test::More::ok(0, "$blk->{name} - died") or
-                Test::More::diag($@) unless $ok;
+            unless ($ok) {
+                (my $why = $@) =~ s/ at \S+ line \d+\.?\n\z/\n/;
+                Test::More::ok(0, "$blk->{name} - died");
+                Test::More::diag($why);
+            }
         });
     }
 }
@@ -1167,9 +1170,11 @@ sub _check_log_patterns {
             or Test::More::diag("--- $what (tail):\n" . _tail($text, 30));
     }
     for my $p (_patterns($s->{no_error_log})) {
-        Test::More::ok(!log_matches($text, $p), "$name - $what lacks: $p")
-            or Test::More::diag(join "\n", "matching lines:",
-                   grep { log_matches($_, $p) } split /\n/, $text);
+        next if Test::More::ok(!log_matches($text, $p),
+                               "$name - $what lacks: $p");
+        my @m = grep { log_matches($_, $p) } split /\n/, $text;
+        splice @m, 10;
+        Test::More::diag(join "\n", "matching lines (first 10):", @m);
     }
 }
 

@@ -1,0 +1,37 @@
+/*
+ * Minimal TAP for the core's unit tests: prove reads what these print.
+ */
+
+#ifndef _KVA_TAP_H_INCLUDED_
+#define _KVA_TAP_H_INCLUDED_
+
+
+#include <stdio.h>
+
+
+static int  tap_n, tap_failed;
+
+
+#define ok(cond, ...)                                                         \
+    do {                                                                      \
+        tap_n++;                                                              \
+        if (!(cond)) {                                                        \
+            tap_failed++;                                                     \
+            printf("not ok %d - ", tap_n);                                    \
+        } else {                                                              \
+            printf("ok %d - ", tap_n);                                        \
+        }                                                                     \
+        printf(__VA_ARGS__);                                                  \
+        printf("\n");                                                         \
+        if (!(cond)) {                                                        \
+            printf("#   failed at %s line %d: %s\n", __FILE__, __LINE__,     \
+                   #cond);                                                    \
+        }                                                                     \
+    } while (0)
+
+
+#define done_testing()                                                        \
+    (printf("1..%d\n", tap_n), tap_failed ? 1 : 0)
+
+
+#endif /* _KVA_TAP_H_INCLUDED_ */
