@@ -35,6 +35,21 @@
 #define kva_cpylit(dst, s)       kva_cpymem(dst, s, sizeof(s) - 1)
 
 
+/* indexed by kva_snap_e, kva_ev_type_e and kva_event_rc_e */
+static const char  *kva_snap_names[] = {
+    NULL, "full", "begin", "more", "end"
+};
+
+static const char  *kva_ev_names[] = { "stored", "removed", "cleared" };
+
+static const char  *kva_rc_names[] = {
+    "ok", "too big", "malformed", "bad field", "unsupported version",
+    "no memory"
+};
+
+static const char   kva_digits[] = "0123456789abcdef";
+
+
 typedef struct {
     char                *buf;
     size_t               len;
@@ -53,9 +68,10 @@ static kva_event_rc_e kva_decode_load(json_t *load, kva_batch_t *b,
     kva_err_t *e);
 static kva_event_rc_e kva_decode_events(json_t *events,
     const kva_event_limits_t *lim, kva_batch_t *b, kva_err_t *e);
-static kva_event_rc_e kva_decode_hashes(json_t *events, kva_batch_t *b,
-    kva_err_t *e);
+static size_t kva_get_server(json_t *root, char *dst, size_t cap);
 static int kva_get_uint(json_t *j, uint64_t max, uint64_t *v);
+static int kva_get_u32(json_t *obj, const char *key, uint32_t *v);
+static int kva_lookup(const char *const *names, int n, json_t *j);
 static char *kva_put_str(char *p, const char *s, size_t len);
 static char *kva_put_u64(char *p, uint64_t v);
 static char *kva_put_usage(char *p, double x);
@@ -131,10 +147,9 @@ static kva_event_rc_e
 kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
     kva_err_t *e)
 {
-    size_t           n;
+    int              k;
     json_t          *j;
     uint64_t         u;
-    const char      *s;
     kva_event_rc_e   rc;
 
     if (!json_is_object(root)) {
@@ -158,24 +173,13 @@ kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
                         " not supported", json_integer_value(j));
     }
 
-    j = json_object_get(root, "server");
+    b->server_len = kva_get_server(root, b->server, KVA_EVENT_SERVER_MAX);
 
-    if (!json_is_string(j)) {
+    if (b->server_len == 0) {
         return kva_errf(e, KVA_EVENT_BAD_FIELD,
-                        "server: missing or not a string");
+                        "server: missing, not a string, empty or over %d "
+                        "bytes", KVA_EVENT_SERVER_MAX - 1);
     }
-
-    n = json_string_length(j);
-
-    if (n == 0 || n >= KVA_EVENT_SERVER_MAX) {
-        return kva_errf(e, KVA_EVENT_BAD_FIELD,
-                        "server: empty or over %d bytes",
-                        KVA_EVENT_SERVER_MAX - 1);
-    }
-
-    memcpy(b->server, json_string_value(j), n);
-    b->server[n] = '\0';
-    b->server_len = n;
 
     if (kva_get_uint(json_object_get(root, "seq"), KVA_SEQ_MAX, &u) != 0) {
         return kva_errf(e, KVA_EVENT_BAD_FIELD,
@@ -195,24 +199,14 @@ kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
     j = json_object_get(root, "snapshot");
 
     if (j != NULL) {
-        s = json_is_string(j) ? json_string_value(j) : "";
+        k = kva_lookup(kva_snap_names, KVA_SNAP_END + 1, j);
 
-        if (strcmp(s, "full") == 0) {
-            b->snapshot = KVA_SNAP_FULL;
-
-        } else if (strcmp(s, "begin") == 0) {
-            b->snapshot = KVA_SNAP_BEGIN;
-
-        } else if (strcmp(s, "more") == 0) {
-            b->snapshot = KVA_SNAP_MORE;
-
-        } else if (strcmp(s, "end") == 0) {
-            b->snapshot = KVA_SNAP_END;
-
-        } else {
+        if (k <= KVA_SNAP_NONE) {
             return kva_errf(e, KVA_EVENT_BAD_FIELD,
                             "snapshot: not full, begin, more or end");
         }
+
+        b->snapshot = (kva_snap_e) k;
     }
 
     j = json_object_get(root, "load");
@@ -242,9 +236,8 @@ kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
 static kva_event_rc_e
 kva_decode_load(json_t *load, kva_batch_t *b, kva_err_t *e)
 {
-    double     x;
-    json_t    *j;
-    uint64_t   u;
+    double    x;
+    json_t   *j;
 
     if (!json_is_object(load)) {
         return kva_errf(e, KVA_EVENT_BAD_FIELD, "load: not an object");
@@ -252,28 +245,14 @@ kva_decode_load(json_t *load, kva_batch_t *b, kva_err_t *e)
 
     b->has_load = 1;
 
-    /* queue lengths past 2^32 mean nothing more to a balancer: clamp */
-
-    j = json_object_get(load, "waiting");
-
-    if (j != NULL) {
-        if (kva_get_uint(j, UINT64_MAX, &u) != 0) {
-            return kva_errf(e, KVA_EVENT_BAD_FIELD,
-                            "load.waiting: not an integer >= 0");
-        }
-
-        b->waiting = u > UINT32_MAX ? UINT32_MAX : (uint32_t) u;
+    if (kva_get_u32(load, "waiting", &b->waiting) != 0) {
+        return kva_errf(e, KVA_EVENT_BAD_FIELD,
+                        "load.waiting: not an integer >= 0");
     }
 
-    j = json_object_get(load, "running");
-
-    if (j != NULL) {
-        if (kva_get_uint(j, UINT64_MAX, &u) != 0) {
-            return kva_errf(e, KVA_EVENT_BAD_FIELD,
-                            "load.running: not an integer >= 0");
-        }
-
-        b->running = u > UINT32_MAX ? UINT32_MAX : (uint32_t) u;
+    if (kva_get_u32(load, "running", &b->running) != 0) {
+        return kva_errf(e, KVA_EVENT_BAD_FIELD,
+                        "load.running: not an integer >= 0");
     }
 
     j = json_object_get(load, "kv_usage");
@@ -297,10 +276,11 @@ static kva_event_rc_e
 kva_decode_events(json_t *events, const kva_event_limits_t *lim,
     kva_batch_t *b, kva_err_t *e)
 {
-    size_t        n, i, total;
-    json_t       *ev, *j;
-    kva_ev_t     *out;
-    const char   *type;
+    int         t;
+    size_t      n, i, k, total;
+    json_t     *ev, *j, *h;
+    uint64_t   *p;
+    kva_ev_t   *out;
 
     if (!json_is_array(events)) {
         return kva_errf(e, KVA_EVENT_BAD_FIELD, "events: not an array");
@@ -334,24 +314,20 @@ kva_decode_events(json_t *events, const kva_event_limits_t *lim,
                             "events[%zu]: not an object", i);
         }
 
-        j = json_object_get(ev, "type");
-        type = json_is_string(j) ? json_string_value(j) : "";
+        t = kva_lookup(kva_ev_names, KVA_EV_CLEARED + 1,
+                       json_object_get(ev, "type"));
 
-        if (strcmp(type, "stored") == 0) {
-            out->type = KVA_EV_STORED;
-
-        } else if (strcmp(type, "removed") == 0) {
-            out->type = KVA_EV_REMOVED;
-
-        } else if (strcmp(type, "cleared") == 0) {
-            /* hashes or parent on "cleared" mean nothing: ignored */
-            out->type = KVA_EV_CLEARED;
-            continue;
-
-        } else {
+        if (t < 0) {
             return kva_errf(e, KVA_EVENT_BAD_FIELD,
                             "events[%zu].type: not stored, removed or "
                             "cleared", i);
+        }
+
+        out->type = (kva_ev_type_e) t;
+
+        if (out->type == KVA_EV_CLEARED) {
+            /* hashes or parent on "cleared" mean nothing: ignored */
+            continue;
         }
 
         j = json_object_get(ev, "hashes");
@@ -400,33 +376,20 @@ kva_decode_events(json_t *events, const kva_event_limits_t *lim,
     }
 
     b->hash_count = total;
-
-    return kva_decode_hashes(events, b, e);
-}
-
-
-static kva_event_rc_e
-kva_decode_hashes(json_t *events, kva_batch_t *b, kva_err_t *e)
-{
-    size_t      i, k;
-    json_t     *hashes, *h;
-    uint64_t   *p;
-    kva_ev_t   *ev;
-
     p = b->hash_store;
 
-    for (i = 0; i < b->nevents; i++) {
-        ev = &b->events[i];
+    for (i = 0; i < n; i++) {
+        out = &b->events[i];
 
-        if (ev->type == KVA_EV_CLEARED || ev->nhashes == 0) {
+        if (out->type == KVA_EV_CLEARED || out->nhashes == 0) {
             continue;
         }
 
-        ev->hashes = p;
-        hashes = json_object_get(json_array_get(events, i), "hashes");
+        out->hashes = p;
+        j = json_object_get(json_array_get(events, i), "hashes");
 
-        for (k = 0; k < ev->nhashes; k++) {
-            h = json_array_get(hashes, k);
+        for (k = 0; k < out->nhashes; k++, p++) {
+            h = json_array_get(j, k);
 
             if (!json_is_string(h)
                 || kva_unhex64(json_string_value(h), json_string_length(h),
@@ -437,12 +400,36 @@ kva_decode_hashes(json_t *events, kva_batch_t *b, kva_err_t *e)
                                 "events[%zu].hashes[%zu]: not 16 hex digits",
                                 i, k);
             }
-
-            p++;
         }
     }
 
     return KVA_EVENT_OK;
+}
+
+
+/* the string's length, 0 if it cannot be a server name or does not fit */
+static size_t
+kva_get_server(json_t *root, char *dst, size_t cap)
+{
+    size_t   n;
+    json_t  *j;
+
+    j = json_object_get(root, "server");
+
+    if (!json_is_string(j)) {
+        return 0;
+    }
+
+    n = json_string_length(j);
+
+    if (n >= KVA_EVENT_SERVER_MAX || n >= cap) {
+        return 0;
+    }
+
+    memcpy(dst, json_string_value(j), n);
+    dst[n] = '\0';
+
+    return n;
 }
 
 
@@ -465,6 +452,52 @@ kva_get_uint(json_t *j, uint64_t max, uint64_t *v)
     *v = (uint64_t) n;
 
     return 0;
+}
+
+
+/* queue lengths past 2^32 mean nothing more to a balancer: clamped */
+static int
+kva_get_u32(json_t *obj, const char *key, uint32_t *v)
+{
+    json_t    *j;
+    uint64_t   u;
+
+    j = json_object_get(obj, key);
+
+    if (j == NULL) {
+        return 0;
+    }
+
+    if (kva_get_uint(j, UINT64_MAX, &u) != 0) {
+        return -1;
+    }
+
+    *v = u > UINT32_MAX ? UINT32_MAX : (uint32_t) u;
+
+    return 0;
+}
+
+
+/* the index of j's string in names, -1 if j is not one of them */
+static int
+kva_lookup(const char *const *names, int n, json_t *j)
+{
+    int          i;
+    const char  *s;
+
+    if (!json_is_string(j)) {
+        return -1;
+    }
+
+    s = json_string_value(j);
+
+    for (i = 0; i < n; i++) {
+        if (names[i] != NULL && strcmp(names[i], s) == 0) {
+            return i;
+        }
+    }
+
+    return -1;
 }
 
 
@@ -491,10 +524,10 @@ kva_batch_free(kva_batch_t *b)
 char *
 kva_event_encode(const kva_batch_t *b, size_t *len)
 {
-    char              *buf, *p;
-    size_t             size, i, k, slen;
-    const kva_ev_t    *ev;
-    static const char  *snaps[] = { NULL, "full", "begin", "more", "end" };
+    char             *buf, *p;
+    size_t            size, i, k, slen;
+    const char       *name;
+    const kva_ev_t   *ev;
 
     slen = b->server_len < KVA_EVENT_SERVER_MAX ? b->server_len
                                                 : KVA_EVENT_SERVER_MAX;
@@ -524,8 +557,9 @@ kva_event_encode(const kva_batch_t *b, size_t *len)
     p = kva_put_u64(p, b->seq);
 
     if (b->snapshot > KVA_SNAP_NONE && b->snapshot <= KVA_SNAP_END) {
+        name = kva_snap_names[b->snapshot];
         p = kva_cpylit(p, ",\"snapshot\":\"");
-        p = kva_cpymem(p, snaps[b->snapshot], strlen(snaps[b->snapshot]));
+        p = kva_cpymem(p, name, strlen(name));
         *p++ = '"';
     }
 
@@ -664,19 +698,10 @@ kva_event_decode_resync(const char *msg, size_t len, char *server,
         goto done;
     }
 
-    j = json_object_get(root, "server");
-    if (!json_is_string(j)) {
+    n = kva_get_server(root, server, server_cap);
+    if (n == 0) {
         goto done;
     }
-
-    n = json_string_length(j);
-
-    if (n == 0 || n >= KVA_EVENT_SERVER_MAX || n >= server_cap) {
-        goto done;
-    }
-
-    memcpy(server, json_string_value(j), n);
-    server[n] = '\0';
 
     if (server_len != NULL) {
         *server_len = n;
@@ -695,33 +720,21 @@ done:
 const char *
 kva_event_strerror(kva_event_rc_e rc)
 {
-    switch (rc) {
-    case KVA_EVENT_OK:
-        return "ok";
-    case KVA_EVENT_TOO_BIG:
-        return "too big";
-    case KVA_EVENT_MALFORMED:
-        return "malformed";
-    case KVA_EVENT_BAD_FIELD:
-        return "bad field";
-    case KVA_EVENT_VERSION:
-        return "unsupported version";
-    case KVA_EVENT_NO_MEMORY:
-        return "no memory";
+    if ((unsigned) rc >= sizeof(kva_rc_names) / sizeof(kva_rc_names[0])) {
+        return "unknown error";
     }
 
-    return "unknown error";
+    return kva_rc_names[rc];
 }
 
 
 void
 kva_hex64(uint64_t v, char out[16])
 {
-    int                 i;
-    static const char   digits[] = "0123456789abcdef";
+    int  i;
 
     for (i = 15; i >= 0; i--) {
-        out[i] = digits[v & 0xf];
+        out[i] = kva_digits[v & 0xf];
         v >>= 4;
     }
 }
@@ -768,38 +781,24 @@ kva_unhex64(const char *s, size_t len, uint64_t *v)
 static char *
 kva_put_str(char *p, const char *s, size_t len)
 {
-    size_t              i;
-    unsigned char       c;
-    static const char   digits[] = "0123456789abcdef";
+    size_t          i;
+    unsigned char   c;
 
     for (i = 0; i < len; i++) {
         c = (unsigned char) s[i];
 
-        if (c >= 0x20 && c != '"' && c != '\\') {
+        if (c == '"' || c == '\\') {
+            *p++ = '\\';
             *p++ = c;
-            continue;
-        }
 
-        *p++ = '\\';
+        } else if (c < 0x20) {
+            /* \u00XX for all controls: valid JSON, and one rule less */
+            p = kva_cpylit(p, "\\u00");
+            *p++ = kva_digits[c >> 4];
+            *p++ = kva_digits[c & 0xf];
 
-        switch (c) {
-        case '"':
-        case '\\':
+        } else {
             *p++ = c;
-            break;
-        case '\n':
-            *p++ = 'n';
-            break;
-        case '\r':
-            *p++ = 'r';
-            break;
-        case '\t':
-            *p++ = 't';
-            break;
-        default:
-            p = kva_cpylit(p, "u00");
-            *p++ = digits[c >> 4];
-            *p++ = digits[c & 0xf];
         }
     }
 

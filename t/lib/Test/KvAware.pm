@@ -9,6 +9,38 @@ package Test::KvAware;
 #
 # Everything it starts is stopped in DESTROY/END, even when the test dies;
 # every wait is bounded.
+#
+# Object API (see t/00-harness.t for examples):
+#   $env = Test::KvAware->new(backends => 2, workers => 1, redis => 0,
+#                             module => 1, backend_modes => [...],
+#                             log_level => 'debug');
+#   $env->conf(main_config =>, http_config =>, config =>, module =>,
+#              workers =>, log_level =>)      # $TEST_NGINX_* expanded
+#   ($ok, $out) = $env->test_config;          # nginx -t
+#   $env->start_nginx(quiet => 0) / reload(quiet => 0) / stop_nginx
+#                                             # one ok() each unless quiet
+#   $env->nginx_pid, worker_pids, last_error, prefix, port
+#   $r = $env->request($method, $uri, $body, \%headers)
+#        # {status, headers (lc), body, json, elapsed, error}
+#   @r = $env->concurrent([[$method, $uri, $body, \%headers], ...])
+#   $env->raw_request($bytes), backend_request($i, $method, $uri, ...)
+#   $env->backend_stop($i), backend_start($i, mode => 'ok|fail|close'),
+#        backend_port($i), backend_pid($i)
+#   $env->redis_cli(@args), redis_stop, redis_start, redis_port
+#   $env->error_log([$offset]), error_log_offset, access_log,
+#        wait_for_log($pattern, $timeout, $offset), check_logs_clean($name)
+#
+# Block runner: run_blocks(no_module => 1) reads __DATA__ blocks
+# ("=== TEST n: name") with sections main_config, http_config, config,
+# backends, backend_modes, workers, redis, log_level, no_module, request,
+# more_headers, repeat, error_code, response_body, response_body_like,
+# response_headers ("Name: value", "!Name" = absent),
+# response_headers_like, error_log, no_error_log (substring or qr/.../ per
+# line), must_die, wait, SKIP, ONLY.  "--- name: value" is the one-line
+# form; "--- name eval" evaluates the section as Perl (an array ref gives
+# one value per request of an array-ref request).  request and
+# response_body lose only their single trailing newline; the other
+# sections are trimmed; blank lines before the next "===" are dropped.
 
 use strict;
 use warnings;
@@ -734,17 +766,15 @@ sub backend_stop {
     unlink "$self->{prefix}/logs/backend-$b->{name}.pgid";
 }
 
-# Kills a process group we spawned (the process and its forked children);
-# TERM first, KILL after 5 s.
+# Kills a process group we spawned (the process and its forked children):
+# TERM first, KILL after 5 s.  The leader is reaped only at the end, so
+# its pid (= the group id) cannot be reused by anyone while we signal it.
 sub _kill_group {
     my ($pid) = @_;
     kill 'TERM', -$pid;
-    my $gone = _wait_until(5, sub { waitpid($pid, WNOHANG) != 0 });
-    unless ($gone) {
-        kill 'KILL', -$pid;
-        waitpid($pid, 0);
-    }
-    kill 'KILL', -$pid;            # any straggling children
+    _wait_until(5, sub { !_alive($pid) });
+    kill 'KILL', -$pid;             # stragglers, or a leader that hung
+    waitpid($pid, 0);
 }
 
 sub redis_start {

@@ -1,0 +1,217 @@
+/*
+ * In-process routing cost: parse + hash + lookup + score + record, the work
+ * the balancer does per request, on the same core code the module links.
+ *
+ * Prints the median and p99 per case against the project's budget.
+ */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kva_hash.h"
+#include "kva_index.h"
+#include "kva_prompt.h"
+#include "kva_score.h"
+
+
+#define BLOCK_SIZE  256
+
+
+static uint64_t
+rnd64(uint64_t *s)
+{
+    uint64_t  x;
+
+    x = (*s += 0x9e3779b97f4a7c15ULL);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+
+static double
+now_us(void)
+{
+    struct timespec  ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+
+static int
+cmp_double(const void *a, const void *b)
+{
+    double  x = *(const double *) a, y = *(const double *) b;
+
+    return (x > y) - (x < y);
+}
+
+
+/* a chat body of about `tokens` 4-byte pseudo-tokens */
+static char *
+make_body(size_t tokens, int escapes, size_t *len)
+{
+    char      *body, *p;
+    size_t     i, text;
+    uint64_t   s = 42;
+
+    text = tokens * 4;
+    body = malloc(text * 2 + 256);
+    if (body == NULL) {
+        exit(1);
+    }
+
+    p = body + sprintf(body, "{\"model\":\"qwen3-32b\",\"stream\":true,"
+                       "\"messages\":[{\"role\":\"system\",\"content\":\"");
+
+    for (i = 0; i < text; i++) {
+        if (escapes && i % 61 == 60) {
+            p += sprintf(p, (i / 61) % 3 == 0 ? "\\n"
+                            : (i / 61) % 3 == 1 ? "\\\"" : "\\u00e9");
+            continue;
+        }
+
+        *p++ = "abcdefghijklmnopqrstuvwxyz 0123456789"[rnd64(&s) % 37];
+    }
+
+    p += sprintf(p, "\"},{\"role\":\"user\",\"content\":\"Summarise.\"}],"
+                 "\"max_tokens\":100}");
+    *len = p - body;
+
+    return body;
+}
+
+
+static void
+run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
+    double budget)
+{
+    char              *body;
+    void              *region;
+    size_t             len, size, n, iters, i;
+    double            *t, t0, med, p99;
+    uint8_t           *out;
+    uint32_t           depth[KVA_MAX_SLOTS], j;
+    uint64_t          *hashes, s, seed, filler[1024], mask;
+    unsigned           k;
+    kva_why_e          why;
+    kva_clock_t        clk = { 100, 1u << 30, 100 };
+    kva_index_t       *ix;
+    kva_prompt_t       p;
+    kva_candidate_t    cand[KVA_MAX_SLOTS];
+    kva_score_conf_t   conf = { 2.0, 32, 1.5 };
+
+    body = make_body(tokens, escapes, &len);
+    out = malloc(len + 64);
+    hashes = malloc((len / BLOCK_SIZE + 1) * sizeof(uint64_t));
+
+    size = kva_index_region_size(entries + entries / 4 + 4096);
+    region = malloc(size);
+    ix = kva_index_init(region, size);
+
+    if (out == NULL || hashes == NULL || region == NULL || ix == NULL) {
+        exit(1);
+    }
+
+    /* fill the index with unrelated prefixes spread over the servers */
+    s = 7;
+
+    for (j = 0; j < entries; j += 1024) {
+        for (i = 0; i < 1024; i++) {
+            filler[i] = rnd64(&s);
+        }
+
+        kva_index_add(ix, filler, entries - j < 1024 ? entries - j : 1024,
+                      (unsigned) (j / 1024) % servers, KVA_SRC_LEARNED, &clk);
+    }
+
+    mask = servers == 64 ? ~0ULL : (1ULL << servers) - 1;
+    memset(cand, 0, sizeof(cand));
+
+    for (k = 0; k < servers; k++) {
+        cand[k].weight = 1;
+        cand[k].inflight_reqs = k % 3;
+    }
+
+    iters = tokens >= 32768 ? 200 : 2000;
+    t = malloc(iters * sizeof(double));
+    if (t == NULL) {
+        exit(1);
+    }
+
+    for (i = 0; i < iters + 10; i++) {
+        t0 = now_us();
+
+        if (kva_prompt_extract((uint8_t *) body, len, out, len + 64, &p)
+            != KVA_PROMPT_OK)
+        {
+            fprintf(stderr, "body rejected\n");
+            exit(1);
+        }
+
+        seed = kva_hash_seed(KVA_KEYSPACE_TEXT, p.model, p.model_len);
+        n = kva_hash_blocks(seed, out, p.out_len, BLOCK_SIZE, hashes,
+                            len / BLOCK_SIZE + 1);
+
+        kva_index_match(ix, hashes, n, mask, &clk, depth);
+
+        for (k = 0; k < servers; k++) {
+            cand[k].matched = depth[k];
+        }
+
+        k = kva_score_pick(&conf, cand, servers, n, (uint32_t) i, &why);
+        kva_index_add(ix, hashes, n, k, KVA_SRC_LEARNED, &clk);
+
+        if (i >= 10) {
+            t[i - 10] = now_us() - t0;
+        }
+    }
+
+    qsort(t, iters, sizeof(double), cmp_double);
+    med = t[iters / 2];
+    p99 = t[iters * 99 / 100];
+
+    printf("| %6zuk | %-7s | %2u | %5s | %7zu | %8.1f | %8.1f | %6.0f | %s |\n",
+           tokens / 1024, escapes ? "escapes" : "plain", servers,
+           entries >= 1000000 ? "1M" : "10k", n, med, p99, budget,
+           med <= budget ? "ok" : "OVER");
+
+    free(t);
+    free(region);
+    free(hashes);
+    free(out);
+    free(body);
+}
+
+
+int
+main(void)
+{
+    size_t    tokens[] = { 1024, 8192, 32768, 131072 };
+    double    budget[] = { 10, 40, 150, 600 };
+    unsigned  ti, esc, srv, ent;
+    unsigned  servers[] = { 8, 64 };
+    uint32_t  entries[] = { 10000, 1000000 };
+
+    printf("routing cost per request (parse + hash + lookup + score + "
+           "record), microseconds\n\n");
+    printf("| tokens  | body    | servers | index | blocks | median | p99 "
+           "| budget | |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
+
+    for (ti = 0; ti < 4; ti++) {
+        for (esc = 0; esc < 2; esc++) {
+            for (srv = 0; srv < 2; srv++) {
+                for (ent = 0; ent < 2; ent++) {
+                    run_case(tokens[ti], esc, servers[srv], entries[ent],
+                             budget[ti]);
+                }
+            }
+        }
+    }
+
+    return 0;
+}

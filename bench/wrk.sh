@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Through nginx: kv_aware against plain round-robin, same run, same body.
+#
+# One nginx (1 worker) proxies 8k-token chat bodies to four trivial
+# upstream servers (nginx itself, `return 200`); wrk drives each upstream
+# in turn.  Prints requests/s and the kv_aware / round-robin ratio.
+#
+#   bash bench/wrk.sh [seconds] [connections]
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+conns=${2:-32}
+module=$PWD/build/ngx_http_kv_aware_module.so
+prefix=$PWD/build/bench-wrk
+port=$(( 20000 + RANDOM % 10000 ))
+
+[ -f "$module" ] || { echo "build the module first: make module" >&2; exit 1; }
+command -v wrk >/dev/null || { echo "wrk is missing: make deps" >&2; exit 1; }
+
+rm -rf "$prefix" && mkdir -p "$prefix/logs" "$prefix/conf"
+user=""
+[ "$(id -u)" -eq 0 ] && user="user root;"
+
+cat > "$prefix/conf/nginx.conf" <<CONF
+load_module $module;
+$user
+worker_processes 1;
+error_log logs/error.log warn;
+pid logs/nginx.pid;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_buffer_size 64k;     # 8k-token bodies stay in memory
+    client_max_body_size 1m;
+    client_body_temp_path $prefix/body;
+    proxy_temp_path $prefix/proxy;
+
+    upstream rr {
+        server 127.0.0.1:$((port+1)); server 127.0.0.1:$((port+2));
+        server 127.0.0.1:$((port+3)); server 127.0.0.1:$((port+4));
+        keepalive 64;
+    }
+
+    upstream kv {
+        kv_aware;
+        server 127.0.0.1:$((port+1)); server 127.0.0.1:$((port+2));
+        server 127.0.0.1:$((port+3)); server 127.0.0.1:$((port+4));
+        keepalive 64;
+    }
+
+    server {
+        listen 127.0.0.1:$port;
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        location /rr/ { proxy_pass http://rr/; }
+        location /kv/ { proxy_pass http://kv/; }
+    }
+
+    server {
+        listen 127.0.0.1:$((port+1));
+        listen 127.0.0.1:$((port+2));
+        listen 127.0.0.1:$((port+3));
+        listen 127.0.0.1:$((port+4));
+        location / { return 200 '{"ok":true}'; }
+    }
+}
+CONF
+
+# 64 conversations sharing 8 system prompts, ~8k tokens each
+cat > "$prefix/body.lua" <<'LUA'
+local bodies = {}
+local function words(seed, n)
+    local t = {}
+    for i = 1, n do
+        t[i] = string.char(97 + (seed * 7 + i * 13) % 26,
+                           97 + (seed * 11 + i * 5) % 26,
+                           97 + (i * 3 + seed) % 26, 32)
+    end
+    return table.concat(t)
+end
+for c = 1, 64 do
+    bodies[c] = '{"model":"m","messages":[{"role":"system","content":"'
+        .. words(c % 8, 7800) .. '"},{"role":"user","content":"'
+        .. words(1000 + c, 392) .. '"}],"max_tokens":64}'
+end
+local n = 0
+request = function()
+    n = n + 1
+    return wrk.format("POST", nil, {["Content-Type"] = "application/json"},
+                      bodies[n % 64 + 1])
+end
+LUA
+
+nginx -p "$prefix" -c conf/nginx.conf
+trap 'nginx -p "$prefix" -c conf/nginx.conf -s stop 2>/dev/null || true' EXIT
+[ -n "${KEEP_NGINX:-}" ] && trap - EXIT
+sleep 0.5
+
+run() {
+    wrk -t1 -c"$conns" -d"${secs}s" -s "$prefix/body.lua" \
+        "http://127.0.0.1:$port/$1/v1/chat/completions" \
+        | awk '/Requests\/sec/ {print $2} /Non-2xx/ {print "errors " $4 > "/dev/stderr"}'
+}
+
+run rr >/dev/null            # warm up both paths once
+rr=$(run rr)
+kv=$(run kv)
+rr2=$(run rr)
+
+printf '8k-token bodies, %s connections, %ss each, 1 nginx worker\n' \
+       "$conns" "$secs"
+printf '| upstream | requests/s |\n|---|---|\n'
+printf '| round-robin | %s |\n| kv_aware | %s |\n| round-robin (again) | %s |\n' \
+       "$rr" "$kv" "$rr2"
+awk -v kv="$kv" -v a="$rr" -v b="$rr2" \
+    'BEGIN { printf "kv_aware / round-robin: %.3f (goal >= 0.9)\n", kv / ((a + b) / 2) }'

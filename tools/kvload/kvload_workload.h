@@ -1,0 +1,44 @@
+/*
+ * kvload workloads: deterministic OpenAI chat request bodies from a seed.
+ */
+
+#ifndef _KVLOAD_WORKLOAD_H_INCLUDED_
+#define _KVLOAD_WORKLOAD_H_INCLUDED_
+
+
+#include <stddef.h>
+#include <stdint.h>
+
+
+typedef enum {
+    KVL_WL_SHARED_PREFIX = 0,
+    KVL_WL_MULTI_TURN,
+    KVL_WL_NO_SHARING
+} kvl_wl_kind_e;
+
+
+typedef struct {
+    kvl_wl_kind_e   kind;
+    unsigned        groups;             /* multi-turn: conversations */
+    unsigned        prompts_per_group;
+    unsigned        turns;
+    unsigned        system_tokens;
+    unsigned        question_tokens;    /* multi-turn: per user turn */
+    unsigned        output_tokens;      /* multi-turn: per assistant turn */
+    const char     *model;
+    uint64_t        seed;
+} kvl_wl_conf_t;
+
+
+typedef struct kvl_workload_s  kvl_workload_t;
+
+
+kvl_workload_t *kvl_workload_create(const kvl_wl_conf_t *conf);
+int kvl_workload_next(kvl_workload_t *wl, const char **body, size_t *len);
+void kvl_workload_free(kvl_workload_t *wl);
+
+uint64_t kvl_rand(uint64_t *state);
+double kvl_rand_unit(uint64_t *state);
+
+
+#endif /* _KVLOAD_WORKLOAD_H_INCLUDED_ */
