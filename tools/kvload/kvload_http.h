@@ -70,7 +70,6 @@ void kvl_target_close(kvl_target_t *t);
 
 int kvl_http_send(kvl_http_req_t *r, const char *method, const char *path,
     const char *body, size_t len, double timeout);
-void kvl_http_abort(kvl_http_req_t *r);
 const char *kvl_http_strerror(kvl_http_err_e err);
 
 double kvl_now(void);

@@ -999,7 +999,9 @@ sub run_blocks {
 
             my $no_module = $o{no_module} || exists $s->{no_module};
             if (!$no_module && !module_available()) {
-                croak "KV_AWARE_MODULE=$ENV{KV_AWARE_MODULE}: no such file"
+                # an explicit KV_AWARE_MODULE must exist; else just skip
+                return Test::More::ok(0, "KV_AWARE_MODULE="
+                           . "$ENV{KV_AWARE_MODULE}: no such file")
                     if $ENV{KV_AWARE_MODULE};
                 Test::More::plan(
                     skip_all => 'module not built: ' . module_path());

@@ -1,0 +1,254 @@
+/*
+ * Event codec throughput: block hashes per second through
+ * kva_event_decode() and kva_event_encode(), for messages of 1, 16, 64 and
+ * 256 hashes (one "stored" event with a parent, and a load), median of
+ * RUNS timed runs of RUN_NS each.
+ *
+ * "encode (jansson)" builds the same message as a jansson tree and dumps it
+ * with JSON_COMPACT: the alternative kva_event_encode() was measured
+ * against.
+ *
+ *   gcc -std=gnu99 -O2 -Wall -Wextra -Werror -Wno-unused-parameter -Isrc \
+ *       -o /tmp/bench_event bench/bench_event.c src/kva_event.c -ljansson
+ */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "kva_event.h"
+
+
+#define RUNS     7
+#define RUN_NS   200000000LL
+
+
+typedef size_t (*bench_fn)(const kva_batch_t *b, const char *msg,
+    size_t len);
+
+
+static long long now_ns(void);
+static int cmp_double(const void *a, const void *b);
+static double measure(bench_fn fn, const kva_batch_t *b, const char *msg,
+    size_t len);
+static size_t run_decode(const kva_batch_t *b, const char *msg, size_t len);
+static size_t run_encode(const kva_batch_t *b, const char *msg, size_t len);
+static size_t run_encode_jansson(const kva_batch_t *b, const char *msg,
+    size_t len);
+
+
+static volatile size_t  sink;
+
+
+static long long
+now_ns(void)
+{
+    struct timespec  ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+
+    return (long long) ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+
+static int
+cmp_double(const void *a, const void *b)
+{
+    double  x, y;
+
+    x = *(const double *) a;
+    y = *(const double *) b;
+
+    return (x > y) - (x < y);
+}
+
+
+/* the median over RUNS of messages per second */
+static double
+measure(bench_fn fn, const kva_batch_t *b, const char *msg, size_t len)
+{
+    int         r;
+    double      rates[RUNS];
+    long long   start, t, n;
+
+    for (r = 0; r < RUNS; r++) {
+        start = now_ns();
+        n = 0;
+
+        do {
+            fn(b, msg, len);
+            n++;
+
+            t = (n & 63) ? 0 : now_ns() - start;
+        } while (t < RUN_NS);
+
+        rates[r] = (double) n * 1e9 / (double) t;
+    }
+
+    qsort(rates, RUNS, sizeof(double), cmp_double);
+
+    return rates[RUNS / 2];
+}
+
+
+static size_t
+run_decode(const kva_batch_t *b, const char *msg, size_t len)
+{
+    char             err[128];
+    size_t           n;
+    kva_batch_t      d;
+    kva_event_rc_e   rc;
+
+    rc = kva_event_decode(msg, len, NULL, &d, err, sizeof(err));
+
+    if (rc != KVA_EVENT_OK) {
+        fprintf(stderr, "decode: %s\n", err);
+        exit(1);
+    }
+
+    n = d.hash_count;
+    sink += d.hash_store[n - 1];
+    kva_batch_free(&d);
+
+    return n;
+}
+
+
+static size_t
+run_encode(const kva_batch_t *b, const char *msg, size_t len)
+{
+    char    *s;
+    size_t   n;
+
+    s = kva_event_encode(b, &n);
+
+    if (s == NULL) {
+        exit(1);
+    }
+
+    sink += n;
+    free(s);
+
+    return n;
+}
+
+
+static size_t
+run_encode_jansson(const kva_batch_t *b, const char *msg, size_t len)
+{
+    char        *s, hex[17];
+    size_t       i, n;
+    json_t      *root, *ev, *hashes, *events, *load;
+    kva_ev_t    *e;
+
+    e = &b->events[0];
+    hex[16] = '\0';
+
+    root = json_object();
+    json_object_set_new(root, "v", json_integer(1));
+    json_object_set_new(root, "server",
+                        json_stringn(b->server, b->server_len));
+    json_object_set_new(root, "seq", json_integer((json_int_t) b->seq));
+
+    events = json_array();
+    ev = json_object();
+    json_object_set_new(ev, "type", json_string("stored"));
+    kva_hex64(e->parent, hex);
+    json_object_set_new(ev, "parent", json_stringn(hex, 16));
+    hashes = json_array();
+
+    for (i = 0; i < e->nhashes; i++) {
+        kva_hex64(e->hashes[i], hex);
+        json_array_append_new(hashes, json_stringn(hex, 16));
+    }
+
+    json_object_set_new(ev, "hashes", hashes);
+    json_array_append_new(events, ev);
+    json_object_set_new(root, "events", events);
+
+    load = json_object();
+    json_object_set_new(load, "waiting", json_integer(b->waiting));
+    json_object_set_new(load, "running", json_integer(b->running));
+    json_object_set_new(load, "kv_usage", json_real(b->kv_usage));
+    json_object_set_new(root, "load", load);
+
+    s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+
+    if (s == NULL) {
+        exit(1);
+    }
+
+    n = strlen(s);
+    sink += n;
+    free(s);
+
+    return n;
+}
+
+
+int
+main(void)
+{
+    int           i;
+    char         *msg;
+    size_t        len, k, n;
+    double        dec, enc, encj;
+    uint64_t      hashes[256], x;
+    kva_ev_t      ev;
+    kva_batch_t   b;
+    static const size_t  sizes[] = { 1, 16, 64, 256 };
+
+    x = 0x6b76612d74657874ULL;
+
+    for (k = 0; k < 256; k++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        hashes[k] = x;
+    }
+
+    printf("%8s %8s %14s %14s %14s %14s\n", "hashes", "bytes",
+           "decode msg/s", "decode hash/s", "encode hash/s",
+           "jansson enc/s");
+
+    for (i = 0; i < 4; i++) {
+        n = sizes[i];
+
+        memset(&b, 0, sizeof(b));
+        memset(&ev, 0, sizeof(ev));
+        strcpy(b.server, "127.0.0.1:8001");
+        b.server_len = strlen(b.server);
+        b.seq = 123456789;
+        b.has_load = 1;
+        b.waiting = 3;
+        b.running = 12;
+        b.kv_usage = 0.43;
+        ev.type = KVA_EV_STORED;
+        ev.has_parent = 1;
+        ev.parent = 0x0123456789abcdefULL;
+        ev.hashes = hashes;
+        ev.nhashes = n;
+        b.events = &ev;
+        b.nevents = 1;
+
+        msg = kva_event_encode(&b, &len);
+        if (msg == NULL) {
+            return 1;
+        }
+
+        dec = measure(run_decode, &b, msg, len);
+        enc = measure(run_encode, &b, msg, len);
+        encj = measure(run_encode_jansson, &b, msg, len);
+
+        printf("%8zu %8zu %14.0f %14.0f %14.0f %14.0f\n", n, len, dec,
+               dec * n, enc * n, encj * n);
+
+        free(msg);
+    }
+
+    return 0;
+}
