@@ -1,0 +1,96 @@
+/*
+ * kvsim: simulated OpenAI-compatible model servers with a paged KV cache
+ * model, publishing KV events (docs/events.md) to Redis.
+ *
+ * One process, one libevent loop, N servers on consecutive loopback ports.
+ */
+
+#ifndef _KVSIM_H_INCLUDED_
+#define _KVSIM_H_INCLUDED_
+
+
+#include <stdint.h>
+
+#include <event2/event.h>
+
+#include "kvsim_cache.h"
+#include "kvsim_sched.h"
+
+
+#define KVS_ID_MAX          32          /* "127.0.0.1:65535" */
+#define KVS_BODY_MAX        (8 * 1024 * 1024)
+
+
+typedef struct kvs_sim_s     kvs_sim_t;
+typedef struct kvs_events_s  kvs_events_t;
+typedef struct kvs_http_s    kvs_http_t;
+
+
+typedef struct {
+    unsigned            servers;
+    unsigned            base_port;
+    unsigned            block_tokens;
+    unsigned            num_blocks;
+    double              time_scale;
+    unsigned            max_seqs;
+    unsigned            token_budget;
+    unsigned            max_conns;      /* per server */
+    const char         *model;
+    char                redis_host[64]; /* "": events off */
+    unsigned            redis_port;
+    const char         *channel;
+    unsigned            heartbeat_ms;
+    double              drop_events;
+    long                pause_after_ms; /* -1: never */
+    long                pause_ms;
+    long                die_after_ms;   /* -1: never */
+    uint64_t            seed;
+    unsigned            quiet:1;
+} kvs_conf_t;
+
+
+typedef struct {
+    kvs_sim_t          *sim;
+    unsigned            index;
+    unsigned            port;
+    char                id[KVS_ID_MAX];
+    size_t              id_len;
+
+    kvs_cache_t         cache;
+    kvs_sched_t         sched;
+    struct event       *step_ev;
+    unsigned            stepping:1;
+
+    kvs_http_t         *http;
+
+    /* events */
+    uint64_t            seq;            /* last seq used */
+    uint64_t            published;
+    uint64_t            dropped;
+    unsigned            announced:1;    /* the first message says cleared */
+
+    /* requests */
+    uint64_t            requests;
+    uint64_t            rejected;       /* 4xx, 5xx */
+} kvs_server_t;
+
+
+struct kvs_sim_s {
+    kvs_conf_t          conf;
+    struct event_base  *base;
+    kvs_server_t       *servers;
+    kvs_events_t       *events;
+    uint64_t            rng;
+    double              t0;             /* ms, monotonic */
+    uint64_t            req_ids;
+};
+
+
+double kvs_now_ms(void);
+double kvs_random(kvs_sim_t *sim);     /* [0, 1) */
+/* a step may be due: starts the step timer when the server is idle */
+void kvs_server_kick(kvs_server_t *srv);
+kvs_server_t *kvs_server_find(kvs_sim_t *sim, const char *id, size_t len);
+
+
+#endif /* _KVSIM_H_INCLUDED_ */
