@@ -15,12 +15,13 @@ CC         ?= cc
 CFLAGS_CORE = -std=gnu99 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter \
               -Wpointer-arith -Isrc
 
-CORE_SRCS  := src/kva_prompt.c src/kva_hash.c src/kva_index.c src/kva_score.c
+CORE_SRCS  := src/kva_prompt.c src/kva_hash.c src/kva_index.c src/kva_score.c \
+              src/kva_event.c
 CORE_HDRS  := $(CORE_SRCS:.c=.h)
 NGX_SRCS   := $(wildcard src/ngx_http_kv_aware_*.c src/ngx_http_kv_aware_*.h)
 
 # core unit tests link the core alone; tools/*.mk add their own
-UNIT_TESTS := $(patsubst %,$(BUILD)/unit/test_%,prompt hash index score)
+UNIT_TESTS := $(patsubst %,$(BUILD)/unit/test_%,prompt hash index score event)
 TOOLS      :=
 
 PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
@@ -51,7 +52,7 @@ $(MODULE): $(BUILD)/Makefile $(CORE_SRCS) $(CORE_HDRS) $(NGX_SRCS)
 
 $(BUILD)/unit/%: t/unit/%.c $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(BUILD)/unit
-	$(CC) $(CFLAGS_CORE) -o $@ $< $(CORE_SRCS) -ljansson -lxxhash
+	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< $(CORE_SRCS) -ljansson -lxxhash
 
 unit: $(UNIT_TESTS)
 
@@ -65,7 +66,7 @@ demo: deps module
 
 bench: deps module
 	$(CC) $(CFLAGS_CORE) -o $(BUILD)/bench_route bench/bench_route.c \
-	    $(CORE_SRCS) -lxxhash
+	    $(CORE_SRCS) -ljansson -lxxhash
 	$(BUILD)/bench_route
 	bash bench/wrk.sh
 

@@ -125,7 +125,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
         }
 
         kva_index_add(ix, filler, entries - j < 1024 ? entries - j : 1024,
-                      (unsigned) (j / 1024) % servers, KVA_SRC_LEARNED, &clk);
+                      (unsigned) (j / 1024) % servers, KVA_BIT_LEARNED, &clk);
     }
 
     mask = servers == 64 ? ~0ULL : (1ULL << servers) - 1;
@@ -163,7 +163,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
         }
 
         k = kva_score_pick(&conf, cand, servers, n, (uint32_t) i, &why);
-        kva_index_add(ix, hashes, n, k, KVA_SRC_LEARNED, &clk);
+        kva_index_add(ix, hashes, n, k, KVA_BIT_LEARNED, &clk);
 
         if (i >= 10) {
             t[i - 10] = now_us() - t0;

@@ -4,12 +4,14 @@
  * Decoding goes through jansson, then two passes over the tree: the first
  * checks the shape and counts, so that the limits are enforced before any
  * allocation and all hashes of a message land in one malloc; the second
- * converts the hex strings.
+ * converts the hex strings.  jansson sets the cost: about 3 us a message
+ * plus 0.3 us a hash, so publishers should batch a step's blocks into one
+ * message rather than send one message a block.
  *
  * Encoding is hand-written: the simulator encodes on every step, and
- * building a jansson tree (one allocation per hash string) then dumping it
- * measured about 8x slower than writing into one buffer sized up front
- * (bench/bench_event.c prints both).
+ * building a jansson tree (two allocations per hash string) then dumping
+ * it measured 10x to 30x slower than writing into one buffer sized up
+ * front (bench/bench_event.c prints both).
  */
 
 #include <stdarg.h>
@@ -57,11 +59,9 @@ typedef struct {
 
 
 static kva_event_rc_e kva_errf(kva_err_t *e, kva_event_rc_e rc,
-    const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
+    const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static json_t *kva_parse(const char *msg, size_t len, kva_err_t *e,
+    kva_event_rc_e *rc);
 static kva_event_rc_e kva_decode_root(json_t *root,
     const kva_event_limits_t *lim, kva_batch_t *b, kva_err_t *e);
 static kva_event_rc_e kva_decode_load(json_t *load, kva_batch_t *b,
@@ -70,7 +70,6 @@ static kva_event_rc_e kva_decode_events(json_t *events,
     const kva_event_limits_t *lim, kva_batch_t *b, kva_err_t *e);
 static size_t kva_get_server(json_t *root, char *dst, size_t cap);
 static int kva_get_uint(json_t *j, uint64_t max, uint64_t *v);
-static int kva_get_u32(json_t *obj, const char *key, uint32_t *v);
 static int kva_lookup(const char *const *names, int n, json_t *j);
 static char *kva_put_str(char *p, const char *s, size_t len);
 static char *kva_put_u64(char *p, uint64_t v);
@@ -98,7 +97,6 @@ kva_event_decode(const char *msg, size_t len, const kva_event_limits_t *lim,
 {
     json_t          *root;
     kva_err_t        e;
-    json_error_t     jerr;
     kva_event_rc_e   rc;
 
     memset(b, 0, sizeof(kva_batch_t));
@@ -110,25 +108,15 @@ kva_event_decode(const char *msg, size_t len, const kva_event_limits_t *lim,
         err[0] = '\0';
     }
 
-    if (msg == NULL) {
-        return kva_errf(&e, KVA_EVENT_MALFORMED, "no message");
-    }
-
     if (lim != NULL && lim->max_message != 0 && len > lim->max_message) {
         return kva_errf(&e, KVA_EVENT_TOO_BIG,
                         "message: %zu bytes, over %zu", len,
                         lim->max_message);
     }
 
-    root = json_loadb(msg, len, 0, &jerr);
-
+    root = kva_parse(msg, len, &e, &rc);
     if (root == NULL) {
-        if (json_error_code(&jerr) == json_error_out_of_memory) {
-            return kva_errf(&e, KVA_EVENT_NO_MEMORY, "no memory");
-        }
-
-        return kva_errf(&e, KVA_EVENT_MALFORMED, "not json: %s at %d",
-                        jerr.text, jerr.position);
+        return rc;
     }
 
     rc = kva_decode_root(root, lim, b, &e);
@@ -143,17 +131,30 @@ kva_event_decode(const char *msg, size_t len, const kva_event_limits_t *lim,
 }
 
 
-static kva_event_rc_e
-kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
-    kva_err_t *e)
+/* the top-level object with "v" checked, as both messages start */
+static json_t *
+kva_parse(const char *msg, size_t len, kva_err_t *e, kva_event_rc_e *rc)
 {
-    int              k;
-    json_t          *j;
-    uint64_t         u;
-    kva_event_rc_e   rc;
+    json_t        *root, *j;
+    json_error_t   jerr;
 
-    if (!json_is_object(root)) {
-        return kva_errf(e, KVA_EVENT_MALFORMED, "not an object");
+    if (msg == NULL) {
+        *rc = kva_errf(e, KVA_EVENT_MALFORMED, "no message");
+        return NULL;
+    }
+
+    root = json_loadb(msg, len, 0, &jerr);
+
+    if (root == NULL) {
+        if (json_error_code(&jerr) == json_error_out_of_memory) {
+            *rc = kva_errf(e, KVA_EVENT_NO_MEMORY, "no memory");
+
+        } else {
+            *rc = kva_errf(e, KVA_EVENT_MALFORMED, "not json: %s at %d",
+                           jerr.text, jerr.position);
+        }
+
+        return NULL;
     }
 
     /*
@@ -163,15 +164,35 @@ kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
 
     j = json_object_get(root, "v");
 
-    if (!json_is_integer(j)) {
-        return kva_errf(e, KVA_EVENT_BAD_FIELD,
-                        "v: missing or not an integer");
+    if (!json_is_object(root)) {
+        *rc = kva_errf(e, KVA_EVENT_MALFORMED, "not an object");
+
+    } else if (!json_is_integer(j)) {
+        *rc = kva_errf(e, KVA_EVENT_BAD_FIELD,
+                       "v: missing or not an integer");
+
+    } else if (json_integer_value(j) != 1) {
+        *rc = kva_errf(e, KVA_EVENT_VERSION, "v: %" JSON_INTEGER_FORMAT
+                       " not supported", json_integer_value(j));
+
+    } else {
+        return root;
     }
 
-    if (json_integer_value(j) != 1) {
-        return kva_errf(e, KVA_EVENT_VERSION, "v: %" JSON_INTEGER_FORMAT
-                        " not supported", json_integer_value(j));
-    }
+    json_decref(root);
+
+    return NULL;
+}
+
+
+static kva_event_rc_e
+kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
+    kva_err_t *e)
+{
+    int              k;
+    json_t          *j;
+    uint64_t         u;
+    kva_event_rc_e   rc;
 
     b->server_len = kva_get_server(root, b->server, KVA_EVENT_SERVER_MAX);
 
@@ -236,23 +257,34 @@ kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
 static kva_event_rc_e
 kva_decode_load(json_t *load, kva_batch_t *b, kva_err_t *e)
 {
-    double    x;
-    json_t   *j;
+    int          i;
+    double       x;
+    json_t      *j;
+    uint64_t     u;
+    uint32_t    *dst[2];
+    const char  *keys[2] = { "waiting", "running" };
 
     if (!json_is_object(load)) {
         return kva_errf(e, KVA_EVENT_BAD_FIELD, "load: not an object");
     }
 
     b->has_load = 1;
+    dst[0] = &b->waiting;
+    dst[1] = &b->running;
 
-    if (kva_get_u32(load, "waiting", &b->waiting) != 0) {
-        return kva_errf(e, KVA_EVENT_BAD_FIELD,
-                        "load.waiting: not an integer >= 0");
-    }
+    for (i = 0; i < 2; i++) {
+        j = json_object_get(load, keys[i]);
+        if (j == NULL) {
+            continue;
+        }
 
-    if (kva_get_u32(load, "running", &b->running) != 0) {
-        return kva_errf(e, KVA_EVENT_BAD_FIELD,
-                        "load.running: not an integer >= 0");
+        if (kva_get_uint(j, UINT64_MAX, &u) != 0) {
+            return kva_errf(e, KVA_EVENT_BAD_FIELD,
+                            "load.%s: not an integer >= 0", keys[i]);
+        }
+
+        /* queue lengths past 2^32 mean nothing more to a balancer */
+        *dst[i] = u > UINT32_MAX ? UINT32_MAX : (uint32_t) u;
     }
 
     j = json_object_get(load, "kv_usage");
@@ -455,29 +487,6 @@ kva_get_uint(json_t *j, uint64_t max, uint64_t *v)
 }
 
 
-/* queue lengths past 2^32 mean nothing more to a balancer: clamped */
-static int
-kva_get_u32(json_t *obj, const char *key, uint32_t *v)
-{
-    json_t    *j;
-    uint64_t   u;
-
-    j = json_object_get(obj, key);
-
-    if (j == NULL) {
-        return 0;
-    }
-
-    if (kva_get_uint(j, UINT64_MAX, &u) != 0) {
-        return -1;
-    }
-
-    *v = u > UINT32_MAX ? UINT32_MAX : (uint32_t) u;
-
-    return 0;
-}
-
-
 /* the index of j's string in names, -1 if j is not one of them */
 static int
 kva_lookup(const char *const *names, int n, json_t *j)
@@ -672,48 +681,37 @@ int
 kva_event_decode_resync(const char *msg, size_t len, char *server,
     size_t server_cap, size_t *server_len)
 {
-    int            rc;
-    size_t         n;
-    json_t        *root, *j;
-    json_error_t   jerr;
+    size_t           n;
+    json_t          *root, *j;
+    kva_err_t        e;
+    kva_event_rc_e   rc;
 
-    if (msg == NULL) {
-        return -1;
-    }
+    e.buf = NULL;
+    e.len = 0;
 
-    root = json_loadb(msg, len, 0, &jerr);
+    root = kva_parse(msg, len, &e, &rc);
     if (root == NULL) {
         return -1;
     }
 
-    rc = -1;
-
-    j = json_object_get(root, "v");
-    if (!json_is_integer(j) || json_integer_value(j) != 1) {
-        goto done;
-    }
-
     j = json_object_get(root, "type");
-    if (!json_is_string(j) || strcmp(json_string_value(j), "resync") != 0) {
-        goto done;
+    n = 0;
+
+    if (json_is_string(j) && strcmp(json_string_value(j), "resync") == 0) {
+        n = kva_get_server(root, server, server_cap);
     }
 
-    n = kva_get_server(root, server, server_cap);
+    json_decref(root);
+
     if (n == 0) {
-        goto done;
+        return -1;
     }
 
     if (server_len != NULL) {
         *server_len = n;
     }
 
-    rc = 0;
-
-done:
-
-    json_decref(root);
-
-    return rc;
+    return 0;
 }
 
 

@@ -23,6 +23,7 @@
 static uint32_t *kva_buckets(kva_index_t *ix);
 static kva_entry_t *kva_entries(kva_index_t *ix);
 static uint64_t kva_fresh_bits(const kva_entry_t *e, const kva_clock_t *clk);
+static int kva_clear_bits(kva_entry_t *e, uint64_t mask, unsigned srcs);
 static uint32_t kva_find(kva_index_t *ix, uint64_t key);
 static void kva_unlink(kva_index_t *ix, uint32_t idx);
 static void kva_release(kva_index_t *ix, uint32_t idx);
@@ -144,10 +145,10 @@ kva_fresh_bits(const kva_entry_t *e, const kva_clock_t *clk)
     /* unsigned difference: correct across wrap of the tick counter */
     age = clk->now - e->stamp;
 
-    bits = e->bits[KVA_SRC_EVENT];
+    bits = e->bits[KVA_SRC_EVENT] & clk->precise;
 
     if (age < clk->ttl_learned) {
-        bits |= e->bits[KVA_SRC_LEARNED];
+        bits |= e->bits[KVA_SRC_LEARNED] & ~clk->precise;
     }
 
     if (age < clk->ttl_spec) {
@@ -317,7 +318,7 @@ kva_alloc(kva_index_t *ix)
 
 void
 kva_index_add(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
-    unsigned slot, kva_src_e src, const kva_clock_t *clk)
+    unsigned slot, unsigned srcs, const kva_clock_t *clk)
 {
     uint32_t      i, idx, age, *bucket;
     uint64_t      bit;
@@ -358,41 +359,51 @@ kva_index_add(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
             }
         }
 
-        e->bits[src] |= bit;
+        if (srcs & KVA_BIT_EVENT) {
+            e->bits[KVA_SRC_EVENT] |= bit;
+        }
+
+        if (srcs & KVA_BIT_LEARNED) {
+            e->bits[KVA_SRC_LEARNED] |= bit;
+        }
+
+        if (srcs & KVA_BIT_SPEC) {
+            e->bits[KVA_SRC_SPEC] |= bit;
+        }
+
         e->stamp = clk->now;
     }
 }
 
 
+/* returns 1 when the entry holds nothing any more */
+static int
+kva_clear_bits(kva_entry_t *e, uint64_t mask, unsigned srcs)
+{
+    kva_src_e  src;
+
+    for (src = KVA_SRC_EVENT; src < KVA_SRC_COUNT; src++) {
+        if (srcs & (1u << src)) {
+            e->bits[src] &= ~mask;
+        }
+    }
+
+    return (e->bits[0] | e->bits[1] | e->bits[2]) == 0;
+}
+
+
 void
 kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
-    unsigned slot, kva_src_e src)
+    unsigned slot, unsigned srcs)
 {
-    uint32_t      i, idx;
-    uint64_t      keep;
-    kva_entry_t  *e;
-
-    keep = ~(1ULL << slot);
+    uint32_t  i, idx;
 
     for (i = 0; i < n; i++) {
         idx = kva_find(ix, hashes[i]);
 
-        if (idx == KVA_NIL) {
-            continue;
-        }
-
-        e = &kva_entries(ix)[idx];
-
-        if (src == KVA_SRC_ALL) {
-            e->bits[0] &= keep;
-            e->bits[1] &= keep;
-            e->bits[2] &= keep;
-
-        } else {
-            e->bits[src] &= keep;
-        }
-
-        if ((e->bits[0] | e->bits[1] | e->bits[2]) == 0) {
+        if (idx != KVA_NIL
+            && kva_clear_bits(&kva_entries(ix)[idx], 1ULL << slot, srcs))
+        {
             kva_release(ix, idx);
         }
     }
@@ -400,7 +411,7 @@ kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
 
 
 void
-kva_index_drop_slots(kva_index_t *ix, uint64_t mask, kva_src_e src)
+kva_index_drop_slots(kva_index_t *ix, uint64_t mask, unsigned srcs)
 {
     uint32_t      idx;
     kva_entry_t  *e;
@@ -412,16 +423,7 @@ kva_index_drop_slots(kva_index_t *ix, uint64_t mask, kva_src_e src)
             continue;   /* on the free list */
         }
 
-        if (src == KVA_SRC_ALL) {
-            e->bits[0] &= ~mask;
-            e->bits[1] &= ~mask;
-            e->bits[2] &= ~mask;
-
-        } else {
-            e->bits[src] &= ~mask;
-        }
-
-        if ((e->bits[0] | e->bits[1] | e->bits[2]) == 0) {
+        if (kva_clear_bits(e, mask, srcs)) {
             kva_release(ix, idx);
         }
     }
@@ -444,7 +446,7 @@ kva_index_count(kva_index_t *ix, const kva_clock_t *clk,
         e = &kva_entries(ix)[idx];
         age = clk->now - e->stamp;
 
-        for (src = KVA_SRC_EVENT; src < KVA_SRC_ALL; src++) {
+        for (src = KVA_SRC_EVENT; src < KVA_SRC_COUNT; src++) {
             bits = e->bits[src];
 
             if ((src == KVA_SRC_LEARNED && age >= clk->ttl_learned)

@@ -28,7 +28,7 @@ typedef enum {
     KVA_SRC_EVENT = 0,
     KVA_SRC_LEARNED,
     KVA_SRC_SPEC,
-    KVA_SRC_ALL                         /* kva_index_del(), drop_slots() */
+    KVA_SRC_COUNT
 } kva_src_e;
 
 
@@ -55,11 +55,23 @@ typedef struct {
 } kva_index_t;
 
 
-/* what lookups and inserts consider fresh, in the caller's ticks */
+#define KVA_BIT_EVENT       (1u << KVA_SRC_EVENT)
+#define KVA_BIT_LEARNED     (1u << KVA_SRC_LEARNED)
+#define KVA_BIT_SPEC        (1u << KVA_SRC_SPEC)
+#define KVA_BITS_ALL        (KVA_BIT_EVENT | KVA_BIT_LEARNED | KVA_BIT_SPEC)
+
+
+/*
+ * What lookups trust.  For slots in `precise` (servers whose events are
+ * in sync) event bits are the truth and learned guesses are ignored; for
+ * the others, learned bits stand in and event bits may be stale.
+ * Speculative bits count for everybody while young.
+ */
 typedef struct {
-    uint32_t            now;
+    uint32_t            now;            /* caller's ticks */
     uint32_t            ttl_learned;
     uint32_t            ttl_spec;
+    uint64_t            precise;
 } kva_clock_t;
 
 
@@ -84,16 +96,19 @@ uint32_t kva_index_match(kva_index_t *ix, const uint64_t *hashes,
     uint32_t n, uint64_t mask, const kva_clock_t *clk,
     uint32_t depth[KVA_MAX_SLOTS]);
 
-/* marks slot as holding every hash, evicting least recently used entries */
+/*
+ * Marks slot as holding every hash, for the sources in srcs (KVA_BIT_*),
+ * evicting least recently used entries when full.
+ */
 void kva_index_add(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
-    unsigned slot, kva_src_e src, const kva_clock_t *clk);
+    unsigned slot, unsigned srcs, const kva_clock_t *clk);
 
-/* forgets what src says about slot for these hashes */
+/* forgets what the sources in srcs say about slot for these hashes */
 void kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
-    unsigned slot, kva_src_e src);
+    unsigned slot, unsigned srcs);
 
-/* forgets everything src says about the slots in mask (whole-index scan) */
-void kva_index_drop_slots(kva_index_t *ix, uint64_t mask, kva_src_e src);
+/* forgets what srcs say about the slots in mask (whole-index scan) */
+void kva_index_drop_slots(kva_index_t *ix, uint64_t mask, unsigned srcs);
 
 /* per-slot entry counts for status pages (whole-index scan) */
 void kva_index_count(kva_index_t *ix, const kva_clock_t *clk,

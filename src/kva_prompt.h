@@ -55,7 +55,19 @@ typedef struct {
  * Validates the whole body as JSON (RFC 8259, UTF-8) and writes the canonical
  * prompt into out[0 .. out_cap).  When out fills up, the rest is validated
  * but not written and p->truncated is set: a prefix is all routing needs.
- * out_cap of len + 64 never truncates text prompts.
+ * out_cap of len + 64 never truncates text prompts.  out may be NULL when
+ * out_cap is 0: validation only.
+ *
+ * Canonical form, strings decoded:
+ *   messages, input:  per object element: content, 0x1f, role (its first
+ *                     64 bytes), 0x1e; per string (input only): text, 0x1e;
+ *                     a "tools" value goes first, raw, then 0x1d
+ *   prompt:           per string: text, 0x1e; per token id: 4 bytes
+ *                     little-endian; per inner token list: its ids, 0x1e
+ *
+ * The first of "messages" (an array), "prompt" or "input" (a string or an
+ * array) decides the kind; other types of them are skipped.  On duplicate
+ * keys the first one wins, unlike jansson.
  */
 kva_prompt_rc_e kva_prompt_extract(const uint8_t *body, size_t len,
     uint8_t *out, size_t out_cap, kva_prompt_t *p);

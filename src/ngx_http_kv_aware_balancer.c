@@ -299,6 +299,7 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     kva_clock_t                    clk;
     kva_candidate_t                cand[KVA_MAX_SLOTS];
     ngx_http_kv_aware_ctx_t       *ctx;
+    ngx_http_kv_aware_slot_t      *sl;
     ngx_http_kv_aware_srv_conf_t  *kcf;
 
     kcf = kp->kcf;
@@ -324,16 +325,24 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
 
     for (i = 0; i < n; i++) {
         slot = picks[i].slot;
+        sl = &kcf->sh->slots[slot];
 
         /* other workers update these without the lock: never below zero */
         reqs = (ngx_int_t) kcf->load[slot].reqs;
         blocks = (ngx_int_t) kcf->load[slot].blocks;
 
+        /* a server's own figures also count other routers' requests */
+        if (sl->ev_has_load && sl->ev_state != NGX_HTTP_KV_AWARE_EV_STALE
+            && (ngx_int_t) (sl->ev_waiting + sl->ev_running) > reqs)
+        {
+            reqs = sl->ev_waiting + sl->ev_running;
+        }
+
         cand[i].matched = depth[slot];
         cand[i].weight = picks[i].peer->weight;
         cand[i].inflight_reqs = reqs > 0 ? reqs : 0;
         cand[i].inflight_blocks = blocks > 0 ? blocks : 0;
-        cand[i].routed = kcf->sh->slots[slot].routed;
+        cand[i].routed = sl->routed;
     }
 
     best = kva_score_pick(&kcf->score, cand, n, nblocks,
@@ -341,9 +350,15 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     slot = picks[best].slot;
     matched = cand[best].matched;
 
+    /*
+     * Learned bits serve while the server's events cannot be trusted;
+     * speculative ones bridge the time until its events confirm.
+     */
     if (nblocks) {
         kva_index_add(kcf->sh->index, ctx->hashes, nblocks, slot,
-                      KVA_SRC_LEARNED, &clk);
+                      (clk.precise & (1ULL << slot))
+                      ? KVA_BIT_LEARNED | KVA_BIT_SPEC : KVA_BIT_LEARNED,
+                      &clk);
     }
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);
@@ -391,7 +406,7 @@ ngx_http_kv_aware_free_peer(ngx_peer_connection_t *pc, void *data,
         if ((state & NGX_PEER_FAILED) && kp->ctx->nblocks) {
             ngx_shmtx_lock(&kcf->shpool->mutex);
             kva_index_del(kcf->sh->index, kp->ctx->hashes, kp->ctx->nblocks,
-                          kp->slot, KVA_SRC_LEARNED);
+                          kp->slot, KVA_BIT_LEARNED | KVA_BIT_SPEC);
             ngx_shmtx_unlock(&kcf->shpool->mutex);
         }
     }

@@ -168,7 +168,7 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
 
     if (stale) {
         ngx_shmtx_lock(&kcf->shpool->mutex);
-        kva_index_drop_slots(kcf->sh->index, stale, KVA_SRC_ALL);
+        kva_index_drop_slots(kcf->sh->index, stale, KVA_BITS_ALL);
         ngx_shmtx_unlock(&kcf->shpool->mutex);
     }
 
@@ -203,5 +203,7 @@ ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf, kva_clock_t *clk)
 {
     clk->now = ngx_http_kv_aware_ticks(ngx_current_msec);
     clk->ttl_learned = ngx_http_kv_aware_ticks(kcf->learned_ttl);
-    clk->ttl_spec = 0;
+    clk->ttl_spec = kcf->events
+                    ? ngx_http_kv_aware_ticks(kcf->events->spec_ttl) : 0;
+    clk->precise = kcf->sh->precise;
 }

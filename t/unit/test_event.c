@@ -9,13 +9,13 @@
  * hands the decoder exactly-sized heap copies, so an overread shows.
  */
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <ctype.h>
 #include <math.h>
 
+#include "tap.h"
 #include "kva_event.h"
 
 
@@ -23,14 +23,6 @@
 #define FUZZ_ROUNDS    20000
 
 
-static int  tests, failures;
-
-
-static int ok(int cond, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
 static uint64_t rnd(void);
 static int zeroed(const kva_batch_t *b);
 static kva_event_rc_e dec(const char *msg, const kva_event_limits_t *lim,
@@ -44,27 +36,6 @@ static void random_server(char *s, size_t *len);
 
 
 static uint64_t  rng_state = 0x9e3779b97f4a7c15ULL;
-
-
-static int
-ok(int cond, const char *fmt, ...)
-{
-    va_list  args;
-
-    tests++;
-
-    if (!cond) {
-        failures++;
-    }
-
-    printf("%sok %d - ", cond ? "" : "not ", tests);
-    va_start(args, fmt);
-    vprintf(fmt, args);
-    va_end(args);
-    printf("\n");
-
-    return cond;
-}
 
 
 /* xorshift64*: fixed seed, so a failure reproduces */
@@ -126,7 +97,9 @@ expect(const char *msg, kva_event_rc_e want, const char *desc)
     rc = dec(msg, NULL, &b, err);
 
     if (want == KVA_EVENT_OK) {
-        r = ok(rc == KVA_EVENT_OK, "%s: ok", desc);
+        r = (rc == KVA_EVENT_OK);
+        ok(r, "%s: ok", desc);
+
         if (!r) {
             printf("# rc %d: %s\n", rc, err);
         }
@@ -135,8 +108,8 @@ expect(const char *msg, kva_event_rc_e want, const char *desc)
         return r;
     }
 
-    r = ok(rc == want && zeroed(&b) && err[0] != '\0',
-           "%s: %s (%s)", desc, kva_event_strerror(want), err);
+    r = (rc == want && zeroed(&b) && err[0] != '\0');
+    ok(r, "%s: %s (%s)", desc, kva_event_strerror(want), err);
 
     if (!r) {
         printf("# got rc %d, zeroed %d\n", rc, zeroed(&b));
@@ -490,10 +463,10 @@ test_fields(void)
 static void
 test_snapshots(void)
 {
-    int              i;
-    char             msg[128];
-    kva_batch_t      b;
-    kva_event_rc_e   rc;
+    int                 i;
+    char                msg[128];
+    kva_batch_t         b;
+    kva_event_rc_e      rc;
     static const char  *names[] = { NULL, "full", "begin", "more", "end" };
 
     for (i = 1; i <= 4; i++) {
@@ -521,11 +494,12 @@ test_snapshots(void)
 static void
 test_errors(void)
 {
-    int              i;
-    char             msg[8192], err[128], *p, big[KVA_EVENT_SERVER_MAX + 64];
-    kva_batch_t      b;
-    kva_event_rc_e   rc;
-    kva_event_limits_t  lim;
+    int                  i;
+    char                 msg[8192], err[128], *p;
+    char                 big[KVA_EVENT_SERVER_MAX + 64];
+    kva_batch_t          b;
+    kva_event_rc_e       rc;
+    kva_event_limits_t   lim;
 
     expect("", KVA_EVENT_MALFORMED, "empty");
     expect("{", KVA_EVENT_MALFORMED, "truncated");
@@ -699,11 +673,12 @@ test_errors(void)
 static void
 test_encode(void)
 {
-    char         *s;
-    size_t        len;
-    uint64_t      hs[3];
-    kva_ev_t      ev[3];
-    kva_batch_t   b, d;
+    char            *s;
+    size_t           len;
+    uint64_t         hs[3];
+    kva_ev_t         ev[3];
+    kva_batch_t      b, d;
+    kva_event_rc_e   rc;
 
     memset(&b, 0, sizeof(b));
     memset(ev, 0, sizeof(ev));
@@ -763,27 +738,34 @@ test_encode(void)
        "\\u0001\xc3\xa9\",\"seq\":42,\"load\":{\"waiting\":3,\"running\":12,"
        "\"kv_usage\":0}}") == 0, "encode: escapes; NaN kv_usage is 0");
 
-    ok(s != NULL && kva_event_decode(s, len, NULL, &d, NULL, 0)
-       == KVA_EVENT_OK && strcmp(d.server, b.server) == 0,
+    rc = KVA_EVENT_MALFORMED;
+
+    if (s != NULL) {
+        rc = kva_event_decode(s, len, NULL, &d, NULL, 0);
+    }
+
+    ok(rc == KVA_EVENT_OK && strcmp(d.server, b.server) == 0,
        "encode: escaped server decodes back");
     kva_batch_free(&d);
     free(s);
 
     b.nevents = 1;
     ev[0].type = (kva_ev_type_e) 7;
-    ok(kva_event_encode(&b, &len) == NULL, "encode: unknown type is NULL");
+    s = kva_event_encode(&b, &len);
+    ok(s == NULL, "encode: unknown type is NULL");
+    free(s);
 }
 
 
 static void
 test_round_trip(void)
 {
-    int            i, good, special;
-    char          *s;
-    size_t         len, k;
-    uint64_t      *store;
-    kva_batch_t    b, d;
-    kva_event_rc_e rc;
+    int              i, good, special;
+    char            *s;
+    size_t           len, k;
+    uint64_t        *store;
+    kva_batch_t      b, d;
+    kva_event_rc_e   rc;
 
     good = 1;
     special = 0;
@@ -1017,12 +999,5 @@ main(void)
     test_strerror();
     test_fuzz();
 
-    printf("1..%d\n", tests);
-
-    if (failures) {
-        printf("# %d of %d failed\n", failures, tests);
-        return 1;
-    }
-
-    return 0;
+    return done_testing();
 }

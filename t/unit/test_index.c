@@ -38,7 +38,7 @@ main(void)
     size_t             size;
     uint32_t           depth[KVA_MAX_SLOTS], deepest, i, cap;
     uint64_t           a[64], b[64], c[40000];
-    kva_clock_t        clk = { 1000, 100, 10 };
+    kva_clock_t        clk = { 1000, 100, 10, 1 << 2 };
     kva_index_t       *ix;
     kva_slot_count_t   counts[KVA_MAX_SLOTS];
 
@@ -64,8 +64,8 @@ main(void)
     ok(deepest == 0 && depth[0] == 0 && depth[1] == 0 && depth[2] == 0,
        "empty index matches nothing");
 
-    kva_index_add(ix, a, 64, 1, KVA_SRC_LEARNED, &clk);
-    kva_index_add(ix, b, 30, 2, KVA_SRC_EVENT, &clk);
+    kva_index_add(ix, a, 64, 1, KVA_BIT_LEARNED, &clk);
+    kva_index_add(ix, b, 30, 2, KVA_BIT_EVENT, &clk);
 
     deepest = kva_index_match(ix, a, 64, 0x7, &clk, depth);
     ok(deepest == 64 && depth[1] == 64, "slot 1 holds all of a");
@@ -79,17 +79,26 @@ main(void)
     deepest = kva_index_match(ix, a, 64, 0x1, &clk, depth);
     ok(deepest == 0, "mask excludes slots");
 
+    /* precise slots trust events only, the others learned guesses only */
+    clk.precise = 0;
+    kva_index_match(ix, b, 30, 1 << 2, &clk, depth);
+    ok(depth[2] == 0, "event bits of a degraded server are not trusted");
+    clk.precise = 1 << 1 | 1 << 2;
+    kva_index_match(ix, a, 64, 1 << 1, &clk, depth);
+    ok(depth[1] == 0, "learned bits of a precise server are ignored");
+    clk.precise = 1 << 2;
+
     /* TTL: learned bits fade, event bits do not */
     clk.now += 150;
     kva_index_match(ix, a, 64, 0x7, &clk, depth);
     ok(depth[1] == 0 && depth[2] == 20, "learned entries expire by TTL");
 
     /* touching an entry must not revive another slot's expired bits */
-    kva_index_add(ix, a, 1, 3, KVA_SRC_LEARNED, &clk);
+    kva_index_add(ix, a, 1, 3, KVA_BIT_LEARNED, &clk);
     kva_index_match(ix, a, 1, 0xf, &clk, depth);
     ok(depth[1] == 0 && depth[3] == 1, "a touch does not revive others");
 
-    kva_index_add(ix, a, 5, 4, KVA_SRC_SPEC, &clk);
+    kva_index_add(ix, a, 5, 4, KVA_BIT_SPEC, &clk);
     kva_index_match(ix, a, 5, 1 << 4, &clk, depth);
     ok(depth[4] == 5, "speculative entries count while fresh");
     clk.now += 11;
@@ -97,11 +106,11 @@ main(void)
     ok(depth[4] == 0, "speculative entries expire sooner");
 
     /* removal */
-    kva_index_del(ix, b + 10, 1, 2, KVA_SRC_EVENT);
+    kva_index_del(ix, b + 10, 1, 2, KVA_BIT_EVENT);
     kva_index_match(ix, b, 64, 1 << 2, &clk, depth);
     ok(depth[2] == 10, "a removed block ends the match (%u)", depth[2]);
 
-    kva_index_drop_slots(ix, 1 << 2, KVA_SRC_ALL);
+    kva_index_drop_slots(ix, 1 << 2, KVA_BITS_ALL);
     kva_index_match(ix, b, 64, 1 << 2, &clk, depth);
     ok(depth[2] == 0, "drop_slots clears a slot");
 
@@ -119,15 +128,15 @@ main(void)
     clk.ttl_learned = 1u << 30;
 
     chain(c, 4100, 7);
-    kva_index_add(ix, c, 100, 0, KVA_SRC_LEARNED, &clk);    /* old */
+    kva_index_add(ix, c, 100, 0, KVA_BIT_LEARNED, &clk);    /* old */
 
     for (i = 0; i < 40; i++) {
         clk.now += 10;
-        kva_index_add(ix, c + 100 + i * 100, 100, 1, KVA_SRC_LEARNED, &clk);
+        kva_index_add(ix, c + 100 + i * 100, 100, 1, KVA_BIT_LEARNED, &clk);
 
         if (i == 5) {
             /* keep the old prefix hot */
-            kva_index_add(ix, c, 100, 0, KVA_SRC_LEARNED, &clk);
+            kva_index_add(ix, c, 100, 0, KVA_BIT_LEARNED, &clk);
         }
     }
 
@@ -147,7 +156,7 @@ main(void)
     region = malloc(size);
     ix = kva_index_init(region, size);
     chain(c, 40000, 9);
-    kva_index_add(ix, c, 40000, 0, KVA_SRC_LEARNED, &clk);
+    kva_index_add(ix, c, 40000, 0, KVA_BIT_LEARNED, &clk);
     kva_index_match(ix, c, 40000, 1, &clk, depth);
     ok(depth[0] == 40000 && ix->used == 40000, "full index holds all");
 

@@ -7,6 +7,8 @@
  * on a fresh one.  Every request has a timer; nothing waits forever.
  */
 
+#define _GNU_SOURCE                    /* strcasestr() */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,7 +85,7 @@ int
 kvl_target_init(kvl_target_t *t, struct event_base *base,
     const char *hostport)
 {
-    char        ip[64];
+    char        ip[48];
     const char *colon;
     long        port;
 

@@ -59,6 +59,7 @@ typedef struct {
     kvs_cache_t         cache;
     kvs_sched_t         sched;
     struct event       *step_ev;
+    double              step_end;       /* ms, when the last step ends */
     unsigned            stepping:1;
 
     kvs_http_t         *http;

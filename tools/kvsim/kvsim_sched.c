@@ -38,7 +38,7 @@ kvs_seq_new(uint32_t prompt, uint32_t max_out, const uint64_t *hashes,
     seq->max_out = max_out ? max_out : 1;
     seq->nhashes = nhashes;
 
-    if (nhashes) {
+    if (hashes) {
         memcpy(seq->hashes, hashes, nhashes * sizeof(uint64_t));
     }
 

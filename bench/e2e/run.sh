@@ -1,0 +1,464 @@
+#!/usr/bin/env bash
+#
+# End-to-end benchmark: nginx balancing policies in front of kvsim (8
+# simulated vLLM-like servers), driven by kvload on llm-d's QPS ladder.
+#
+#   bash bench/e2e/run.sh             full run (about 12 minutes, 2 cores)
+#   bash bench/e2e/run.sh --quick     smoke run (about 2 minutes)
+#
+#   --policies a,b     subset of: round_robin least_conn random_two
+#                      hash_prefix kv_aware kv_aware_events
+#   --scale S          time compression (default: see below)
+#   --no-extra         shared-prefix only (skip multi-turn and no-sharing)
+#
+# Writes bench/results/e2e-summary.md, e2e-<policy>.md, e2e-all.csv and
+# e2e-ttft-p90.png; raw kvload JSON/CSV and logs stay in build/bench-e2e/.
+# Method and caveats: bench/e2e/NOTES.md.  Everything listens on 127.0.0.1;
+# every wait is bounded; every process started here is stopped on exit.
+
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD=$ROOT/build
+WORK=$BUILD/bench-e2e
+RESULTS=$ROOT/bench/results
+NGINX=${NGINX:-/usr/sbin/nginx}
+MODULE=$BUILD/ngx_http_kv_aware_module.so
+KVSIM=$BUILD/kvsim
+KVLOAD=$BUILD/kvload
+PY=/usr/bin/python3
+
+ALL_POLICIES="round_robin least_conn random_two hash_prefix kv_aware"
+ALL_POLICIES+=" kv_aware_events"
+
+# The model servers: llm-d's benchmark pods (8 x 4802 blocks of 64 tokens).
+SERVERS=8
+BLOCKS=4802
+BLOCK_TOKENS=64
+
+# ---------------------------------------------------------------------------
+# PLACEHOLDER (KV events): the Redis subscriber directive of kv_aware is
+# being written.  Until its syntax is in README.md, this guess is tried
+# with `nginx -t`; if the module rejects it, the kv_aware_events policy is
+# skipped with a message.  Override without editing:
+#   KV_EVENTS_CONF='kv_aware_events redis=@REDIS@ channel=@CHANNEL@;'
+#   KV_EVENTS_CONTEXT=upstream|http   (where the line goes)
+# @REDIS@ becomes 127.0.0.1:PORT, @CHANNEL@ the kvsim channel.
+# ---------------------------------------------------------------------------
+KV_EVENTS_CONF=${KV_EVENTS_CONF:-'kv_aware_events redis=@REDIS@ channel=@CHANNEL@;'}
+KV_EVENTS_CONTEXT=${KV_EVENTS_CONTEXT:-upstream}
+CHANNEL=kv_aware:events
+
+# ---------------------------------------------------------------------------
+# Workload and compression.  llm-d: 150 groups x 5 prompts, 6000 + 1200
+# tokens in, 1000 out, Poisson 3 -> 60 QPS.  Stages here are capped by
+# request count so that every policy gets the same requests; the time scale
+# is what fits all policies into ~12 minutes on 2 cores (see NOTES.md for
+# the measurement behind these numbers).
+# ---------------------------------------------------------------------------
+SCALE=10
+LADDER=3,10,20,40,60
+STAGE_REQUESTS=150
+STAGE_SECONDS=120
+SP_GROUPS=150
+PROMPTS=5
+SYSTEM_TOKENS=6000
+QUESTION_TOKENS=1200
+OUTPUT_TOKENS=1000
+# shorter runs of the other two workloads
+MT_ARGS="--groups 40 --turns 4 --system-tokens 2000 --question-tokens 400"
+MT_ARGS+=" --output-tokens 300 --qps-ladder 5,20,40 --stage-requests 80"
+NS_ARGS="--system-tokens 6000 --question-tokens 1200 --output-tokens 300"
+NS_ARGS+=" --qps-ladder 5,20 --stage-requests 60"
+BUDGET_S=900
+RUN_LIMIT_S=240
+
+QUICK=0
+EXTRA=1
+POLICIES=$ALL_POLICIES
+
+while [ $# -gt 0 ]; do
+    case $1 in
+    --quick) QUICK=1 ;;
+    --policies) POLICIES=${2//,/ }; shift ;;
+    --scale) SCALE_OPT=$2; shift ;;
+    --no-extra) EXTRA=0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+if [ "$QUICK" = 1 ]; then
+    SP_GROUPS=30
+    STAGE_REQUESTS=30
+    OUTPUT_TOKENS=300
+    MT_ARGS="--groups 16 --turns 3 --system-tokens 2000 --question-tokens 400"
+    MT_ARGS+=" --output-tokens 100 --qps-ladder 10,40 --stage-requests 30"
+    NS_ARGS="--system-tokens 6000 --question-tokens 1200 --output-tokens 100"
+    NS_ARGS+=" --qps-ladder 10 --stage-requests 30"
+    BUDGET_S=150
+    RUN_LIMIT_S=60
+fi
+
+SCALE=${SCALE_OPT:-$SCALE}
+
+PIDS=()
+T0=$(date +%s)
+
+log() { printf '[%4ds] %s\n' $(( $(date +%s) - T0 )) "$*"; }
+die() { echo "run.sh: $*" >&2; exit 1; }
+
+cleanup() {
+    local pid i
+    for pid in "${PIDS[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        for i in $(seq 1 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    PIDS=()
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+forget() {
+    local keep=() pid
+    for pid in "${PIDS[@]}"; do
+        [ "$pid" = "$1" ] || keep+=("$pid")
+    done
+    PIDS=("${keep[@]+"${keep[@]}"}")
+}
+
+stop() {
+    local i
+    kill -TERM "$1" 2>/dev/null || true
+    for i in $(seq 1 100); do
+        kill -0 "$1" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    forget "$1"
+}
+
+port_busy() {
+    [ -n "$(ss -Htan "( sport = :$1 )" 2>/dev/null)" ]
+}
+
+# a free port, or the first of $1 consecutive free ports
+free_port() {
+    local n=${1:-1} p i k ok
+    for i in $(seq 1 200); do
+        p=$(( 20000 + RANDOM % 30000 ))
+        ok=1
+        for k in $(seq 0 $(( n - 1 ))); do
+            if port_busy $(( p + k )); then ok=0; break; fi
+        done
+        [ $ok = 1 ] && { echo $p; return 0; }
+    done
+    die "no free port"
+}
+
+wait_port() {
+    local i
+    for i in $(seq 1 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# utime + stime, in clock ticks, of the given pids and their children
+cpu_ticks() {
+    local t=0 p f
+    for p in "$@" $(for p in "$@"; do pgrep -P "$p" || true; done); do
+        f=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null) || continue
+        set -- $f
+        t=$(( t + ${12} + ${13} ))
+    done
+    echo $t
+}
+
+start_kvsim() {
+    "$KVSIM" --servers $SERVERS --base-port "$KV_BASE" \
+        --block-tokens $BLOCK_TOKENS --num-blocks $BLOCKS \
+        --time-scale "$SCALE" --max-conns 4096 \
+        --redis "127.0.0.1:$REDIS_PORT" --channel "$CHANNEL" --seed 1 \
+        >"$1" 2>&1 &
+    KVSIM_PID=$!
+    PIDS+=("$KVSIM_PID")
+    local k
+    for k in $(seq 0 $(( SERVERS - 1 ))); do
+        wait_port $(( KV_BASE + k )) || die "kvsim did not start: $(tail -3 "$1")"
+    done
+}
+
+# nginx.conf for one policy into $1
+write_conf() {
+    local conf=$1 policy=$2 prefix=$3 line="" mod="" http_extra="" ups_extra=""
+    local k servers="" user=""
+    case $policy in
+    round_robin) line="" ;;
+    least_conn) line="least_conn;" ;;
+    random_two) line="random two least_conn;" ;;
+    hash_prefix) line='hash $kv_prefix_key consistent;' ;;
+    kv_aware) line="kv_aware;" ;;
+    kv_aware_events)
+        line="kv_aware;"
+        local ev=${KV_EVENTS_CONF//@REDIS@/127.0.0.1:$REDIS_PORT}
+        ev=${ev//@CHANNEL@/$CHANNEL}
+        if [ "$KV_EVENTS_CONTEXT" = http ]; then
+            http_extra=$ev
+        else
+            ups_extra=$ev
+        fi ;;
+    *) die "unknown policy $policy" ;;
+    esac
+    case $policy in kv_aware*) mod="load_module $MODULE;" ;; esac
+    [ "$(id -u)" = 0 ] && user="user root;"
+    for k in $(seq 0 $(( SERVERS - 1 ))); do
+        servers+="        server 127.0.0.1:$(( KV_BASE + k ));"$'\n'
+    done
+    mkdir -p "$prefix/logs" "$prefix/tmp"
+    cat >"$conf" <<EOF
+$mod
+$user
+worker_processes 1;
+worker_rlimit_nofile 16384;
+daemon off;
+pid $prefix/logs/nginx.pid;
+error_log $prefix/logs/error.log warn;
+pcre_jit on;
+
+events {
+    worker_connections 8192;
+}
+
+http {
+    access_log off;
+    client_body_temp_path $prefix/tmp/body;
+    proxy_temp_path $prefix/tmp/proxy;
+    fastcgi_temp_path $prefix/tmp/fastcgi;
+    uwsgi_temp_path $prefix/tmp/uwsgi;
+    scgi_temp_path $prefix/tmp/scgi;
+
+    # bodies stay in memory: kv_aware and \$request_body both need that
+    client_body_buffer_size 1m;
+    client_max_body_size 16m;
+    keepalive_requests 1000000;
+    keepalive_timeout 600s;
+
+    # A prompt-prefix key for stock nginx: the first 1024 bytes of the first
+    # message's content (the system prompt here; 256 pseudo-tokens), cut
+    # from the buffered body by a regex.  Bodies without it hash to "".
+    map \$request_body \$kv_prefix_key {
+        '~"content":"(?<kvpfx>[^"]{1,1024})'  \$kvpfx;
+        default                               "";
+    }
+
+    $http_extra
+
+    upstream llm {
+        $line
+$servers
+        $ups_extra
+        keepalive 512;
+        keepalive_requests 1000000;
+        keepalive_timeout 600s;
+    }
+
+    server {
+        listen 127.0.0.1:$NGINX_PORT backlog=4096;
+
+        location / {
+            proxy_pass http://llm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 3600s;
+            proxy_send_timeout 3600s;
+            add_header X-Upstream-Addr \$upstream_addr always;
+        }
+    }
+}
+EOF
+}
+
+# run_one WORKLOAD POLICY KVLOAD-ARGS...: fresh kvsim and nginx, one kvload
+run_one() {
+    local wl=$1 policy=$2; shift 2
+    local dir=$WORK/$wl prefix=$WORK/nginx-$policy
+    local out=$dir/$policy err
+    mkdir -p "$dir"
+
+    if [ $(( $(date +%s) - T0 )) -ge "$BUDGET_S" ]; then
+        echo "$wl/$policy: not run, the ${BUDGET_S}s budget is spent" \
+            | tee -a "$WORK/skipped.txt"
+        return 0
+    fi
+
+    case $policy in
+    kv_aware*)
+        if [ ! -f "$MODULE" ]; then
+            echo "$wl/$policy: skipped, $MODULE is missing (make module)" \
+                | tee -a "$WORK/skipped.txt"
+            return 0
+        fi ;;
+    esac
+
+    KV_BASE=$(free_port $SERVERS)
+    NGINX_PORT=$(free_port)
+    while [ "$NGINX_PORT" -ge "$KV_BASE" ] \
+          && [ "$NGINX_PORT" -lt $(( KV_BASE + SERVERS )) ]; do
+        NGINX_PORT=$(free_port)
+    done
+
+    write_conf "$prefix/nginx.conf" "$policy" "$prefix"
+
+    if ! err=$("$NGINX" -t -p "$prefix" -c "$prefix/nginx.conf" 2>&1); then
+        if [ "$policy" = kv_aware_events ]; then
+            echo "$wl/$policy: skipped, nginx rejects the events directive" \
+                 "(placeholder in run.sh): $(echo "$err" | grep emerg \
+                 | head -1)" | tee -a "$WORK/skipped.txt"
+            return 0
+        fi
+        die "nginx -t failed for $policy: $err"
+    fi
+
+    start_kvsim "$out.kvsim.log"
+
+    "$NGINX" -p "$prefix" -c "$prefix/nginx.conf" >"$out.nginx.log" 2>&1 &
+    NGINX_PID=$!
+    PIDS+=("$NGINX_PID")
+    wait_port "$NGINX_PORT" || die "nginx did not start: $(tail -3 "$out.nginx.log")"
+
+    local k0 n0 t0 t1 rc=0
+    k0=$(cpu_ticks "$KVSIM_PID")
+    n0=$(cpu_ticks "$NGINX_PID")
+    t0=$(date +%s.%N)
+
+    TIMEFORMAT='%U %S'
+    { time timeout "$RUN_LIMIT_S" "$KVLOAD" \
+        --target "127.0.0.1:$NGINX_PORT" --workload "$wl" \
+        --time-scale "$SCALE" --seed 1 --label "$policy" \
+        --metrics "127.0.0.1:$KV_BASE-$(( KV_BASE + SERVERS - 1 ))" \
+        --json "$out.json" --csv "$out.csv" "$@" \
+        >"$out.txt" 2>"$out.err" ; } 2>"$out.time" || rc=$?
+
+    t1=$(date +%s.%N)
+    local k1 n1
+    k1=$(cpu_ticks "$KVSIM_PID")
+    n1=$(cpu_ticks "$NGINX_PID")
+
+    stop "$NGINX_PID"
+    stop "$KVSIM_PID"
+
+    if [ "$rc" != 0 ] || [ ! -s "$out.json" ]; then
+        echo "$wl/$policy: kvload failed (rc $rc): $(tail -2 "$out.err")" \
+            | tee -a "$WORK/skipped.txt"
+        return 0
+    fi
+
+    local alerts
+    alerts=$(grep -c -E '\[(alert|crit|emerg)\]' "$prefix/logs/error.log" \
+             || true)
+
+    "$PY" - "$out" "$t0" "$t1" "$k0" "$k1" "$n0" "$n1" "$SCALE" \
+        "$(getconf CLK_TCK)" "$alerts" <<'EOF'
+import json, sys
+out, t0, t1, k0, k1, n0, n1, scale, hz, alerts = sys.argv[1:]
+wall = float(t1) - float(t0)
+hz = float(hz)
+u, s = open(out + ".time").read().split()[-2:]
+run = json.load(open(out + ".json"))
+reqs = sum(st["completed"] + st["errors"] for st in run["stages"]) or 1
+ngx = (int(n1) - int(n0)) / hz
+meta = {
+    "wall_s": wall, "time_scale": float(scale),
+    "nginx_cpu_pct": 100 * ngx / wall,
+    "kvsim_cpu_pct": 100 * (int(k1) - int(k0)) / hz / wall,
+    "kvload_cpu_pct": 100 * (float(u) + float(s)) / wall,
+    "nginx_us_per_req": 1e6 * ngx / reqs,
+    "output_tokens": run["output_tokens"], "nginx_alerts": int(alerts),
+}
+json.dump(meta, open(out + ".meta.json", "w"), indent=1)
+print("    wall %.0fs  CPU: nginx %.0f%% (%.0f us/req)  kvsim %.0f%%  "
+      "kvload %.0f%%  alerts %s" % (wall, meta["nginx_cpu_pct"],
+      meta["nginx_us_per_req"], meta["kvsim_cpu_pct"],
+      meta["kvload_cpu_pct"], alerts))
+EOF
+    sed -n '3,$p' "$out.txt" | sed 's/^/    /'
+}
+
+# ---------------------------------------------------------------------------
+
+for f in "$KVSIM" "$KVLOAD"; do
+    [ -x "$f" ] || die "$f is missing: run 'make tools' first"
+done
+[ -x "$NGINX" ] || die "$NGINX is missing"
+command -v redis-server >/dev/null || die "redis-server is missing"
+command -v gnuplot >/dev/null || die "gnuplot is missing"
+
+rm -rf "$WORK"
+mkdir -p "$WORK" "$RESULTS"
+: >"$WORK/skipped.txt"
+
+REDIS_PORT=$(free_port)
+redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' \
+    --appendonly no --daemonize no --dir "$WORK" \
+    --logfile "$WORK/redis.log" &
+PIDS+=("$!")
+wait_port "$REDIS_PORT" || die "redis-server did not start"
+
+SP_ARGS="--groups $SP_GROUPS --prompts-per-group $PROMPTS"
+SP_ARGS+=" --system-tokens $SYSTEM_TOKENS --question-tokens $QUESTION_TOKENS"
+SP_ARGS+=" --output-tokens $OUTPUT_TOKENS --qps-ladder $LADDER"
+SP_ARGS+=" --stage-requests $STAGE_REQUESTS --stage-seconds $STAGE_SECONDS"
+
+log "e2e benchmark$([ $QUICK = 1 ] && echo ' (quick)'): policies: $POLICIES"
+log "kvsim: $SERVERS servers x $BLOCKS blocks x $BLOCK_TOKENS tokens," \
+    "time scale $SCALE (min step 10 ms -> $(awk "BEGIN { printf \"%.2f\", 10 / $SCALE }") ms)"
+log "shared-prefix: $SP_GROUPS groups x $PROMPTS prompts (llm-d: 150 x 5)," \
+    "$SYSTEM_TOKENS + $QUESTION_TOKENS in, $OUTPUT_TOKENS out (llm-d: 1000)," \
+    "ladder $LADDER QPS, $STAGE_REQUESTS requests per stage"
+
+for p in $POLICIES; do
+    log "shared-prefix / $p"
+    # shellcheck disable=SC2086
+    run_one shared-prefix "$p" $SP_ARGS
+done
+
+if [ "$EXTRA" = 1 ]; then
+    for p in $POLICIES; do
+        log "multi-turn / $p"
+        # shellcheck disable=SC2086
+        run_one multi-turn "$p" $MT_ARGS
+    done
+    for p in round_robin kv_aware; do
+        case " $POLICIES " in *" $p "*) ;; *) continue ;; esac
+        log "no-sharing / $p"
+        # shellcheck disable=SC2086
+        run_one no-sharing "$p" $NS_ARGS
+    done
+fi
+
+NCOLS=$("$PY" "$ROOT/bench/e2e/report.py" "$WORK" "$RESULTS")
+if [ -n "$NCOLS" ] && [ -s "$WORK/ttft-p90.dat" ]; then
+    gnuplot -e "datafile='$WORK/ttft-p90.dat'; \
+        outfile='$RESULTS/e2e-ttft-p90.png'; ncols=$NCOLS; \
+        subtitle='kvsim 8 x 4802 x 64, time scale $SCALE, $SP_GROUPS x $PROMPTS prompts'" \
+        "$ROOT/bench/e2e/plot.gp"
+fi
+
+log "done in $(( $(date +%s) - T0 ))s: $RESULTS/e2e-summary.md," \
+    "e2e-<policy>.md, e2e-all.csv, e2e-ttft-p90.png"
+if [ -s "$WORK/skipped.txt" ]; then
+    log "skipped:"
+    sed 's/^/    /' "$WORK/skipped.txt"
+fi

@@ -1,0 +1,436 @@
+/*
+ * ngx_http_kv_aware_module: KV events -> the shared index.
+ *
+ * Runs in the one worker that subscribes.  Decoded batches update the
+ * index under the zone lock and each server's sync state: a gap in the
+ * sequence, a lost subscription or a silent server makes the module stop
+ * trusting that server's events and ask it for a snapshot (resync); until
+ * the snapshot is in, routing for it uses what nginx learned by routing.
+ */
+
+#include "ngx_http_kv_aware_module.h"
+
+#include "kva_event.h"
+
+
+#define NGX_HTTP_KV_AWARE_LOG_EVERY     5000    /* ms between log lines */
+#define NGX_HTTP_KV_AWARE_RESYNC_EVERY  1000    /* ms between requests */
+#define NGX_HTTP_KV_AWARE_TICK          500
+
+
+static void ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot, kva_batch_t *b);
+static void ngx_http_kv_aware_set_ev_state(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot, ngx_uint_t state);
+static void ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot);
+static void ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_reject_e why, const char *detail, size_t len);
+static ngx_int_t ngx_http_kv_aware_find_slot(
+    ngx_http_kv_aware_srv_conf_t *kcf, kva_batch_t *b);
+static void ngx_http_kv_aware_tick(ngx_event_t *ev);
+
+
+static const char  *ngx_http_kv_aware_reject_names[] = {
+    "malformed",
+    "bad field",
+    "unsupported version",
+    "over a size limit",
+    "unknown server",
+    "over max_rate"
+};
+
+
+ngx_int_t
+ngx_http_kv_aware_events_start(ngx_cycle_t *cycle,
+    ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ecf = kcf->events;
+
+    ecf->tick.handler = ngx_http_kv_aware_tick;
+    ecf->tick.data = kcf;
+    ecf->tick.log = cycle->log;
+    ecf->tick.cancelable = 1;
+
+    ngx_add_timer(&ecf->tick, NGX_HTTP_KV_AWARE_TICK);
+
+    return ngx_http_kv_aware_redis_start(cycle, kcf);
+}
+
+
+void
+ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
+    u_char *data, size_t len)
+{
+    char                              err[128];
+    ngx_int_t                         slot;
+    kva_batch_t                       b;
+    kva_event_rc_e                    rc;
+    kva_event_limits_t                lim;
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ecf = kcf->events;
+
+    /* a flood is cut off before it costs a parse */
+    if (ngx_current_msec - ecf->rate_start >= 1000) {
+        ecf->rate_start = ngx_current_msec;
+        ecf->rate_count = 0;
+    }
+
+    if (++ecf->rate_count > ecf->max_rate) {
+        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD, NULL, 0);
+        return;
+    }
+
+    lim.max_message = ecf->max_message;
+    lim.max_hashes = ecf->max_hashes;
+    lim.max_events = ecf->max_hashes;
+
+    rc = kva_event_decode((char *) data, len, &lim, &b, err, sizeof(err));
+
+    switch (rc) {
+
+    case KVA_EVENT_OK:
+        break;
+
+    case KVA_EVENT_TOO_BIG:
+        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_TOO_BIG, err,
+                                 ngx_strlen(err));
+        return;
+
+    case KVA_EVENT_VERSION:
+        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_VERSION, err,
+                                 ngx_strlen(err));
+        return;
+
+    case KVA_EVENT_BAD_FIELD:
+        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_BAD_FIELD, err,
+                                 ngx_strlen(err));
+        return;
+
+    default:
+        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_MALFORMED, err,
+                                 ngx_strlen(err));
+        return;
+    }
+
+    slot = ngx_http_kv_aware_find_slot(kcf, &b);
+
+    if (slot == NGX_ERROR) {
+        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_UNKNOWN_SERVER,
+                                 b.server, b.server_len);
+        kva_batch_free(&b);
+        return;
+    }
+
+    ngx_http_kv_aware_apply(kcf, (ngx_uint_t) slot, &b);
+
+    kva_batch_free(&b);
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_find_slot(ngx_http_kv_aware_srv_conf_t *kcf,
+    kva_batch_t *b)
+{
+    ngx_uint_t                 s;
+    ngx_http_kv_aware_slot_t  *sl;
+
+    for (s = 0; s < KVA_MAX_SLOTS; s++) {
+        sl = &kcf->sh->slots[s];
+
+        if (sl->name_len == b->server_len
+            && ngx_memcmp(sl->name, b->server, b->server_len) == 0)
+        {
+            return s;
+        }
+    }
+
+    return NGX_ERROR;
+}
+
+
+static void
+ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
+    kva_batch_t *b)
+{
+    size_t                     i, hashes;
+    uint64_t                   bit;
+    ngx_uint_t                 in_sequence;
+    kva_ev_t                  *ev;
+    kva_clock_t                clk;
+    ngx_http_kv_aware_slot_t  *sl;
+
+    sl = &kcf->sh->slots[slot];
+    bit = 1ULL << slot;
+
+    in_sequence = sl->ev_has_seq && b->seq == sl->ev_seq + 1;
+
+    if (!sl->ev_has_seq && b->seq <= 1) {
+        /* a server that starts publishing from its first message */
+        in_sequence = 1;
+    }
+
+    sl->ev_seq = b->seq;
+    sl->ev_has_seq = 1;
+    sl->ev_heard = ngx_current_msec;
+
+    if (b->has_load) {
+        sl->ev_waiting = b->waiting;
+        sl->ev_running = b->running;
+        sl->ev_kv_usage = (uint32_t) (b->kv_usage * 1000);
+        sl->ev_has_load = 1;
+    }
+
+    ngx_http_kv_aware_clock(kcf, &clk);
+
+    hashes = 0;
+
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+
+    if (b->snapshot == KVA_SNAP_FULL || b->snapshot == KVA_SNAP_BEGIN) {
+        /* a snapshot replaces all the server said before */
+        kva_index_drop_slots(kcf->sh->index, bit, KVA_BIT_EVENT);
+    }
+
+    for (i = 0; i < b->nevents; i++) {
+        ev = &b->events[i];
+
+        switch (ev->type) {
+
+        case KVA_EV_STORED:
+            kva_index_add(kcf->sh->index, ev->hashes, ev->nhashes, slot,
+                          KVA_BIT_EVENT, &clk);
+            break;
+
+        case KVA_EV_REMOVED:
+            /* gone from the server: guesses about it are wrong too */
+            kva_index_del(kcf->sh->index, ev->hashes, ev->nhashes, slot,
+                          KVA_BITS_ALL);
+            break;
+
+        case KVA_EV_CLEARED:
+            kva_index_drop_slots(kcf->sh->index, bit, KVA_BITS_ALL);
+            break;
+        }
+
+        hashes += ev->nhashes;
+    }
+
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
+
+    (void) ngx_atomic_fetch_add(&sl->ev_messages, 1);
+    (void) ngx_atomic_fetch_add(&sl->ev_hashes, hashes);
+    (void) ngx_atomic_fetch_add(&kcf->sh->ev_messages, 1);
+    (void) ngx_atomic_fetch_add(&kcf->sh->ev_hashes, hashes);
+
+    switch (b->snapshot) {
+
+    case KVA_SNAP_FULL:
+    case KVA_SNAP_END:
+        ngx_http_kv_aware_set_ev_state(kcf, slot, NGX_HTTP_KV_AWARE_EV_FRESH);
+        return;
+
+    case KVA_SNAP_BEGIN:
+    case KVA_SNAP_MORE:
+        ngx_http_kv_aware_set_ev_state(kcf, slot,
+                                       NGX_HTTP_KV_AWARE_EV_SYNCING);
+        return;
+
+    default:
+        break;
+    }
+
+    if (!in_sequence) {
+        (void) ngx_atomic_fetch_add(&sl->ev_gaps, 1);
+
+        ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
+                      "kv_aware: events of \"%*s\" out of sequence at %uL, "
+                      "asking for a resync", sl->name_len, sl->name,
+                      (uint64_t) b->seq);
+
+        ngx_http_kv_aware_set_ev_state(kcf, slot,
+                                       NGX_HTTP_KV_AWARE_EV_DEGRADED);
+        ngx_http_kv_aware_resync(kcf, slot);
+        return;
+    }
+
+    switch (sl->ev_state) {
+
+    case NGX_HTTP_KV_AWARE_EV_NONE:
+    case NGX_HTTP_KV_AWARE_EV_STALE:
+        /* nothing was missed: the sequence is unbroken */
+        ngx_http_kv_aware_set_ev_state(kcf, slot, NGX_HTTP_KV_AWARE_EV_FRESH);
+        break;
+
+    case NGX_HTTP_KV_AWARE_EV_DEGRADED:
+    case NGX_HTTP_KV_AWARE_EV_SYNCING:
+        /* still waiting for the snapshot; ask again now and then */
+        ngx_http_kv_aware_resync(kcf, slot);
+        break;
+
+    default:
+        break;
+    }
+}
+
+
+static void
+ngx_http_kv_aware_set_ev_state(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot, ngx_uint_t state)
+{
+    ngx_atomic_uint_t          precise, bit;
+    ngx_http_kv_aware_slot_t  *sl;
+
+    sl = &kcf->sh->slots[slot];
+
+    if (sl->ev_state == state) {
+        return;
+    }
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
+                   "kv_aware: server \"%*s\" events state %ui",
+                   sl->name_len, sl->name, state);
+
+    sl->ev_state = state;
+
+    bit = (ngx_atomic_uint_t) 1 << slot;
+    precise = kcf->sh->precise;
+
+    if (state == NGX_HTTP_KV_AWARE_EV_FRESH) {
+        precise |= bit;
+
+    } else {
+        precise &= ~bit;
+    }
+
+    /* only this worker writes the mask; readers see either value */
+    kcf->sh->precise = precise;
+}
+
+
+static void
+ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot)
+{
+    char                      *msg;
+    size_t                     len;
+    ngx_http_kv_aware_slot_t  *sl;
+
+    sl = &kcf->sh->slots[slot];
+
+    if (ngx_current_msec - sl->ev_resync < NGX_HTTP_KV_AWARE_RESYNC_EVERY
+        && sl->ev_resync != 0)
+    {
+        return;
+    }
+
+    msg = kva_event_encode_resync((char *) sl->name, sl->name_len, &len);
+    if (msg == NULL) {
+        return;
+    }
+
+    if (ngx_http_kv_aware_redis_publish(kcf, &kcf->events->resync_channel,
+                                        (u_char *) msg, len)
+        == NGX_OK)
+    {
+        sl->ev_resync = ngx_current_msec;
+        (void) ngx_atomic_fetch_add(&kcf->sh->resyncs, 1);
+    }
+
+    free(msg);
+}
+
+
+/* counted always, logged at most once every few seconds per class */
+static void
+ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_reject_e why, const char *detail, size_t len)
+{
+    ngx_atomic_uint_t                 n;
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ecf = kcf->events;
+    n = ngx_atomic_fetch_add(&kcf->sh->ev_rejected[why], 1) + 1;
+
+    if (ngx_current_msec - ecf->logged[why] < NGX_HTTP_KV_AWARE_LOG_EVERY
+        && ecf->logged[why] != 0)
+    {
+        return;
+    }
+
+    ecf->logged[why] = ngx_current_msec;
+
+    ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                  "kv_aware: upstream \"%V\" ignored an event message: "
+                  "%s%s%*s (%uA so far)", &kcf->upstream,
+                  ngx_http_kv_aware_reject_names[why], len ? ": " : "",
+                  ngx_min(len, 128), detail ? detail : "", n);
+}
+
+
+/* Redis is back and subscribed: what we knew may have gaps */
+void
+ngx_http_kv_aware_events_subscribed(ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    ngx_uint_t  s;
+
+    for (s = 0; s < KVA_MAX_SLOTS; s++) {
+        if (kcf->sh->slots[s].name_len && kcf->sh->slots[s].ev_has_seq) {
+            ngx_http_kv_aware_set_ev_state(kcf, s,
+                                           NGX_HTTP_KV_AWARE_EV_DEGRADED);
+            kcf->sh->slots[s].ev_resync = 0;
+            ngx_http_kv_aware_resync(kcf, s);
+        }
+    }
+}
+
+
+/* the subscription is gone: nothing said from now on will reach us */
+void
+ngx_http_kv_aware_events_lost(ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    ngx_uint_t  s;
+
+    for (s = 0; s < KVA_MAX_SLOTS; s++) {
+        if (kcf->sh->slots[s].ev_has_seq) {
+            ngx_http_kv_aware_set_ev_state(kcf, s,
+                                           NGX_HTTP_KV_AWARE_EV_DEGRADED);
+        }
+    }
+}
+
+
+/* servers silent past their heartbeat are stale */
+static void
+ngx_http_kv_aware_tick(ngx_event_t *ev)
+{
+    ngx_http_kv_aware_srv_conf_t *kcf = ev->data;
+
+    ngx_uint_t                 s;
+    ngx_http_kv_aware_slot_t  *sl;
+
+    for (s = 0; s < KVA_MAX_SLOTS; s++) {
+        sl = &kcf->sh->slots[s];
+
+        if (!sl->ev_has_seq || sl->ev_state == NGX_HTTP_KV_AWARE_EV_STALE) {
+            continue;
+        }
+
+        if (ngx_current_msec - sl->ev_heard > kcf->events->heartbeat) {
+            ngx_log_error(NGX_LOG_WARN, ev->log, 0,
+                          "kv_aware: server \"%*s\" silent for %M ms, "
+                          "routing it by learned state", sl->name_len,
+                          sl->name, ngx_current_msec - sl->ev_heard);
+
+            ngx_http_kv_aware_set_ev_state(kcf, s,
+                                           NGX_HTTP_KV_AWARE_EV_STALE);
+            ngx_http_kv_aware_resync(kcf, s);
+        }
+    }
+
+    if (!(ngx_exiting || ngx_quit || ngx_terminate)) {
+        ngx_add_timer(ev, NGX_HTTP_KV_AWARE_TICK);
+    }
+}

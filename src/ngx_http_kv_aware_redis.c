@@ -1,0 +1,711 @@
+/*
+ * ngx_http_kv_aware_module: the Redis link, hiredis async on the nginx
+ * event loop.  The only file that includes hiredis.
+ *
+ * Two connections per upstream, in one worker: a subscriber for the KV
+ * events and a publisher for resync requests and liveness pings (a
+ * subscribed connection cannot PUBLISH).  hiredis owns each socket: we
+ * wrap its fd in an ngx_connection_t for the event loop, and on cleanup
+ * give the connection back without closing the fd, which hiredis does.
+ *
+ * hiredis 0.14 has no timeouts, so connect and read timeouts are nginx
+ * timers.  A subscriber that is silent is normal, so liveness is checked
+ * by publishing a ping to ourselves and waiting for it to come back.
+ */
+
+#include "ngx_http_kv_aware_module.h"
+
+#include <hiredis/hiredis.h>
+#include <hiredis/async.h>
+
+
+#define NGX_HTTP_KV_AWARE_BACKOFF_MIN   100
+#define NGX_HTTP_KV_AWARE_BACKOFF_MAX   3000
+
+
+typedef struct {
+    ngx_http_kv_aware_redis_t     *redis;
+    redisAsyncContext             *ac;
+    ngx_connection_t              *c;
+    ngx_event_t                    retry;     /* reconnect after backoff */
+    ngx_event_t                    watch;     /* connect timeout, pings */
+    ngx_msec_t                     backoff;
+    unsigned                       subscriber:1;
+    unsigned                       connected:1;
+    unsigned                       ready:1;   /* authenticated, subscribed */
+    unsigned                       ping_out:1;
+    unsigned                       closing:1; /* we free it: no callbacks */
+} ngx_http_kv_aware_link_t;
+
+
+struct ngx_http_kv_aware_redis_s {
+    ngx_http_kv_aware_srv_conf_t  *kcf;
+    ngx_log_t                     *log;
+    ngx_http_kv_aware_link_t       sub;
+    ngx_http_kv_aware_link_t       pub;
+    ngx_str_t                      ping_channel;   /* NUL-terminated */
+    unsigned                       stopping:1;
+};
+
+
+static void ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link);
+static void ngx_http_kv_aware_link_lost(ngx_http_kv_aware_link_t *link,
+    const char *why);
+static void ngx_http_kv_aware_link_close(ngx_http_kv_aware_link_t *link);
+static ngx_int_t ngx_http_kv_aware_link_attach(
+    ngx_http_kv_aware_link_t *link);
+static void ngx_http_kv_aware_link_send_setup(ngx_http_kv_aware_link_t *link);
+static void ngx_http_kv_aware_on_connect(const redisAsyncContext *ac,
+    int status);
+static void ngx_http_kv_aware_on_disconnect(const redisAsyncContext *ac,
+    int status);
+static void ngx_http_kv_aware_on_auth(redisAsyncContext *ac, void *r,
+    void *data);
+static void ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r,
+    void *data);
+static void ngx_http_kv_aware_read_handler(ngx_event_t *ev);
+static void ngx_http_kv_aware_write_handler(ngx_event_t *ev);
+static void ngx_http_kv_aware_retry_handler(ngx_event_t *ev);
+static void ngx_http_kv_aware_watch_handler(ngx_event_t *ev);
+static void ngx_http_kv_aware_ev_add_read(void *data);
+static void ngx_http_kv_aware_ev_del_read(void *data);
+static void ngx_http_kv_aware_ev_add_write(void *data);
+static void ngx_http_kv_aware_ev_del_write(void *data);
+static void ngx_http_kv_aware_ev_cleanup(void *data);
+static void ngx_http_kv_aware_set_state(ngx_http_kv_aware_redis_t *rd);
+
+
+ngx_int_t
+ngx_http_kv_aware_redis_start(ngx_cycle_t *cycle,
+    ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    u_char                     *p;
+    ngx_uint_t                  i;
+    ngx_http_kv_aware_redis_t  *rd;
+    ngx_http_kv_aware_link_t   *links[2];
+
+    rd = ngx_pcalloc(cycle->pool, sizeof(ngx_http_kv_aware_redis_t));
+    if (rd == NULL) {
+        return NGX_ERROR;
+    }
+
+    rd->kcf = kcf;
+    rd->log = cycle->log;
+
+    /* <channel>:ping:<pid>:<upstream>, unique to this worker */
+    rd->ping_channel.len = kcf->events->channel.len + sizeof(":ping::") - 1
+                           + NGX_INT64_LEN + kcf->upstream.len;
+    rd->ping_channel.data = ngx_pnalloc(cycle->pool, rd->ping_channel.len + 1);
+    if (rd->ping_channel.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = ngx_sprintf(rd->ping_channel.data, "%V:ping:%P:%V",
+                    &kcf->events->channel, ngx_pid, &kcf->upstream);
+    *p = '\0';
+    rd->ping_channel.len = p - rd->ping_channel.data;
+
+    rd->sub.subscriber = 1;
+    links[0] = &rd->sub;
+    links[1] = &rd->pub;
+
+    for (i = 0; i < 2; i++) {
+        links[i]->redis = rd;
+        links[i]->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
+
+        links[i]->retry.handler = ngx_http_kv_aware_retry_handler;
+        links[i]->retry.data = links[i];
+        links[i]->retry.log = cycle->log;
+        links[i]->retry.cancelable = 1;
+
+        links[i]->watch.handler = ngx_http_kv_aware_watch_handler;
+        links[i]->watch.data = links[i];
+        links[i]->watch.log = cycle->log;
+        links[i]->watch.cancelable = 1;
+    }
+
+    kcf->events->redis = rd;
+    kcf->sh->redis_state = NGX_HTTP_KV_AWARE_REDIS_CONNECTING;
+
+    ngx_http_kv_aware_link_connect(&rd->pub);
+    ngx_http_kv_aware_link_connect(&rd->sub);
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_kv_aware_redis_stop(ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    ngx_http_kv_aware_redis_t  *rd;
+
+    rd = kcf->events->redis;
+
+    if (rd == NULL || rd->stopping) {
+        return;
+    }
+
+    rd->stopping = 1;
+
+    ngx_http_kv_aware_link_close(&rd->sub);
+    ngx_http_kv_aware_link_close(&rd->pub);
+
+    rd->sub.ready = 0;
+    rd->pub.ready = 0;
+
+    if (kcf->events->tick.timer_set) {
+        ngx_del_timer(&kcf->events->tick);
+    }
+
+    /* the shared redis_state now belongs to the worker that took over */
+}
+
+
+ngx_int_t
+ngx_http_kv_aware_redis_publish(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_str_t *channel, u_char *data, size_t len)
+{
+    ngx_http_kv_aware_redis_t  *rd;
+
+    rd = kcf->events->redis;
+
+    if (rd == NULL || !rd->pub.ready) {
+        return NGX_DECLINED;
+    }
+
+    if (redisAsyncCommand(rd->pub.ac, NULL, NULL, "PUBLISH %b %b",
+                          channel->data, channel->len, data, len)
+        != REDIS_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link)
+{
+    redisAsyncContext                *ac;
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ecf = link->redis->kcf->events;
+
+    /* a numeric address: hiredis' getaddrinfo() does not block on it */
+    ac = redisAsyncConnect((char *) ecf->ip, (int) ecf->port);
+
+    if (ac == NULL || ac->err) {
+        ngx_http_kv_aware_link_lost(link, ac ? ac->errstr : "no memory");
+
+        if (ac) {
+            redisAsyncFree(ac);
+        }
+
+        return;
+    }
+
+    ac->data = link;
+    link->ac = ac;
+
+    if (ngx_http_kv_aware_link_attach(link) != NGX_OK) {
+        link->ac = NULL;
+        redisAsyncFree(ac);
+        ngx_http_kv_aware_link_lost(link, "cannot attach to event loop");
+        return;
+    }
+
+    ngx_http_kv_aware_link_send_setup(link);
+
+    ngx_add_timer(&link->watch, ecf->connect_timeout);
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_link_attach(ngx_http_kv_aware_link_t *link)
+{
+    ngx_connection_t   *c;
+    redisAsyncContext  *ac;
+
+    ac = link->ac;
+
+    c = ngx_get_connection(ac->c.fd, link->redis->log);
+    if (c == NULL) {
+        return NGX_ERROR;
+    }
+
+    c->data = link;
+    c->log = link->redis->log;
+    c->read->log = c->log;
+    c->write->log = c->log;
+    c->read->handler = ngx_http_kv_aware_read_handler;
+    c->write->handler = ngx_http_kv_aware_write_handler;
+
+    /* graceful shutdown closes idle connections: let it close ours */
+    c->idle = 1;
+
+    link->c = c;
+
+    ac->ev.data = link;
+    ac->ev.addRead = ngx_http_kv_aware_ev_add_read;
+    ac->ev.delRead = ngx_http_kv_aware_ev_del_read;
+    ac->ev.addWrite = ngx_http_kv_aware_ev_add_write;
+    ac->ev.delWrite = ngx_http_kv_aware_ev_del_write;
+    ac->ev.cleanup = ngx_http_kv_aware_ev_cleanup;
+
+    redisAsyncSetConnectCallback(ac, ngx_http_kv_aware_on_connect);
+    redisAsyncSetDisconnectCallback(ac, ngx_http_kv_aware_on_disconnect);
+
+    return NGX_OK;
+}
+
+
+/* commands queue until the connection is up; hiredis sends them then */
+static void
+ngx_http_kv_aware_link_send_setup(ngx_http_kv_aware_link_t *link)
+{
+    redisAsyncContext                *ac;
+    ngx_http_kv_aware_redis_t        *rd;
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ac = link->ac;
+    rd = link->redis;
+    ecf = rd->kcf->events;
+
+    if (ecf->password.len) {
+        if (ecf->user.len) {
+            (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_auth, link,
+                                     "AUTH %b %b",
+                                     ecf->user.data, ecf->user.len,
+                                     ecf->password.data, ecf->password.len);
+
+        } else {
+            (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_auth, link,
+                                     "AUTH %b", ecf->password.data,
+                                     ecf->password.len);
+        }
+    }
+
+    if (!link->subscriber) {
+        if (ecf->password.len == 0) {
+            link->ready = 1;
+        }
+
+        return;
+    }
+
+    (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_message, link,
+                             ecf->pattern ? "PSUBSCRIBE %b" : "SUBSCRIBE %b",
+                             ecf->channel.data, ecf->channel.len);
+
+    (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_message, link,
+                             "SUBSCRIBE %b", rd->ping_channel.data,
+                             rd->ping_channel.len);
+}
+
+
+static void
+ngx_http_kv_aware_on_connect(const redisAsyncContext *ac, int status)
+{
+    ngx_http_kv_aware_link_t  *link = ac->data;
+
+    if (status != REDIS_OK) {
+        /* hiredis frees the context after this callback */
+        link->ac = NULL;
+        ngx_http_kv_aware_link_lost(link, ac->errstr);
+        return;
+    }
+
+    link->connected = 1;
+
+    if (link->watch.timer_set) {
+        ngx_del_timer(&link->watch);
+    }
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, link->redis->log, 0,
+                   "kv_aware: redis %s connected",
+                   link->subscriber ? "subscriber" : "publisher");
+}
+
+
+static void
+ngx_http_kv_aware_on_disconnect(const redisAsyncContext *ac, int status)
+{
+    ngx_http_kv_aware_link_t  *link = ac->data;
+
+    /* hiredis frees the context after this callback */
+    link->ac = NULL;
+
+    if (!link->redis->stopping && !link->closing) {
+        ngx_http_kv_aware_link_lost(link, status == REDIS_OK
+                                          ? "connection closed"
+                                          : ac->errstr);
+    }
+}
+
+
+static void
+ngx_http_kv_aware_on_auth(redisAsyncContext *ac, void *r, void *data)
+{
+    redisReply                *reply = r;
+    ngx_http_kv_aware_link_t  *link = data;
+
+    if (reply == NULL) {
+        return;
+    }
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, link->redis->log, 0,
+                      "kv_aware: redis %V refused AUTH: %*s",
+                      &link->redis->kcf->events->addr_text,
+                      (size_t) reply->len, reply->str);
+
+        /* what follows would fail too: start over after the backoff */
+        link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MAX;
+        redisAsyncDisconnect(ac);
+        return;
+    }
+
+    if (!link->subscriber) {
+        link->ready = 1;
+    }
+}
+
+
+static void
+ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r, void *data)
+{
+    redisReply                 *reply = r, *kind, *channel, *payload;
+    ngx_http_kv_aware_link_t   *link = data;
+    ngx_http_kv_aware_redis_t  *rd;
+
+    if (reply == NULL) {
+        return;
+    }
+
+    rd = link->redis;
+
+    if (reply->type == REDIS_REPLY_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, rd->log, 0,
+                      "kv_aware: redis %V refused to subscribe: %*s",
+                      &rd->kcf->events->addr_text, (size_t) reply->len,
+                      reply->str);
+        link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MAX;
+        redisAsyncDisconnect(ac);
+        return;
+    }
+
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 3) {
+        return;
+    }
+
+    kind = reply->element[0];
+    channel = reply->element[reply->elements - 2];
+    payload = reply->element[reply->elements - 1];
+
+    if (kind->type != REDIS_REPLY_STRING) {
+        return;
+    }
+
+    if (channel->type != REDIS_REPLY_STRING) {
+        return;
+    }
+
+    if ((size_t) channel->len == rd->ping_channel.len
+        && ngx_strncmp(channel->str, rd->ping_channel.data,
+                       rd->ping_channel.len) == 0)
+    {
+        /* our own ping came back, or its subscription was confirmed */
+        link->ping_out = 0;
+        return;
+    }
+
+    if ((kind->len == 9 && ngx_strncmp(kind->str, "subscribe", 9) == 0)
+        || (kind->len == 10 && ngx_strncmp(kind->str, "psubscribe", 10) == 0))
+    {
+        link->ready = 1;
+        link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
+        (void) ngx_atomic_fetch_add(&rd->kcf->sh->redis_connects, 1);
+        ngx_http_kv_aware_set_state(rd);
+
+        ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
+                      "kv_aware: upstream \"%V\" subscribed to \"%V\" "
+                      "on redis %V", &rd->kcf->upstream,
+                      &rd->kcf->events->channel,
+                      &rd->kcf->events->addr_text);
+
+        ngx_http_kv_aware_events_subscribed(rd->kcf);
+
+        if (!link->watch.timer_set) {
+            ngx_add_timer(&link->watch, rd->kcf->events->read_timeout);
+        }
+
+        return;
+    }
+
+    if (!link->ready || payload->type != REDIS_REPLY_STRING) {
+        return;
+    }
+
+    ngx_http_kv_aware_events_message(rd->kcf, (u_char *) payload->str,
+                                     (size_t) payload->len);
+}
+
+
+static void
+ngx_http_kv_aware_link_lost(ngx_http_kv_aware_link_t *link, const char *why)
+{
+    ngx_http_kv_aware_redis_t  *rd;
+
+    rd = link->redis;
+
+    if (link->watch.timer_set) {
+        ngx_del_timer(&link->watch);
+    }
+
+    if (link->connected || link->ready) {
+        ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                      "kv_aware: redis %V %s lost: %s, reconnecting",
+                      &rd->kcf->events->addr_text,
+                      link->subscriber ? "subscriber" : "publisher", why);
+
+        if (link->subscriber) {
+            ngx_http_kv_aware_events_lost(rd->kcf);
+        }
+
+    } else {
+        ngx_log_debug3(NGX_LOG_DEBUG_HTTP, rd->log, 0,
+                       "kv_aware: redis %V: %s, retry in %M ms",
+                       &rd->kcf->events->addr_text, why, link->backoff);
+    }
+
+    link->connected = 0;
+    link->ready = 0;
+    link->ping_out = 0;
+
+    (void) ngx_atomic_fetch_add(&rd->kcf->sh->redis_failures, 1);
+    ngx_http_kv_aware_set_state(rd);
+
+    if (rd->stopping || ngx_exiting || ngx_quit || ngx_terminate) {
+        return;
+    }
+
+    if (!link->retry.timer_set) {
+        ngx_add_timer(&link->retry, link->backoff);
+    }
+
+    link->backoff = ngx_min(link->backoff * 2, NGX_HTTP_KV_AWARE_BACKOFF_MAX);
+}
+
+
+static void
+ngx_http_kv_aware_link_close(ngx_http_kv_aware_link_t *link)
+{
+    redisAsyncContext  *ac;
+
+    if (link->retry.timer_set) {
+        ngx_del_timer(&link->retry);
+    }
+
+    if (link->watch.timer_set) {
+        ngx_del_timer(&link->watch);
+    }
+
+    ac = link->ac;
+    link->ac = NULL;
+
+    if (ac) {
+        /* never called from inside a hiredis callback */
+        link->closing = 1;
+        redisAsyncFree(ac);
+        link->closing = 0;
+    }
+}
+
+
+static void
+ngx_http_kv_aware_set_state(ngx_http_kv_aware_redis_t *rd)
+{
+    ngx_uint_t  state;
+
+    if (rd->sub.ready) {
+        state = NGX_HTTP_KV_AWARE_REDIS_UP;
+
+    } else if (rd->sub.connected) {
+        state = NGX_HTTP_KV_AWARE_REDIS_CONNECTING;
+
+    } else {
+        state = NGX_HTTP_KV_AWARE_REDIS_DOWN;
+    }
+
+    rd->kcf->sh->redis_state = state;
+}
+
+
+static void
+ngx_http_kv_aware_read_handler(ngx_event_t *ev)
+{
+    ngx_connection_t          *c = ev->data;
+    ngx_http_kv_aware_link_t  *link = c->data;
+
+    if (c->close) {
+        /* graceful shutdown: leave the channel to the new workers now */
+        ngx_http_kv_aware_redis_stop(link->redis->kcf);
+        return;
+    }
+
+    if (link->ac) {
+        redisAsyncHandleRead(link->ac);
+    }
+}
+
+
+static void
+ngx_http_kv_aware_write_handler(ngx_event_t *ev)
+{
+    ngx_connection_t          *c = ev->data;
+    ngx_http_kv_aware_link_t  *link = c->data;
+
+    if (link->ac) {
+        redisAsyncHandleWrite(link->ac);
+    }
+}
+
+
+static void
+ngx_http_kv_aware_retry_handler(ngx_event_t *ev)
+{
+    ngx_http_kv_aware_link_t  *link = ev->data;
+
+    if (link->redis->stopping || ngx_exiting || ngx_quit || ngx_terminate) {
+        return;
+    }
+
+    ngx_http_kv_aware_link_connect(link);
+}
+
+
+/*
+ * While connecting: the connect timeout.  Once subscribed: every
+ * read_timeout a ping goes out through the publisher; if the previous one
+ * has not come back, the subscriber is presumed dead.
+ */
+static void
+ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
+{
+    ngx_http_kv_aware_link_t         *link = ev->data;
+    ngx_http_kv_aware_redis_t        *rd;
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    rd = link->redis;
+    ecf = rd->kcf->events;
+
+    if (!link->connected) {
+        ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                      "kv_aware: redis %V: connect timed out after %M ms",
+                      &ecf->addr_text, ecf->connect_timeout);
+        ngx_http_kv_aware_link_close(link);
+        ngx_http_kv_aware_link_lost(link, "connect timed out");
+        return;
+    }
+
+    if (!link->subscriber || !link->ready) {
+        return;
+    }
+
+    if (link->ping_out) {
+        ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                      "kv_aware: redis %V did not answer in %M ms",
+                      &ecf->addr_text, ecf->read_timeout);
+        link->connected = 1;
+        ngx_http_kv_aware_link_close(link);
+        link->connected = 1;
+        ngx_http_kv_aware_link_lost(link, "read timed out");
+        return;
+    }
+
+    if (rd->pub.ready
+        && redisAsyncCommand(rd->pub.ac, NULL, NULL, "PUBLISH %b ping",
+                             rd->ping_channel.data, rd->ping_channel.len)
+           == REDIS_OK)
+    {
+        link->ping_out = 1;
+    }
+
+    ngx_add_timer(&link->watch, ecf->read_timeout);
+}
+
+
+static void
+ngx_http_kv_aware_ev_add_read(void *data)
+{
+    ngx_http_kv_aware_link_t  *link = data;
+
+    /* level-triggered: hiredis reads once per call, not until EAGAIN */
+    if (!link->c->read->active) {
+        (void) ngx_add_event(link->c->read, NGX_READ_EVENT, NGX_LEVEL_EVENT);
+    }
+}
+
+
+static void
+ngx_http_kv_aware_ev_del_read(void *data)
+{
+    ngx_http_kv_aware_link_t  *link = data;
+
+    if (link->c->read->active) {
+        (void) ngx_del_event(link->c->read, NGX_READ_EVENT, 0);
+    }
+}
+
+
+static void
+ngx_http_kv_aware_ev_add_write(void *data)
+{
+    ngx_http_kv_aware_link_t  *link = data;
+
+    if (!link->c->write->active) {
+        (void) ngx_add_event(link->c->write, NGX_WRITE_EVENT,
+                             NGX_LEVEL_EVENT);
+    }
+}
+
+
+static void
+ngx_http_kv_aware_ev_del_write(void *data)
+{
+    ngx_http_kv_aware_link_t  *link = data;
+
+    if (link->c->write->active) {
+        (void) ngx_del_event(link->c->write, NGX_WRITE_EVENT, 0);
+    }
+}
+
+
+/* hiredis is freeing the context and will close the fd itself */
+static void
+ngx_http_kv_aware_ev_cleanup(void *data)
+{
+    ngx_http_kv_aware_link_t  *link = data;
+
+    ngx_connection_t  *c;
+
+    c = link->c;
+
+    if (c == NULL) {
+        return;
+    }
+
+    link->c = NULL;
+
+    if (c->read->active) {
+        (void) ngx_del_event(c->read, NGX_READ_EVENT, 0);
+    }
+
+    if (c->write->active) {
+        (void) ngx_del_event(c->write, NGX_WRITE_EVENT, 0);
+    }
+
+    c->fd = (ngx_socket_t) -1;
+    ngx_free_connection(c);
+}

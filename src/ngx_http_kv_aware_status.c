@@ -1,0 +1,223 @@
+/*
+ * ngx_http_kv_aware_module: kv_aware_status, a JSON view of every
+ * kv_aware upstream: the index, each server's event sync state and
+ * counters, the Redis link and routing statistics.
+ */
+
+#include "ngx_http_kv_aware_module.h"
+
+
+#define NGX_HTTP_KV_AWARE_STATUS_UPSTREAM  1024
+#define NGX_HTTP_KV_AWARE_STATUS_SERVER    768
+
+
+static ngx_int_t ngx_http_kv_aware_status_handler(ngx_http_request_t *r);
+static u_char *ngx_http_kv_aware_status_upstream(u_char *p,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_str_t *name);
+
+
+static const char  *ngx_http_kv_aware_ev_states[] = {
+    "learned", "fresh", "syncing", "degraded", "stale"
+};
+
+static const char  *ngx_http_kv_aware_redis_states[] = {
+    "off", "connecting", "up", "down"
+};
+
+
+char *
+ngx_http_kv_aware_status_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+    clcf->handler = ngx_http_kv_aware_status_handler;
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_status_handler(ngx_http_request_t *r)
+{
+    size_t                          size;
+    u_char                         *p;
+    ngx_int_t                       rc;
+    ngx_buf_t                      *b;
+    ngx_uint_t                      i, first;
+    ngx_chain_t                     out;
+    ngx_http_kv_aware_srv_conf_t   *kcf;
+    ngx_http_upstream_srv_conf_t  **uscfp;
+    ngx_http_upstream_main_conf_t  *umcf;
+
+    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
+        return NGX_HTTP_NOT_ALLOWED;
+    }
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    umcf = ngx_http_get_module_main_conf(r, ngx_http_upstream_module);
+    uscfp = umcf->upstreams.elts;
+
+    size = sizeof("{\"upstreams\":{}}\n");
+
+    for (i = 0; i < umcf->upstreams.nelts; i++) {
+        if (uscfp[i]->srv_conf == NULL) {
+            continue;   /* an implicit upstream of a proxy_pass URL */
+        }
+
+        kcf = ngx_http_conf_upstream_srv_conf(uscfp[i],
+                                              ngx_http_kv_aware_module);
+
+        if (kcf->shm_zone) {
+            size += NGX_HTTP_KV_AWARE_STATUS_UPSTREAM
+                    + 2 * uscfp[i]->host.len
+                    + kcf->peer_names->nelts
+                      * NGX_HTTP_KV_AWARE_STATUS_SERVER;
+        }
+    }
+
+    b = ngx_create_temp_buf(r->pool, size);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    p = ngx_cpymem(b->last, "{\"upstreams\":{", sizeof("{\"upstreams\":{") - 1);
+    first = 1;
+
+    for (i = 0; i < umcf->upstreams.nelts; i++) {
+        if (uscfp[i]->srv_conf == NULL) {
+            continue;
+        }
+
+        kcf = ngx_http_conf_upstream_srv_conf(uscfp[i],
+                                              ngx_http_kv_aware_module);
+
+        if (kcf->shm_zone == NULL || kcf->sh == NULL) {
+            continue;
+        }
+
+        if (!first) {
+            *p++ = ',';
+        }
+
+        first = 0;
+        p = ngx_http_kv_aware_status_upstream(p, kcf, &uscfp[i]->host);
+    }
+
+    p = ngx_cpymem(p, "}}\n", 3);
+    b->last = p;
+    b->last_buf = (r == r->main) ? 1 : 0;
+    b->last_in_chain = 1;
+
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = b->last - b->pos;
+    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}
+
+
+static u_char *
+ngx_http_kv_aware_status_upstream(u_char *p,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_str_t *name)
+{
+    ngx_str_t                   *names;
+    ngx_uint_t                   i, s, state;
+    kva_clock_t                  clk;
+    kva_index_t                 *ix;
+    kva_slot_count_t             counts[KVA_MAX_SLOTS];
+    ngx_http_kv_aware_slot_t    *sl;
+    ngx_http_kv_aware_shctx_t   *sh;
+
+    sh = kcf->sh;
+    ix = sh->index;
+
+    ngx_http_kv_aware_clock(kcf, &clk);
+
+    /* a whole-index scan: fine for a status page, never on requests */
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+    kva_index_count(ix, &clk, counts);
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
+
+    *p++ = '"';
+    p = (u_char *) ngx_escape_json(p, name->data, name->len);
+
+    p = ngx_sprintf(p, "\":{\"requests\":%uA,\"fallbacks\":%uA,"
+                    "\"index\":{\"capacity\":%uD,\"used\":%uD,"
+                    "\"evictions\":%uL},",
+                    sh->requests, sh->fallbacks, ix->capacity, ix->used,
+                    (uint64_t) ix->evictions);
+
+    if (kcf->events) {
+        state = sh->redis_state;
+
+        p = ngx_sprintf(p, "\"redis\":{\"address\":\"%V\",\"state\":\"%s\","
+                        "\"connects\":%uA,\"failures\":%uA},"
+                        "\"events\":{\"messages\":%uA,\"hashes\":%uA,"
+                        "\"resyncs\":%uA,\"rejected\":{\"malformed\":%uA,"
+                        "\"bad_field\":%uA,\"version\":%uA,\"too_big\":%uA,"
+                        "\"unknown_server\":%uA,\"flood\":%uA}},",
+                        &kcf->events->addr_text,
+                        ngx_http_kv_aware_redis_states[state],
+                        sh->redis_connects, sh->redis_failures,
+                        sh->ev_messages, sh->ev_hashes, sh->resyncs,
+                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_MALFORMED],
+                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_BAD_FIELD],
+                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_VERSION],
+                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_TOO_BIG],
+                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_UNKNOWN_SERVER],
+                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_FLOOD]);
+    }
+
+    p = ngx_cpymem(p, "\"servers\":[", sizeof("\"servers\":[") - 1);
+
+    names = kcf->peer_names->elts;
+
+    for (i = 0; i < kcf->peer_names->nelts; i++) {
+        s = kcf->slot_of[i];
+        sl = &sh->slots[s];
+
+        p = ngx_sprintf(p, "%s{\"name\":\"%V\",\"backup\":%s,"
+                        "\"state\":\"%s\",\"seq\":%uL,"
+                        "\"entries\":{\"event\":%uL,\"learned\":%uL,"
+                        "\"speculative\":%uL},"
+                        "\"events\":{\"messages\":%uA,\"hashes\":%uA,"
+                        "\"gaps\":%uA},",
+                        i ? "," : "", &names[i],
+                        i >= kcf->nprimary ? "true" : "false",
+                        ngx_http_kv_aware_ev_states[sl->ev_state],
+                        sl->ev_seq, counts[s].entries[KVA_SRC_EVENT],
+                        counts[s].entries[KVA_SRC_LEARNED],
+                        counts[s].entries[KVA_SRC_SPEC],
+                        sl->ev_messages, sl->ev_hashes, sl->ev_gaps);
+
+        if (sl->ev_has_load) {
+            p = ngx_sprintf(p, "\"load\":{\"waiting\":%uD,\"running\":%uD,"
+                            "\"kv_usage\":%uD.%03uD},",
+                            sl->ev_waiting, sl->ev_running,
+                            sl->ev_kv_usage / 1000, sl->ev_kv_usage % 1000);
+        }
+
+        p = ngx_sprintf(p, "\"in_flight\":%A,\"routed\":%uA,"
+                        "\"blocks\":%uA,\"matched\":%uA}",
+                        (ngx_atomic_int_t) kcf->load[s].reqs, sl->routed,
+                        sl->blocks, sl->matched);
+    }
+
+    return ngx_cpymem(p, "]}", 2);
+}

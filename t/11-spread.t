@@ -1,0 +1,136 @@
+# kv_aware integration: new prefixes spread by load, known ones come back.
+#
+#   * 40 distinct prefixes, one after the other, over 3 servers: nobody
+#     holds any of them, so each goes by load ("load", matched 0) and the
+#     servers share them evenly; sending each again goes back to the server
+#     it first went to ("affinity", matched == blocks);
+#   * 9 distinct slow prefixes at once: the in-flight load spreads them.
+
+use strict;
+use warnings;
+
+use Test::More;
+use Digest::MD5 qw(md5_hex);
+use JSON::PP ();
+
+use Test::KvAware qw(skip_unless_module);
+
+skip_unless_module();
+
+my $JSON = JSON::PP->new->canonical->utf8;
+
+# distinct from the first byte: no block of one is a block of another
+sub prefix_body {
+    my ($i, $tail) = @_;
+    my $sys = sprintf("%03d ", $i) . ("Prefix number $i says: be helpful. " x 12);
+    return $JSON->encode({ model => 'm', messages => [
+        { role => 'system', content => $sys },
+        { role => 'user', content => $tail // 'same question' } ] });
+}
+
+my $HTTP = <<'EOF';
+    upstream llm {
+        kv_aware block_size=64;
+        server $TEST_NGINX_BACKEND_1 max_fails=0;
+        server $TEST_NGINX_BACKEND_2 max_fails=0;
+        server $TEST_NGINX_BACKEND_3 max_fails=0;
+    }
+EOF
+
+my $LOCATION = <<'EOF';
+        location / {
+            proxy_pass http://llm;
+            add_header X-KV-Reason $kv_aware_reason always;
+            add_header X-KV-Blocks $kv_aware_blocks always;
+            add_header X-KV-Matched $kv_aware_matched always;
+        }
+EOF
+
+sub summary {
+    my ($r, $body) = @_;
+    diag("request error: $r->{error}") if $r->{error};
+    return {
+        status  => $r->{status},
+        backend => $r->{headers}{'x-backend'} // '-',
+        reason  => $r->{headers}{'x-kv-reason'} // '-',
+        blocks  => $r->{headers}{'x-kv-blocks'} // -1,
+        matched => $r->{headers}{'x-kv-matched'} // -1,
+        md5ok   => ($r->{json}{md5} // '') eq md5_hex($body),
+    };
+}
+
+sub send_body {
+    my ($env, $body, $h) = @_;
+    return summary($env->request(POST => '/v1/chat/completions', $body,
+                                 { 'Content-Type' => 'application/json',
+                                   %{ $h || {} } }), $body);
+}
+
+sub fmt { my ($h) = @_; join ' ', map { "$_=$h->{$_}" } sort keys %$h }
+
+
+my $env = Test::KvAware->new(backends => 3, log_level => 'info');
+$env->conf(http_config => $HTTP, config => $LOCATION);
+$env->start_nginx or BAIL_OUT('nginx does not start');
+
+subtest '40 new prefixes: by load, evenly' => sub {
+    my @first = map { send_body($env, prefix_body($_)) } 1 .. 40;
+
+    is(scalar(grep { $_->{status} == 200 && $_->{md5ok} } @first), 40,
+       'all 200, body intact');
+    is(scalar(grep { $_->{reason} eq 'load' } @first), 40,
+       'all 40: reason load') or diag join ' ', map { $_->{reason} } @first;
+    is(scalar(grep { $_->{matched} == 0 && $_->{blocks} >= 8 } @first), 40,
+       'all 40: matched 0 of >= 8 blocks');
+
+    my %by;
+    $by{ $_->{backend} }++ for @first;
+    is(scalar(keys %by), 3, 'all 3 servers used') or diag fmt(\%by);
+    # mean 13.3: at most 1.5x the mean is 20 (the least-routed tie-break
+    # makes it 14/13/13)
+    is(scalar(grep { $_ > 40 / 3 * 1.5 } values %by), 0,
+       'no server over 1.5x the mean') or diag fmt(\%by);
+
+    # again, with another user turn: each prefix goes home
+    my @again = map { send_body($env, prefix_body($_)) } 1 .. 40;
+    my @home = grep { $again[$_]{backend} eq $first[$_]{backend} } 0 .. 39;
+    is(scalar @home, 40, 'all 40 back on their first server')
+        or diag join ' ', map { "$_->{backend}" } @again;
+    is(scalar(grep { $_->{reason} eq 'affinity' } @again), 40,
+       'all 40: reason affinity');
+    is(scalar(grep { $_->{matched} == $_->{blocks} && $_->{blocks} > 0 }
+              @again), 40, 'all 40: matched == blocks');
+
+    # same prefix, another question: the shared blocks still count
+    my @third = map { send_body($env, prefix_body($_, "other question $_ "
+                                                      x 10)) } 1 .. 40;
+    is(scalar(grep { $third[$_]{backend} eq $first[$_]{backend}
+                     && $third[$_]{reason} eq 'affinity'
+                     && $third[$_]{matched} > 0
+                     && $third[$_]{matched} < $third[$_]{blocks} } 0 .. 39),
+       40, 'new user turn: same server, affinity, 0 < matched < blocks');
+};
+
+subtest '9 new slow prefixes at once: spread by in-flight load' => sub {
+    my @reqs = map {
+        [POST => '/v1/chat/completions', prefix_body(100 + $_),
+         { 'Content-Type' => 'application/json', 'X-Delay-Ms' => 1000 }]
+    } 1 .. 9;
+    my @res = $env->concurrent(\@reqs);
+    my @r = map { summary($res[$_], $reqs[$_][2]) } 0 .. 8;
+
+    is(scalar(grep { $_->{status} == 200 && $_->{md5ok} } @r), 9,
+       'all 200, body intact');
+    my %by;
+    $by{ $_->{backend} }++ for @r;
+    # each new prefix costs the same everywhere, the in-flight load decides:
+    # 3/3/3 when all 9 overlap (they wait 1 s each); >= 2 each leaves room
+    # for a child that connects late
+    is(scalar(grep { $_ >= 2 } values %by), 3, 'each server took >= 2 of 9')
+        or diag fmt(\%by);
+};
+
+$env->stop_nginx;
+$env->check_logs_clean('spread');
+
+done_testing;

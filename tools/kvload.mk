@@ -1,0 +1,22 @@
+# kvload: open-loop load generator (tools/kvload/), included by the Makefile.
+
+KVLOAD_SRCS := $(wildcard tools/kvload/kvload_*.c)
+KVLOAD_HDRS := $(wildcard tools/kvload/kvload_*.h)
+
+TOOLS      += $(BUILD)/kvload
+UNIT_TESTS += $(BUILD)/unit/test_kvload_stats
+
+.PHONY: kvload
+kvload: $(BUILD)/kvload
+
+$(BUILD)/kvload: $(KVLOAD_SRCS) $(KVLOAD_HDRS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_CORE) -Itools/kvload -o $@ $(KVLOAD_SRCS) \
+	    -levent -ljansson -lm
+
+# the stats are pure: the test links them alone, not the core
+$(BUILD)/unit/test_kvload_stats: t/unit/test_kvload_stats.c \
+	    tools/kvload/kvload_stats.c tools/kvload/kvload_stats.h
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Itools/kvload -It/unit -o $@ $< \
+	    tools/kvload/kvload_stats.c -lm
