@@ -11,6 +11,7 @@ use warnings;
 
 use Test::More;
 use Digest::MD5 qw(md5_hex);
+use POSIX ();
 use JSON::PP ();
 
 use Test::KvAware qw(skip_unless_module);
@@ -22,7 +23,7 @@ my $JSON = JSON::PP->new->canonical->utf8;
 # distinct from the first byte: no block of one is a block of another
 sub prefix_body {
     my ($i, $tail) = @_;
-    my $sys = sprintf("%03d ", $i) . ("Prefix number $i says: be helpful. " x 12);
+    my $sys = sprintf("%03d ", $i) . ("Prefix number $i says: be helpful. " x 20);
     return $JSON->encode({ model => 'm', messages => [
         { role => 'system', content => $sys },
         { role => 'user', content => $tail // 'same question' } ] });
@@ -132,5 +133,58 @@ subtest '9 new slow prefixes at once: spread by in-flight load' => sub {
 
 $env->stop_nginx;
 $env->check_logs_clean('spread');
+
+
+# Load must beat "least routed": the server that was routed the fewest
+# requests is made the busiest, then new prefixes must avoid it.  Without
+# the load term they would all go there (ties go to the least routed).
+subtest 'new prefixes avoid the busy server even if least routed' => sub {
+    my $e = Test::KvAware->new(backends => 3, log_level => 'debug');
+    $e->conf(http_config => $HTTP, config => $LOCATION);
+    $e->start_nginx or return;
+
+    my $chosen = sub {
+        my @l = $e->error_log =~ /kv_aware: upstream "llm" chose slot/g;
+        scalar @l;
+    };
+
+    # prefix A five times on one server, prefix B five times on another:
+    # the third server has been routed nothing
+    my @a = map { send_body($e, prefix_body(201)) } 1 .. 5;
+    my @b = map { send_body($e, prefix_body(202)) } 1 .. 5;
+    my %used = map { $_->{backend} => 1 } @a, @b;
+    is(scalar(keys %used), 2, 'A and B on two servers') or return;
+    my ($idle) = grep { !$used{$_} } qw(b1 b2 b3);
+
+    # three slow requests of prefix R in the background: R is new, so the
+    # first goes to the least routed server ($idle), the others follow it
+    my $out = $e->prefix . '/logs/bg.json';
+    my $pid = fork // die "fork: $!";
+    if ($pid == 0) {
+        my @r = $e->concurrent([ map {
+            [POST => '/v1/chat/completions', prefix_body(203, "r$_"),
+             { 'X-Delay-Ms' => 3000 }] } 1 .. 3 ]);
+        open(my $fh, '>', $out);
+        print {$fh} join ' ', map { $_->{headers}{'x-backend'} // '-' } @r;
+        close $fh;
+        POSIX::_exit(0);
+    }
+    ok(Test::KvAware::_wait_until(5, sub { $chosen->() >= 13 }),
+       '3 background requests routed');
+
+    # now six new prefixes, one after the other, while R is in flight
+    my @s = map { send_body($e, prefix_body(210 + $_)) } 1 .. 6;
+    is(scalar(grep { $_->{reason} eq 'load' } @s), 6, 'new: reason load');
+    is(scalar(grep { $_->{backend} eq $idle } @s), 0,
+       "none of the 6 on the busy, least routed server $idle")
+        or diag join ' ', map { $_->{backend} } @s;
+
+    waitpid($pid, 0);
+    my $bg = do { open(my $fh, '<', $out) or die $!; local $/; <$fh> };
+    is($bg, "$idle $idle $idle", "the 3 slow requests were on $idle");
+
+    $e->stop_nginx;
+    $e->check_logs_clean('busy');
+};
 
 done_testing;

@@ -10,7 +10,8 @@
  *                in one random order (llm-d's benchmark shape).
  * multi-turn     groups conversations of turns user turns; request k of a
  *                conversation resends the system prompt and all earlier
- *                user and assistant turns, then user turn k.
+ *                user and assistant turns, then user turn k.  The
+ *                conversations advance together, in a random order.
  * no-sharing     fresh random system prompt and question every request.
  */
 
@@ -24,28 +25,24 @@
 struct kvl_workload_s {
     kvl_wl_conf_t   conf;
     uint64_t        rng;
-    char          **system;             /* [groups] */
-    char          **question;           /* [groups * prompts or turns] */
-    char          **answer;             /* multi-turn: [groups * turns] */
+    char           *system;             /* [groups] texts */
+    char           *question;           /* [groups * per] */
+    char           *answer;             /* multi-turn: [groups * turns] */
     unsigned       *order;
     unsigned        norder;
     uint64_t        next;
     char           *body;
-    size_t          body_len;
-    size_t          body_cap;
+    size_t          len;
+    size_t          cap;
 };
 
 
-static const char  kvl_alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-
-
-static char *kvl_text(uint64_t *rng, unsigned tokens);
+static char *kvl_texts(uint64_t *rng, size_t n, unsigned tokens);
 static void kvl_text_fill(uint64_t *rng, char *p, unsigned tokens);
-static char **kvl_texts(uint64_t *rng, unsigned n, unsigned tokens);
-static void kvl_texts_free(char **t, unsigned n);
-static int kvl_append(kvl_workload_t *wl, const char *s, size_t n);
+static char *kvl_reserve(kvl_workload_t *wl, size_t n);
+static int kvl_append(kvl_workload_t *wl, const char *s);
 static int kvl_message(kvl_workload_t *wl, const char *role,
-    const char *text, unsigned tokens);
+    const char *texts, size_t i, unsigned tokens);
 
 
 uint64_t
@@ -74,7 +71,7 @@ kvl_rand_unit(uint64_t *state)
 kvl_workload_t *
 kvl_workload_create(const kvl_wl_conf_t *conf)
 {
-    unsigned         i, j, n, per, tmp;
+    unsigned         i, j, n, tmp;
     kvl_workload_t  *wl;
 
     wl = calloc(1, sizeof(kvl_workload_t));
@@ -89,9 +86,8 @@ kvl_workload_create(const kvl_wl_conf_t *conf)
         return wl;
     }
 
-    per = (conf->kind == KVL_WL_SHARED_PREFIX) ? conf->prompts_per_group
-                                               : conf->turns;
-    n = conf->groups * per;
+    n = conf->groups * (conf->kind == KVL_WL_SHARED_PREFIX
+                        ? conf->prompts_per_group : conf->turns);
 
     wl->system = kvl_texts(&wl->rng, conf->groups, conf->system_tokens);
     wl->question = kvl_texts(&wl->rng, n, conf->question_tokens);
@@ -107,7 +103,6 @@ kvl_workload_create(const kvl_wl_conf_t *conf)
             goto failed;
         }
 
-        /* conversations advance together, in a shuffled order */
         n = conf->groups;
     }
 
@@ -136,39 +131,31 @@ failed:
 int
 kvl_workload_next(kvl_workload_t *wl, const char **body, size_t *len)
 {
-    char            *sys, *q, head[256];
-    unsigned         g, p, t, k;
-    kvl_wl_conf_t   *c = &wl->conf;
+    char            head[256];
+    unsigned        g, p, t, k;
+    kvl_wl_conf_t  *c = &wl->conf;
 
-    wl->body_len = 0;
+    wl->len = 0;
 
     snprintf(head, sizeof(head), "{\"model\":\"%s\",\"messages\":[", c->model);
-    if (kvl_append(wl, head, strlen(head)) != 0) {
+
+    if (kvl_append(wl, head) != 0) {
         return -1;
     }
 
     if (c->kind == KVL_WL_NO_SHARING) {
-        sys = kvl_text(&wl->rng, c->system_tokens);
-        q = kvl_text(&wl->rng, c->question_tokens);
-
-        if (sys == NULL || q == NULL
-            || kvl_message(wl, "system", sys, c->system_tokens) != 0
-            || kvl_message(wl, "user", q, c->question_tokens) != 0)
+        if (kvl_message(wl, "system", NULL, 0, c->system_tokens) != 0
+            || kvl_message(wl, "user", NULL, 0, c->question_tokens) != 0)
         {
-            free(sys);
-            free(q);
             return -1;
         }
-
-        free(sys);
-        free(q);
 
     } else if (c->kind == KVL_WL_SHARED_PREFIX) {
         p = wl->order[wl->next % wl->norder];
         g = p / c->prompts_per_group;
 
-        if (kvl_message(wl, "system", wl->system[g], c->system_tokens) != 0
-            || kvl_message(wl, "user", wl->question[p], c->question_tokens)
+        if (kvl_message(wl, "system", wl->system, g, c->system_tokens) != 0
+            || kvl_message(wl, "user", wl->question, p, c->question_tokens)
                != 0)
         {
             return -1;
@@ -178,7 +165,7 @@ kvl_workload_next(kvl_workload_t *wl, const char **body, size_t *len)
         g = wl->order[wl->next % wl->norder];
         t = (unsigned) ((wl->next / wl->norder) % c->turns);
 
-        if (kvl_message(wl, "system", wl->system[g], c->system_tokens) != 0)
+        if (kvl_message(wl, "system", wl->system, g, c->system_tokens) != 0)
         {
             return -1;
         }
@@ -186,15 +173,10 @@ kvl_workload_next(kvl_workload_t *wl, const char **body, size_t *len)
         for (k = 0; k <= t; k++) {
             p = g * c->turns + k;
 
-            if (kvl_message(wl, "user", wl->question[p], c->question_tokens)
-                != 0)
-            {
-                return -1;
-            }
-
-            if (k < t && kvl_message(wl, "assistant", wl->answer[p],
-                                     c->output_tokens)
-                         != 0)
+            if (kvl_message(wl, "user", wl->question, p, c->question_tokens)
+                != 0
+                || (k < t && kvl_message(wl, "assistant", wl->answer, p,
+                                         c->output_tokens) != 0))
             {
                 return -1;
             }
@@ -202,20 +184,18 @@ kvl_workload_next(kvl_workload_t *wl, const char **body, size_t *len)
     }
 
     wl->next++;
-
-    /* drop the comma after the last message */
-    wl->body_len--;
+    wl->len--;                          /* the comma after the last one */
 
     snprintf(head, sizeof(head), "],\"stream\":true,"
              "\"stream_options\":{\"include_usage\":true},"
              "\"max_tokens\":%u,\"ignore_eos\":true}", c->output_tokens);
 
-    if (kvl_append(wl, head, strlen(head)) != 0) {
+    if (kvl_append(wl, head) != 0) {
         return -1;
     }
 
     *body = wl->body;
-    *len = wl->body_len;
+    *len = wl->len;
 
     return 0;
 }
@@ -224,18 +204,13 @@ kvl_workload_next(kvl_workload_t *wl, const char **body, size_t *len)
 void
 kvl_workload_free(kvl_workload_t *wl)
 {
-    unsigned  n;
-
     if (wl == NULL) {
         return;
     }
 
-    n = wl->conf.groups * (wl->conf.kind == KVL_WL_SHARED_PREFIX
-                           ? wl->conf.prompts_per_group : wl->conf.turns);
-
-    kvl_texts_free(wl->system, wl->conf.groups);
-    kvl_texts_free(wl->question, n);
-    kvl_texts_free(wl->answer, n);
+    free(wl->system);
+    free(wl->question);
+    free(wl->answer);
     free(wl->order);
     free(wl->body);
     free(wl);
@@ -243,57 +218,20 @@ kvl_workload_free(kvl_workload_t *wl)
 
 
 static char *
-kvl_text(uint64_t *rng, unsigned tokens)
+kvl_texts(uint64_t *rng, size_t n, unsigned tokens)
 {
-    char  *p;
+    char    *t;
+    size_t   i;
 
-    p = malloc((size_t) tokens * 4 + 1);
-    if (p == NULL) {
-        return NULL;
-    }
+    /* n texts of tokens each, back to back, no terminators */
 
-    kvl_text_fill(rng, p, tokens);
-
-    return p;
-}
-
-
-static void
-kvl_text_fill(uint64_t *rng, char *p, unsigned tokens)
-{
-    unsigned  i;
-    uint64_t  r;
-
-    for (i = 0; i < tokens; i++) {
-        r = kvl_rand(rng);
-        p[0] = kvl_alphabet[r % 36];
-        p[1] = kvl_alphabet[(r >> 8) % 36];
-        p[2] = kvl_alphabet[(r >> 16) % 36];
-        p[3] = ' ';
-        p += 4;
-    }
-
-    *p = '\0';
-}
-
-
-static char **
-kvl_texts(uint64_t *rng, unsigned n, unsigned tokens)
-{
-    char     **t;
-    unsigned   i;
-
-    t = calloc(n ? n : 1, sizeof(char *));
+    t = malloc(n * tokens * 4 + 1);
     if (t == NULL) {
         return NULL;
     }
 
     for (i = 0; i < n; i++) {
-        t[i] = kvl_text(rng, tokens);
-        if (t[i] == NULL) {
-            kvl_texts_free(t, i);
-            return NULL;
-        }
+        kvl_text_fill(rng, t + i * tokens * 4, tokens);
     }
 
     return t;
@@ -301,67 +239,88 @@ kvl_texts(uint64_t *rng, unsigned n, unsigned tokens)
 
 
 static void
-kvl_texts_free(char **t, unsigned n)
+kvl_text_fill(uint64_t *rng, char *p, unsigned tokens)
 {
-    unsigned  i;
+    unsigned         i;
+    uint64_t         r;
+    static const char  a[] = "abcdefghijklmnopqrstuvwxyz0123456789";
 
-    if (t == NULL) {
-        return;
+    for (i = 0; i < tokens; i++, p += 4) {
+        r = kvl_rand(rng);
+        p[0] = a[r % 36];
+        p[1] = a[(r >> 8) % 36];
+        p[2] = a[(r >> 16) % 36];
+        p[3] = ' ';
     }
-
-    for (i = 0; i < n; i++) {
-        free(t[i]);
-    }
-
-    free(t);
 }
 
 
-static int
-kvl_append(kvl_workload_t *wl, const char *s, size_t n)
+static char *
+kvl_reserve(kvl_workload_t *wl, size_t n)
 {
     char    *b;
     size_t   cap;
 
-    if (wl->body_len + n + 1 > wl->body_cap) {
-        cap = wl->body_cap ? wl->body_cap : 65536;
-        while (cap < wl->body_len + n + 1) {
-            cap *= 2;
+    if (wl->len + n + 1 > wl->cap) {
+        for (cap = wl->cap ? wl->cap : 65536; cap < wl->len + n + 1; cap *= 2)
+        {
+            /* void */
         }
 
         b = realloc(wl->body, cap);
         if (b == NULL) {
-            return -1;
+            return NULL;
         }
 
         wl->body = b;
-        wl->body_cap = cap;
+        wl->cap = cap;
     }
 
-    memcpy(wl->body + wl->body_len, s, n);
-    wl->body_len += n;
-    wl->body[wl->body_len] = '\0';
+    b = wl->body + wl->len;
+    wl->len += n;
+    wl->body[wl->len] = '\0';
+
+    return b;
+}
+
+
+static int
+kvl_append(kvl_workload_t *wl, const char *s)
+{
+    char    *p;
+    size_t   n = strlen(s);
+
+    p = kvl_reserve(wl, n);
+    if (p == NULL) {
+        return -1;
+    }
+
+    memcpy(p, s, n);
 
     return 0;
 }
 
 
 static int
-kvl_message(kvl_workload_t *wl, const char *role, const char *text,
-    unsigned tokens)
+kvl_message(kvl_workload_t *wl, const char *role, const char *texts,
+    size_t i, unsigned tokens)
 {
-    char  head[64];
-    int   n;
+    char    *p, head[64];
+    size_t   n = (size_t) tokens * 4;
 
-    n = snprintf(head, sizeof(head), "{\"role\":\"%s\",\"content\":\"",
-                 role);
+    /* texts NULL: fresh random text */
 
-    if (kvl_append(wl, head, (size_t) n) != 0
-        || kvl_append(wl, text, (size_t) tokens * 4) != 0
-        || kvl_append(wl, "\"},", 3) != 0)
-    {
+    snprintf(head, sizeof(head), "{\"role\":\"%s\",\"content\":\"", role);
+
+    if (kvl_append(wl, head) != 0 || (p = kvl_reserve(wl, n)) == NULL) {
         return -1;
     }
 
-    return 0;
+    if (texts) {
+        memcpy(p, texts + i * n, n);
+    } else {
+        kvl_text_fill(&wl->rng, p, tokens);
+    }
+
+    return kvl_append(wl, "\"},");
 }
