@@ -7,6 +7,7 @@
 KVSIM_SRCS  := $(wildcard tools/kvsim/*.c)
 KVSIM_HDRS  := $(wildcard tools/kvsim/*.h)
 KVSIM_MODEL := tools/kvsim/kvsim_cache.c tools/kvsim/kvsim_sched.c
+KVSIM_CORE  := $(sort $(CORE_SRCS) src/kva_event.c)
 KVSIM_TESTS := $(patsubst t/unit/%.c,$(BUILD)/unit/%,\
                    $(wildcard t/unit/test_kvsim_*.c))
 
@@ -17,11 +18,11 @@ UNIT_TESTS := $(filter-out $(KVSIM_TESTS),$(UNIT_TESTS)) $(KVSIM_TESTS)
 
 kvsim: $(BUILD)/kvsim
 
-$(BUILD)/kvsim: $(KVSIM_SRCS) $(KVSIM_HDRS) $(CORE_SRCS) src/kva_event.c \
+$(BUILD)/kvsim: $(KVSIM_SRCS) $(KVSIM_HDRS) $(KVSIM_CORE) \
                 src/kva_event.h src/kva_prompt.h src/kva_hash.h
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_CORE) $(KVSIM_CFLAGS) -Itools/kvsim -o $@ \
-	    $(KVSIM_SRCS) $(CORE_SRCS) src/kva_event.c \
+	    $(KVSIM_SRCS) $(KVSIM_CORE) \
 	    -levent -lhiredis -ljansson -lxxhash
 
 # the pure model only: no libevent, no Redis

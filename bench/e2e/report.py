@@ -100,25 +100,26 @@ def cpu_line(meta):
 
 
 def config_line(run):
+    run = run["config"]
     wl = run["workload"]
     if wl == "shared-prefix":
         shape = "%d groups x %d prompts, %d + %d tokens in" % (
-            run["groups"], run["prompts_per_group"], run["system_tokens"],
-            run["question_tokens"])
+            run["groups"], run["prompts-per-group"], run["system-tokens"],
+            run["question-tokens"])
     elif wl == "multi-turn":
         shape = ("%d conversations x %d turns, %d system + %d per user "
-                 "turn" % (run["groups"], run["turns"], run["system_tokens"],
-                           run["question_tokens"]))
+                 "turn" % (run["groups"], run["turns"], run["system-tokens"],
+                           run["question-tokens"]))
     else:
         shape = "unique prompts of %d tokens" % (
-            run["system_tokens"] + run["question_tokens"])
+            run["system-tokens"] + run["question-tokens"])
     bound = []
-    if run["stage_requests"]:
-        bound.append("%d requests" % run["stage_requests"])
-    bound.append("%g s" % run["stage_seconds"])
+    if run["stage-requests"]:
+        bound.append("%d requests" % run["stage-requests"])
+    bound.append("%g s" % run["stage-seconds"])
     return ("%s: %s, %d out, stages of at most %s (uncompressed), time "
-            "scale %g, seed %d" % (wl, shape, run["output_tokens"],
-                                   " / ".join(bound), run["time_scale"],
+            "scale %g, seed %d" % (wl, shape, run["output-tokens"],
+                                   " / ".join(bound), run["time-scale"],
                                    run["seed"]))
 
 
@@ -182,7 +183,7 @@ def main():
                                    meta["kvsim_cpu_pct"],
                                    meta["kvload_cpu_pct"]))
         summary.append("")
-        scale = first["time_scale"]
+        scale = first["config"]["time-scale"]
         summary += ["The compressed minimum step of kvsim is %.2f ms (10 ms / "
                     "%g); nginx's CPU per request above includes proxying "
                     "every streamed token." % (10.0 / scale, scale), ""]

@@ -385,7 +385,7 @@ meta = {
     "kvsim_cpu_pct": 100 * (int(k1) - int(k0)) / hz / wall,
     "kvload_cpu_pct": 100 * (float(u) + float(s)) / wall,
     "nginx_us_per_req": 1e6 * ngx / reqs,
-    "output_tokens": run["output_tokens"], "nginx_alerts": int(alerts),
+    "output_tokens": run["config"]["output-tokens"], "nginx_alerts": int(alerts),
 }
 json.dump(meta, open(out + ".meta.json", "w"), indent=1)
 print("    wall %.0fs  CPU: nginx %.0f%% (%.0f us/req)  kvsim %.0f%%  "

@@ -1,7 +1,7 @@
 /*
- * kvload HTTP/1.1 client on libevent bufferevents: keepalive pool per
- * target, Content-Length / chunked / until-close bodies, and SSE "data:"
- * lines handed to a callback as they arrive.
+ * kvload HTTP client: libevent's evhttp with a pool of kept-alive
+ * connections per target, and SSE "data:" lines handed to a callback as
+ * they arrive.
  */
 
 #ifndef _KVLOAD_HTTP_H_INCLUDED_
@@ -10,25 +10,18 @@
 
 #include <stddef.h>
 
-#include <netinet/in.h>
 #include <event2/event.h>
 #include <event2/buffer.h>
+#include <event2/http.h>
 
 
 #define KVL_HTTP_BODY_MAX   (1024 * 1024)
 
 
-typedef enum {
-    KVL_HTTP_OK = 0,
-    KVL_HTTP_ECONNECT,
-    KVL_HTTP_ERESET,
-    KVL_HTTP_ETIMEOUT,
-    KVL_HTTP_EPROTO,
-    KVL_HTTP_ENOMEM
-} kvl_http_err_e;
+/* error: 0, or 1 + evhttp's enum evhttp_request_error */
+#define KVL_HTTP_ETIMEOUT   (1 + EVREQ_HTTP_TIMEOUT)
 
 
-typedef struct kvl_conn_s      kvl_conn_t;
 typedef struct kvl_http_req_s  kvl_http_req_t;
 
 typedef void (*kvl_http_event_pt)(kvl_http_req_t *r, const char *data,
@@ -37,40 +30,39 @@ typedef void (*kvl_http_done_pt)(kvl_http_req_t *r);
 
 
 typedef struct {
-    struct event_base  *base;
-    struct sockaddr_in  sin;
-    char                host[64];       /* "ip:port", for Host: */
-    kvl_conn_t         *idle;
+    struct event_base          *base;
+    char                        ip[48];
+    unsigned short              port;
+    char                        host[64];   /* for Host: */
+    struct evhttp_connection  **idle;
+    size_t                      nidle;
+    size_t                      nconns;
+    size_t                      max_conns;
 } kvl_target_t;
 
 
 struct kvl_http_req_s {
-    kvl_target_t       *target;
-    kvl_http_event_pt   on_event;       /* SSE; NULL: keep body in body */
-    kvl_http_done_pt    done;
-    void               *data;
+    kvl_target_t               *target;
+    kvl_http_event_pt           on_event;   /* SSE; NULL: body kept */
+    kvl_http_done_pt            done;
+    void                       *data;
 
-    int                 status;
-    kvl_http_err_e      error;
-    double              t_done;
-    char                upstream[48];   /* X-Upstream-Addr, if any */
-    struct evbuffer    *body;
-
-    /* private */
-    struct evbuffer    *wire;
-    struct event       *timer;
-    kvl_conn_t         *conn;
-    unsigned            retried:1;
+    int                         status;
+    int                         error;
+    double                      t_done;
+    char                        upstream[48];   /* X-Upstream-Addr */
+    struct evbuffer            *buf;    /* the body, or SSE partial lines */
+    struct evhttp_connection   *conn;
 };
 
 
 int kvl_target_init(kvl_target_t *t, struct event_base *base,
-    const char *hostport);
+    const char *hostport, size_t max_conns);
 void kvl_target_close(kvl_target_t *t);
 
-int kvl_http_send(kvl_http_req_t *r, const char *method, const char *path,
-    const char *body, size_t len, double timeout);
-const char *kvl_http_strerror(kvl_http_err_e err);
+int kvl_http_send(kvl_http_req_t *r, const char *path, const char *body,
+    size_t len, double timeout);
+const char *kvl_http_strerror(int err);
 
 double kvl_now(void);
 

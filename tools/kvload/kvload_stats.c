@@ -1,7 +1,6 @@
 /*
  * kvload statistics.  Percentiles interpolate linearly between the closest
- * ranks (numpy's default), so figures compare with vLLM's and llm-d's
- * benchmark scripts.
+ * ranks (numpy's default), like vLLM's and llm-d's benchmark scripts.
  */
 
 #include <stdlib.h>
@@ -53,15 +52,7 @@ kvl_percentile(kvl_samples_t *s, double p)
         s->sorted = 1;
     }
 
-    if (p <= 0.0) {
-        return s->v[0];
-    }
-
-    if (p >= 100.0) {
-        return s->v[s->n - 1];
-    }
-
-    rank = p / 100.0 * (double) (s->n - 1);
+    rank = (p < 0.0 ? 0.0 : p > 100.0 ? 1.0 : p / 100.0) * (s->n - 1);
     lo = (size_t) rank;
     frac = rank - (double) lo;
 
@@ -130,9 +121,12 @@ kvl_stage_summarize(kvl_stage_t *st, double scale, kvl_summary_t *sum)
 
     memset(sum, 0, sizeof(kvl_summary_t));
 
+    /* rates over the arrival window: what the servers did under its load */
+
     span = (st->t_arrivals_end - st->t_start) * scale;
     if (span > 0.0) {
         sum->achieved_qps = (double) st->sent / span;
+        sum->gen_tok_s = (double) st->window_tokens / span;
     }
 
     sum->ttft_p50 = kvl_percentile(&st->ttft, 50.0) * scale;
@@ -141,17 +135,10 @@ kvl_stage_summarize(kvl_stage_t *st, double scale, kvl_summary_t *sum)
     sum->itl_p50 = kvl_percentile(&st->itl, 50.0) * scale;
     sum->e2e_p50 = kvl_percentile(&st->e2e, 50.0) * scale;
 
-    /* tokens of this stage's requests over the stage's span to last done */
-    span = (st->t_last_done - st->t_start) * scale;
-    if (span > 0.0) {
-        sum->gen_tok_s = (double) st->output_tokens / span;
-    }
-
     sum->hit_rate = kvl_hit_rate(st->cached_tokens, st->prompt_tokens);
 
     if (st->scrapes) {
         sum->waiting_mean = st->waiting_sum / (double) st->scrapes;
-        sum->running_mean = st->running_sum / (double) st->scrapes;
     }
 }
 

@@ -1,10 +1,7 @@
 /*
- * kvload statistics: samples, percentiles, token-weighted cache hit rate,
- * per-stage accounting.  Pure C, no I/O, so a unit test can feed it a trace.
- *
- * Times go in as measured (real, compressed seconds); kvl_stage_summarize()
- * multiplies them by the time scale, so summaries read as uncompressed
- * ("GPU") seconds.
+ * kvload statistics, pure C without I/O.  Times go in as measured (real,
+ * compressed seconds); kvl_stage_summarize() multiplies them by the time
+ * scale, so summaries read as uncompressed ("GPU") seconds.
  */
 
 #ifndef _KVLOAD_STATS_H_INCLUDED_
@@ -43,20 +40,19 @@ typedef struct {
     uint64_t        dropped;            /* over the in-flight cap */
     uint64_t        inflight;
 
-    uint64_t        output_tokens;
+    uint64_t        output_tokens;      /* of this stage's requests */
+    uint64_t        window_tokens;      /* of all, while stage arrives */
     uint64_t        prompt_tokens;
     uint64_t        cached_tokens;
 
     double          t_start;            /* real seconds, monotonic */
     double          t_arrivals_end;
-    double          t_last_done;
 
     kvl_samples_t   ttft;
     kvl_samples_t   itl;                /* per-request mean token gap */
     kvl_samples_t   e2e;
 
     double          waiting_sum;        /* per-server means, per scrape */
-    double          running_sum;
     uint64_t        scrapes;
 
     kvl_backend_t   backends[KVL_MAX_BACKENDS];
@@ -72,10 +68,9 @@ typedef struct {
     double          ttft_p99;
     double          itl_p50;
     double          e2e_p50;
-    double          gen_tok_s;          /* uncompressed */
+    double          gen_tok_s;          /* window tokens, uncompressed */
     double          hit_rate;
     double          waiting_mean;
-    double          running_mean;
 } kvl_summary_t;
 
 

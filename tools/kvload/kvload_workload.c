@@ -34,14 +34,15 @@ struct kvl_workload_s {
     char           *body;
     size_t          len;
     size_t          cap;
+    int             nomem;
 };
 
 
 static char *kvl_texts(uint64_t *rng, size_t n, unsigned tokens);
 static void kvl_text_fill(uint64_t *rng, char *p, unsigned tokens);
 static char *kvl_reserve(kvl_workload_t *wl, size_t n);
-static int kvl_append(kvl_workload_t *wl, const char *s);
-static int kvl_message(kvl_workload_t *wl, const char *role,
+static void kvl_append(kvl_workload_t *wl, const char *s);
+static void kvl_message(kvl_workload_t *wl, const char *role,
     const char *texts, size_t i, unsigned tokens);
 
 
@@ -71,7 +72,7 @@ kvl_rand_unit(uint64_t *state)
 kvl_workload_t *
 kvl_workload_create(const kvl_wl_conf_t *conf)
 {
-    unsigned         i, j, n, tmp;
+    unsigned         i, j, n;
     kvl_workload_t  *wl;
 
     wl = calloc(1, sizeof(kvl_workload_t));
@@ -93,38 +94,29 @@ kvl_workload_create(const kvl_wl_conf_t *conf)
     wl->question = kvl_texts(&wl->rng, n, conf->question_tokens);
     wl->order = malloc(n * sizeof(unsigned));
 
-    if (wl->system == NULL || wl->question == NULL || wl->order == NULL) {
-        goto failed;
-    }
-
     if (conf->kind == KVL_WL_MULTI_TURN) {
         wl->answer = kvl_texts(&wl->rng, n, conf->output_tokens);
-        if (wl->answer == NULL) {
-            goto failed;
-        }
-
         n = conf->groups;
     }
 
-    for (i = 0; i < n; i++) {
-        wl->order[i] = i;
+    if (wl->system == NULL || wl->question == NULL || wl->order == NULL
+        || (conf->kind == KVL_WL_MULTI_TURN && wl->answer == NULL))
+    {
+        kvl_workload_free(wl);
+        return NULL;
     }
 
-    for (i = n; i > 1; i--) {
-        j = (unsigned) (kvl_rand(&wl->rng) % i);
-        tmp = wl->order[i - 1];
-        wl->order[i - 1] = wl->order[j];
-        wl->order[j] = tmp;
+    /* a random permutation, inside-out Fisher-Yates */
+
+    for (i = 0; i < n; i++) {
+        j = (unsigned) (kvl_rand(&wl->rng) % (i + 1));
+        wl->order[i] = wl->order[j];
+        wl->order[j] = i;
     }
 
     wl->norder = n;
 
     return wl;
-
-failed:
-
-    kvl_workload_free(wl);
-    return NULL;
 }
 
 
@@ -136,68 +128,55 @@ kvl_workload_next(kvl_workload_t *wl, const char **body, size_t *len)
     kvl_wl_conf_t  *c = &wl->conf;
 
     wl->len = 0;
+    wl->nomem = 0;
 
     snprintf(head, sizeof(head), "{\"model\":\"%s\",\"messages\":[", c->model);
-
-    if (kvl_append(wl, head) != 0) {
-        return -1;
-    }
+    kvl_append(wl, head);
 
     if (c->kind == KVL_WL_NO_SHARING) {
-        if (kvl_message(wl, "system", NULL, 0, c->system_tokens) != 0
-            || kvl_message(wl, "user", NULL, 0, c->question_tokens) != 0)
-        {
-            return -1;
-        }
+        kvl_message(wl, "system", NULL, 0, c->system_tokens);
+        kvl_message(wl, "user", NULL, 0, c->question_tokens);
 
     } else if (c->kind == KVL_WL_SHARED_PREFIX) {
         p = wl->order[wl->next % wl->norder];
         g = p / c->prompts_per_group;
 
-        if (kvl_message(wl, "system", wl->system, g, c->system_tokens) != 0
-            || kvl_message(wl, "user", wl->question, p, c->question_tokens)
-               != 0)
-        {
-            return -1;
-        }
+        kvl_message(wl, "system", wl->system, g, c->system_tokens);
+        kvl_message(wl, "user", wl->question, p, c->question_tokens);
 
     } else {
         g = wl->order[wl->next % wl->norder];
         t = (unsigned) ((wl->next / wl->norder) % c->turns);
 
-        if (kvl_message(wl, "system", wl->system, g, c->system_tokens) != 0)
-        {
-            return -1;
-        }
+        kvl_message(wl, "system", wl->system, g, c->system_tokens);
 
         for (k = 0; k <= t; k++) {
             p = g * c->turns + k;
+            kvl_message(wl, "user", wl->question, p, c->question_tokens);
 
-            if (kvl_message(wl, "user", wl->question, p, c->question_tokens)
-                != 0
-                || (k < t && kvl_message(wl, "assistant", wl->answer, p,
-                                         c->output_tokens) != 0))
-            {
-                return -1;
+            if (k < t) {
+                kvl_message(wl, "assistant", wl->answer, p, c->output_tokens);
             }
         }
     }
 
     wl->next++;
+
+    if (wl->nomem) {
+        return -1;
+    }
+
     wl->len--;                          /* the comma after the last one */
 
     snprintf(head, sizeof(head), "],\"stream\":true,"
              "\"stream_options\":{\"include_usage\":true},"
              "\"max_tokens\":%u,\"ignore_eos\":true}", c->output_tokens);
-
-    if (kvl_append(wl, head) != 0) {
-        return -1;
-    }
+    kvl_append(wl, head);
 
     *body = wl->body;
     *len = wl->len;
 
-    return 0;
+    return wl->nomem ? -1 : 0;
 }
 
 
@@ -261,6 +240,12 @@ kvl_reserve(kvl_workload_t *wl, size_t n)
     char    *b;
     size_t   cap;
 
+    /* out of memory is sticky until the next request: callers go on */
+
+    if (wl->nomem) {
+        return NULL;
+    }
+
     if (wl->len + n + 1 > wl->cap) {
         for (cap = wl->cap ? wl->cap : 65536; cap < wl->len + n + 1; cap *= 2)
         {
@@ -269,6 +254,7 @@ kvl_reserve(kvl_workload_t *wl, size_t n)
 
         b = realloc(wl->body, cap);
         if (b == NULL) {
+            wl->nomem = 1;
             return NULL;
         }
 
@@ -284,24 +270,18 @@ kvl_reserve(kvl_workload_t *wl, size_t n)
 }
 
 
-static int
+static void
 kvl_append(kvl_workload_t *wl, const char *s)
 {
-    char    *p;
-    size_t   n = strlen(s);
+    char  *p = kvl_reserve(wl, strlen(s));
 
-    p = kvl_reserve(wl, n);
-    if (p == NULL) {
-        return -1;
+    if (p) {
+        memcpy(p, s, strlen(s));
     }
-
-    memcpy(p, s, n);
-
-    return 0;
 }
 
 
-static int
+static void
 kvl_message(kvl_workload_t *wl, const char *role, const char *texts,
     size_t i, unsigned tokens)
 {
@@ -311,16 +291,15 @@ kvl_message(kvl_workload_t *wl, const char *role, const char *texts,
     /* texts NULL: fresh random text */
 
     snprintf(head, sizeof(head), "{\"role\":\"%s\",\"content\":\"", role);
+    kvl_append(wl, head);
 
-    if (kvl_append(wl, head) != 0 || (p = kvl_reserve(wl, n)) == NULL) {
-        return -1;
-    }
+    p = kvl_reserve(wl, n);
 
-    if (texts) {
+    if (p && texts) {
         memcpy(p, texts + i * n, n);
-    } else {
+    } else if (p) {
         kvl_text_fill(&wl->rng, p, tokens);
     }
 
-    return kvl_append(wl, "\"},");
+    kvl_append(wl, "\"},");
 }

@@ -60,6 +60,7 @@ typedef struct {
     kvs_sched_t         sched;
     struct event       *step_ev;
     double              step_end;       /* ms, when the last step ends */
+    double              lag_ms;         /* the CPU behind the simulation */
     unsigned            stepping:1;
 
     kvs_http_t         *http;

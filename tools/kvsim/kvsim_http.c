@@ -6,12 +6,16 @@
  * server's scheduler; tokens go out as the steps produce them.
  */
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/socket.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
@@ -48,6 +52,7 @@ struct kvs_req_s {
     kvs_conn_t                 *conn;
     struct evhttp_request      *req;    /* NULL: the client is gone */
     kvs_seq_t                  *seq;
+    struct event               *watch;  /* the client closing */
     uint64_t                    id;
     time_t                      created;
     unsigned                    chat:1;
@@ -61,12 +66,16 @@ static void kvs_http_handler(struct evhttp_request *req, void *arg);
 static kvs_conn_t *kvs_conn_get(kvs_server_t *srv,
     struct evhttp_request *req);
 static void kvs_conn_close(struct evhttp_connection *evcon, void *arg);
+static void kvs_watch(kvs_req_t *r);
+static void kvs_watch_handler(evutil_socket_t fd, short what, void *arg);
 static void kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
     struct evhttp_request *req, int chat);
 static void kvs_scan_options(const char *p, const char *end, int *stream,
     long *max_tokens);
 static const char *kvs_skip_value(const char *p, const char *end);
 static void kvs_req_done(kvs_req_t *r);
+static void kvs_chunk(kvs_req_t *r, struct evbuffer *b, int done);
+static void kvs_body(kvs_req_t *r, struct evbuffer *b);
 static void kvs_head(struct evbuffer *b, kvs_req_t *r);
 static void kvs_tail(struct evbuffer *b, kvs_req_t *r, int first, int done);
 static void kvs_token(kvs_sim_t *sim, struct evbuffer *b);
@@ -141,76 +150,111 @@ kvs_http_free(kvs_server_t *srv)
 void
 kvs_http_seq_event(kvs_seq_t *seq, int done, void *arg)
 {
-    uint32_t         i;
-    kvs_req_t       *r = seq->data;
-    struct evbuffer *b;
+    kvs_req_t        *r = seq->data;
+    struct evbuffer  *b;
 
-    if (r->req == NULL || seq->aborted) {
-        if (r->req) {
-            kvs_error(r->srv, r->req, 503, "shutting down");
+    if (r->req == NULL || seq->aborted || (!r->stream && !done)) {
+        if (r->req && seq->aborted) {
+            if (r->started) {
+                evhttp_send_reply_end(r->req);
+
+            } else {
+                kvs_error(r->srv, r->req, 503, "shutting down");
+            }
         }
 
-        kvs_req_done(r);
+        if (r->req == NULL || seq->aborted) {
+            kvs_req_done(r);
+        }
+
         return;
     }
 
     b = evbuffer_new();
+
     if (b == NULL) {
+        if (done) {
+            if (r->started) {
+                evhttp_send_reply_end(r->req);
+
+            } else {
+                evhttp_send_error(r->req, 500, NULL);
+            }
+
+            kvs_req_done(r);
+        }
+
         return;                         /* the client misses a token */
     }
 
     if (r->stream) {
-        if (!r->started) {
-            r->started = 1;
-            evhttp_send_reply_start(r->req, 200, "OK");
-        }
+        kvs_chunk(r, b, done);
 
-        evbuffer_add(b, "data: ", 6);
-        kvs_head(b, r);
-
-        if (r->chat) {
-            evbuffer_add_printf(b, "\"delta\":{%s\"content\":\"",
-                                seq->out == 1 ? "\"role\":\"assistant\"," : "");
-            kvs_token(r->srv->sim, b);
-            evbuffer_add(b, "\"}", 2);
-
-        } else {
-            evbuffer_add(b, "\"text\":\"", 8);
-            kvs_token(r->srv->sim, b);
-            evbuffer_add_printf(b, "\",\"logprobs\":null");
-        }
-
-        kvs_tail(b, r, seq->out == 1, done);
-        evbuffer_add_printf(b, "\n\n%s", done ? "data: [DONE]\n\n" : "");
-        evhttp_send_reply_chunk(r->req, b);
-
-        if (done) {
-            evhttp_send_reply_end(r->req);
-            r->req = NULL;
-            kvs_req_done(r);
-        }
-
-        evbuffer_free(b);
-        return;
-    }
-
-    if (done) {
-        kvs_head(b, r);
-        evbuffer_add_printf(b, r->chat ? "\"message\":{\"role\":\"assistant\","
-                            "\"content\":\"" : "\"text\":\"");
-
-        for (i = 0; i < seq->out; i++) {
-            kvs_token(r->srv->sim, b);
-        }
-
-        evbuffer_add_printf(b, r->chat ? "\"}" : "\",\"logprobs\":null");
-        kvs_tail(b, r, 1, 1);
-        kvs_reply(r->srv, r->req, 200, "application/json", b);
-        r->req = NULL;
-        kvs_req_done(r);
+    } else {
+        kvs_body(r, b);
     }
 
     evbuffer_free(b);
+
+    if (done) {
+        kvs_req_done(r);
+    }
+}
+
+
+static void
+kvs_chunk(kvs_req_t *r, struct evbuffer *b, int done)
+{
+    int  first;
+
+    first = (r->seq->out == 1);
+
+    if (!r->started) {
+        r->started = 1;
+        evhttp_send_reply_start(r->req, 200, "OK");
+    }
+
+    evbuffer_add(b, "data: ", 6);
+    kvs_head(b, r);
+
+    if (r->chat) {
+        evbuffer_add_printf(b, "\"delta\":{%s\"content\":\"",
+                            first ? "\"role\":\"assistant\"," : "");
+        kvs_token(r->srv->sim, b);
+        evbuffer_add(b, "\"}", 2);
+
+    } else {
+        evbuffer_add(b, "\"text\":\"", 8);
+        kvs_token(r->srv->sim, b);
+        evbuffer_add_printf(b, "\",\"logprobs\":null");
+    }
+
+    kvs_tail(b, r, first, done);
+    evbuffer_add_printf(b, "\n\n%s", done ? "data: [DONE]\n\n" : "");
+    evhttp_send_reply_chunk(r->req, b);
+
+    if (done) {
+        evhttp_send_reply_end(r->req);
+    }
+}
+
+
+static void
+kvs_body(kvs_req_t *r, struct evbuffer *b)
+{
+    uint32_t  i;
+
+    kvs_head(b, r);
+    evbuffer_add_printf(b, r->chat ? "\"message\":{\"role\":\"assistant\","
+                        "\"content\":\"" : "\"text\":\"");
+
+    for (i = 0; i < r->seq->out; i++) {
+        kvs_token(r->srv->sim, b);
+    }
+
+    evbuffer_add_printf(b, r->chat ? "\"}" : "\",\"logprobs\":null");
+    kvs_tail(b, r, 1, 1);
+    kvs_reply(r->srv, r->req, 200, "application/json", b);
 }
 
 
@@ -333,6 +377,11 @@ kvs_conn_close(struct evhttp_connection *evcon, void *arg)
     if (r) {
         r->conn = NULL;
 
+        if (r->watch) {
+            event_free(r->watch);
+            r->watch = NULL;
+        }
+
         /* a request cut off from its connection is ours to free */
         if (r->req && evhttp_request_get_connection(r->req) == NULL) {
             evhttp_request_free(r->req);
@@ -357,7 +406,8 @@ kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
     long              max_tokens;
     char              msg[128];
     size_t            len, nh, bs, mlen;
-    uint8_t          *body, *out, *model;
+    uint8_t          *body, *out;
+    const uint8_t    *model;
     uint64_t          seed;
     kvs_req_t        *r;
     kvs_seq_t        *seq;
@@ -406,7 +456,7 @@ kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
     }
 
     if (p.model_len == 0) {
-        model = (uint8_t *) srv->sim->conf.model;
+        model = (const uint8_t *) srv->sim->conf.model;
         mlen = strlen(srv->sim->conf.model);
 
     } else {
@@ -462,6 +512,8 @@ kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
 
     seq->data = r;
     conn->req = r;
+    r->watch = NULL;
+    kvs_watch(r);
 
     if (stream) {
         evhttp_add_header(evhttp_request_get_output_headers(req),
@@ -597,11 +649,58 @@ kvs_skip_value(const char *p, const char *end)
 }
 
 
+/*
+ * evhttp stops reading while a request waits for its reply, so a client
+ * that gives up goes unnoticed until a write fails; vLLM aborts such
+ * requests at once, and so do we.
+ */
+static void
+kvs_watch(kvs_req_t *r)
+{
+    struct bufferevent  *bev;
+
+    bev = evhttp_connection_get_bufferevent(r->conn->evcon);
+    r->watch = event_new(r->srv->sim->base, bufferevent_getfd(bev), EV_READ,
+                         kvs_watch_handler, r);
+
+    if (r->watch) {
+        event_add(r->watch, NULL);
+    }
+}
+
+
+static void
+kvs_watch_handler(evutil_socket_t fd, short what, void *arg)
+{
+    char        c;
+    ssize_t     n;
+    kvs_req_t  *r = arg;
+
+    n = recv(fd, &c, 1, MSG_PEEK);
+
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        event_add(r->watch, NULL);
+        return;
+    }
+
+    if (n > 0) {
+        return;                         /* a pipelined request: stop */
+    }
+
+    /* kvs_conn_close() aborts the sequence */
+    evhttp_connection_free(r->conn->evcon);
+}
+
+
 static void
 kvs_req_done(kvs_req_t *r)
 {
     if (r->conn) {
         r->conn->req = NULL;
+    }
+
+    if (r->watch) {
+        event_free(r->watch);
     }
 
     kvs_seq_free(r->seq);
@@ -709,6 +808,7 @@ kvs_metrics(kvs_server_t *srv, struct evhttp_request *req)
                (unsigned long long) s->finished);
     kvs_metric("kvsim_steps_total", "counter", "%llu",
                (unsigned long long) s->steps);
+    kvs_metric("kvsim_step_lag_ms", "gauge", "%.3f", srv->lag_ms);
     kvs_metric("kvsim_cache_blocks_cached", "gauge", "%u", c->nhashed);
     kvs_metric("kvsim_cache_blocks_free", "gauge", "%u", c->nfree);
     kvs_metric("kvsim_cache_evictions_total", "counter", "%llu",

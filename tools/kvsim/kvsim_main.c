@@ -5,11 +5,13 @@
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
 
 #include <event2/event.h>
 
@@ -23,6 +25,8 @@ static int kvs_number(const char *s, double min, double max, double *v);
 static void kvs_usage(void);
 static int kvs_server_init(kvs_sim_t *sim, kvs_server_t *srv, unsigned i);
 static void kvs_server_free(kvs_server_t *srv);
+static void kvs_fd_limit(kvs_conf_t *conf);
+static void kvs_step_start(kvs_server_t *srv, double start);
 static void kvs_step_handler(evutil_socket_t fd, short what, void *arg);
 static void kvs_signal_handler(evutil_socket_t fd, short what, void *arg);
 static void kvs_die_handler(evutil_socket_t fd, short what, void *arg);
@@ -69,6 +73,7 @@ main(int argc, char **argv)
     }
 
     signal(SIGPIPE, SIG_IGN);
+    kvs_fd_limit(&sim.conf);
 
     /* timerfd: steps at S = 50 are well under a millisecond */
     cfg = event_config_new();
@@ -190,12 +195,17 @@ kvs_random(kvs_sim_t *sim)
 void
 kvs_server_kick(kvs_server_t *srv)
 {
-    double          now, t, start, delay;
-    struct timeval  tv;
-
-    if (srv->stepping) {
-        return;
+    if (!srv->stepping) {
+        kvs_step_start(srv, kvs_now_ms());
     }
+}
+
+
+static void
+kvs_step_start(kvs_server_t *srv, double start)
+{
+    double          now, t, delay;
+    struct timeval  tv;
 
     now = kvs_now_ms();
     t = kvs_sched_plan(&srv->sched, now) * 1000.0;
@@ -204,14 +214,8 @@ kvs_server_kick(kvs_server_t *srv)
         return;
     }
 
-    /* back to back steps keep the simulated clock when the CPU lags */
-    start = (srv->step_end > now - t) ? srv->step_end : now;
     srv->step_end = start + t;
-    delay = srv->step_end - now;
-
-    if (delay < 0.0) {
-        delay = 0.0;
-    }
+    delay = (srv->step_end > now) ? srv->step_end - now : 0.0;
 
     tv.tv_sec = (time_t) (delay / 1000.0);
     tv.tv_usec = (suseconds_t) ((delay - tv.tv_sec * 1000.0) * 1000.0);
@@ -290,6 +294,7 @@ kvs_server_free(kvs_server_t *srv)
 static void
 kvs_step_handler(evutil_socket_t fd, short what, void *arg)
 {
+    double         now;
     kvs_server_t  *srv = arg;
 
     srv->stepping = 0;
@@ -302,7 +307,13 @@ kvs_step_handler(evutil_socket_t fd, short what, void *arg)
         kvs_cache_ops_clear(&srv->cache);
     }
 
-    kvs_server_kick(srv);
+    /*
+     * The next step starts when this one ended in simulated time, not
+     * when the CPU got here; a lag over a second is given up.
+     */
+    now = kvs_now_ms();
+    srv->lag_ms = now - srv->step_end;
+    kvs_step_start(srv, srv->lag_ms < 1000.0 ? srv->step_end : now);
 }
 
 
@@ -323,13 +334,39 @@ kvs_die_handler(evutil_socket_t fd, short what, void *arg)
 }
 
 
+/* every server's connections, and some for Redis and the listeners */
+static void
+kvs_fd_limit(kvs_conf_t *conf)
+{
+    rlim_t         want;
+    struct rlimit  rl;
+
+    want = (rlim_t) conf->servers * (conf->max_conns + 1) + 64;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want) {
+        return;
+    }
+
+    rl.rlim_cur = (rl.rlim_max < want) ? rl.rlim_max : want;
+    setrlimit(RLIMIT_NOFILE, &rl);
+
+    if (rl.rlim_cur < want) {
+        conf->max_conns = (rl.rlim_cur > 64 + 2 * conf->servers)
+                          ? (rl.rlim_cur - 64) / conf->servers - 1 : 1;
+        fprintf(stderr, "kvsim: open files limited to %lu: --max-conns %u\n",
+                (unsigned long) rl.rlim_cur, conf->max_conns);
+    }
+}
+
+
 static int
 kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
 {
-    int          c, li = 0;
-    char        *colon;
-    double       v;
-    const char  *redis;
+    int              c, li = 0;
+    char            *colon;
+    double           v;
+    const char      *redis;
+    struct in_addr   addr;
 
     conf->servers = 8;
     conf->base_port = 8001;
@@ -430,6 +467,12 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
 
     memcpy(conf->redis_host, redis, colon - redis);
     conf->redis_port = v;
+
+    /* hiredis would resolve a name, blocking the loop */
+    if (inet_pton(AF_INET, conf->redis_host, &addr) != 1) {
+        fprintf(stderr, "kvsim: --redis wants an IPv4 address\n");
+        return -1;
+    }
 
     return 0;
 

@@ -1,0 +1,86 @@
+/*
+ * Test helper: prints the block hashes ngx_http_kv_aware_module computes
+ * for a request body, one 16-hex line per full block.
+ *
+ *   kva_hashes BLOCK_SIZE < body.json
+ *
+ * Built by the tests against the project's own core, so that the hashes
+ * are exactly the module's:
+ *   gcc -Isrc -o PREFIX/kva_hashes t/lib/kva_hashes.c src/kva_prompt.c \
+ *       src/kva_hash.c -lxxhash
+ * Exit status 2 when the body has no usable prompt.
+ */
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kva_hash.h"
+#include "kva_prompt.h"
+
+
+int
+main(int argc, char **argv)
+{
+    size_t            len, cap, n, i, bs, max;
+    uint8_t          *body, *out;
+    uint64_t         *hashes, seed;
+    kva_prompt_t      p;
+    kva_prompt_rc_e   rc;
+
+    bs = argc > 1 ? (size_t) strtoul(argv[1], NULL, 10) : 256;
+
+    if (bs < 16) {
+        fprintf(stderr, "usage: %s BLOCK_SIZE < body\n", argv[0]);
+        return 1;
+    }
+
+    cap = 1 << 16;
+    len = 0;
+    body = malloc(cap);
+
+    while (body != NULL) {
+        n = fread(body + len, 1, cap - len, stdin);
+        len += n;
+
+        if (n == 0) {
+            break;
+        }
+
+        if (len == cap) {
+            cap *= 2;
+            body = realloc(body, cap);
+        }
+    }
+
+    if (body == NULL) {
+        return 1;
+    }
+
+    out = malloc(len + 64);
+    if (out == NULL) {
+        return 1;
+    }
+
+    rc = kva_prompt_extract(body, len, out, len + 64, &p);
+
+    if (rc != KVA_PROMPT_OK) {
+        fprintf(stderr, "kva_hashes: %s\n", kva_prompt_strerror(rc));
+        return 2;
+    }
+
+    max = p.out_len / bs + 1;
+    hashes = malloc(max * sizeof(uint64_t));
+    if (hashes == NULL) {
+        return 1;
+    }
+
+    seed = kva_hash_seed(KVA_KEYSPACE_TEXT, p.model, p.model_len);
+    n = kva_hash_blocks(seed, p.out, p.out_len, bs, hashes, max);
+
+    for (i = 0; i < n; i++) {
+        printf("%016" PRIx64 "\n", hashes[i]);
+    }
+
+    return 0;
+}
