@@ -58,16 +58,23 @@ unit: $(UNIT_TESTS)
 
 tools: $(TOOLS)
 
+# prove runs the unit test binaries (TAP) and the Perl tests in one go
 test: deps module unit tools
-	prove -I t/lib -r t/
+	prove -I t/lib $(UNIT_TESTS) -r t/
 
 demo: deps module
 	perl tools/demo.pl
 
-bench: deps module
-	$(CC) $(CFLAGS_CORE) -o $(BUILD)/bench_route bench/bench_route.c \
-	    $(CORE_SRCS) -ljansson -lxxhash
+BENCHES    := $(patsubst bench/%.c,$(BUILD)/%,$(wildcard bench/bench_*.c))
+
+$(BUILD)/bench_%: bench/bench_%.c $(CORE_SRCS) $(CORE_HDRS)
+	$(CC) $(CFLAGS_CORE) -o $@ $< $(CORE_SRCS) -ljansson -lxxhash
+
+# numbers, not tests: routing cost in process, then through nginx
+bench: deps module $(BENCHES)
 	$(BUILD)/bench_route
+	$(BUILD)/bench_prompt
+	$(BUILD)/bench_event
 	bash bench/wrk.sh
 
 clean:

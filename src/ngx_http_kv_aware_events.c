@@ -402,7 +402,7 @@ ngx_http_kv_aware_events_lost(ngx_http_kv_aware_srv_conf_t *kcf)
 }
 
 
-/* servers silent past their heartbeat are stale */
+/* servers silent past their heartbeat are stale; the unsynced get asked */
 static void
 ngx_http_kv_aware_tick(ngx_event_t *ev)
 {
@@ -414,7 +414,13 @@ ngx_http_kv_aware_tick(ngx_event_t *ev)
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
         sl = &kcf->sh->slots[s];
 
-        if (!sl->ev_has_seq || sl->ev_state == NGX_HTTP_KV_AWARE_EV_STALE) {
+        if (!sl->ev_has_seq) {
+            continue;
+        }
+
+        if (sl->ev_state != NGX_HTTP_KV_AWARE_EV_FRESH) {
+            /* a request may have been lost, or Redis was not ready */
+            ngx_http_kv_aware_resync(kcf, s);
             continue;
         }
 

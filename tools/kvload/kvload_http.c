@@ -67,19 +67,6 @@ kvl_target_init(kvl_target_t *t, struct event_base *base,
 }
 
 
-void
-kvl_target_close(kvl_target_t *t)
-{
-    while (t->nidle) {
-        evhttp_connection_free(t->idle[--t->nidle]);
-        t->nconns--;
-    }
-
-    free(t->idle);
-    t->idle = NULL;
-}
-
-
 int
 kvl_http_send(kvl_http_req_t *r, const char *path, const char *body,
     size_t len, double timeout)

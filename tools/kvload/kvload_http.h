@@ -8,8 +8,6 @@
 #define _KVLOAD_HTTP_H_INCLUDED_
 
 
-#include <stddef.h>
-
 #include <event2/event.h>
 #include <event2/buffer.h>
 #include <event2/http.h>
@@ -58,7 +56,6 @@ struct kvl_http_req_s {
 
 int kvl_target_init(kvl_target_t *t, struct event_base *base,
     const char *hostport, size_t max_conns);
-void kvl_target_close(kvl_target_t *t);
 
 int kvl_http_send(kvl_http_req_t *r, const char *path, const char *body,
     size_t len, double timeout);

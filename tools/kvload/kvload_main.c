@@ -228,17 +228,7 @@ main(int argc, char **argv)
         kvl_stage_free(&ctx.stages[i]);
     }
 
-    /* after a second interrupt requests may be in flight: leave them */
-
-    for (i = 0; i < ctx.nmetrics && ctx.inflight + ctx.mpending == 0; i++) {
-        kvl_target_close(&ctx.mtargets[i]);
-        evbuffer_free(ctx.mreqs[i].buf);
-    }
-
-    if (ctx.inflight + ctx.mpending == 0) {
-        kvl_target_close(&ctx.server);
-        event_base_free(ctx.base);
-    }
+    /* connections and events go with the process */
 
     return rc == 0 ? 0 : 1;
 }
