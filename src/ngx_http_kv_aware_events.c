@@ -418,6 +418,10 @@ ngx_http_kv_aware_tick(ngx_event_t *ev)
             continue;
         }
 
+        if (sl->ev_state == NGX_HTTP_KV_AWARE_EV_SYNCING) {
+            continue;
+        }
+
         if (sl->ev_state != NGX_HTTP_KV_AWARE_EV_FRESH) {
             /* a request may have been lost, or Redis was not ready */
             ngx_http_kv_aware_resync(kcf, s);
