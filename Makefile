@@ -62,7 +62,7 @@ tools: $(TOOLS)
 test: deps module unit tools
 	prove -I t/lib $(UNIT_TESTS) -r t/
 
-demo: deps module
+demo: deps module tools
 	perl tools/demo.pl
 
 BENCHES    := $(patsubst bench/%.c,$(BUILD)/%,$(wildcard bench/bench_*.c))
