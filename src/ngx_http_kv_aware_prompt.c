@@ -16,6 +16,8 @@
 #define NGX_HTTP_KV_AWARE_OUT_SLACK  64
 
 
+static off_t ngx_http_kv_aware_body_size(ngx_chain_t *bufs,
+    ngx_buf_t **only);
 static u_char *ngx_http_kv_aware_read_body(ngx_http_request_t *r,
     size_t len, ngx_http_kv_aware_fallback_e *fallback);
 
@@ -50,7 +52,6 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
     u_char                    *body, *out;
     uint64_t                   seed;
     ngx_buf_t                 *b;
-    ngx_chain_t               *cl;
     kva_prompt_t               prompt;
     kva_prompt_rc_e            rc;
     ngx_http_request_body_t   *rb;
@@ -67,13 +68,7 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    len = 0;
-
-    for (cl = rb->bufs; cl; cl = cl->next) {
-        b = cl->buf;
-        len += ngx_buf_in_memory(b) ? b->last - b->pos
-                                    : b->file_last - b->file_pos;
-    }
+    len = ngx_http_kv_aware_body_size(rb->bufs, &b);
 
     if (len == 0) {
         ctx->fallback = NGX_HTTP_KV_AWARE_NO_BODY;
@@ -88,9 +83,15 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    body = ngx_http_kv_aware_read_body(r, (size_t) len, &ctx->fallback);
-    if (body == NULL) {
-        return NGX_DECLINED;
+    if (b && ngx_buf_in_memory(b)) {
+        /* one buffer holds it all: read it in place */
+        body = b->pos;
+
+    } else {
+        body = ngx_http_kv_aware_read_body(r, (size_t) len, &ctx->fallback);
+        if (body == NULL) {
+            return NGX_DECLINED;
+        }
     }
 
     out = ngx_pnalloc(r->pool, len + NGX_HTTP_KV_AWARE_OUT_SLACK);
@@ -102,7 +103,7 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
     rc = kva_prompt_extract(body, len, out, len + NGX_HTTP_KV_AWARE_OUT_SLACK,
                             &prompt);
 
-    if (body != rb->bufs->buf->pos) {
+    if (b == NULL || body != b->pos) {
         ngx_pfree(r->pool, body);
     }
 
@@ -170,7 +171,49 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
 }
 
 
-/* one contiguous copy of the body, or the body itself when it is one */
+/*
+ * The bytes of the body, and in *only the buffer holding them all when
+ * there is one.  Chunked and HTTP/2 bodies end with an empty special
+ * buffer that is neither in memory nor in a file: it counts for nothing.
+ */
+static off_t
+ngx_http_kv_aware_body_size(ngx_chain_t *bufs, ngx_buf_t **only)
+{
+    off_t         len, size;
+    ngx_uint_t    n;
+    ngx_chain_t  *cl;
+
+    len = 0;
+    n = 0;
+    *only = NULL;
+
+    for (cl = bufs; cl; cl = cl->next) {
+        if (ngx_buf_in_memory(cl->buf)) {
+            size = cl->buf->last - cl->buf->pos;
+
+        } else if (cl->buf->in_file) {
+            size = cl->buf->file_last - cl->buf->file_pos;
+
+        } else {
+            continue;
+        }
+
+        if (size) {
+            len += size;
+            *only = cl->buf;
+            n++;
+        }
+    }
+
+    if (n != 1) {
+        *only = NULL;
+    }
+
+    return len;
+}
+
+
+/* one contiguous copy of a body spread over buffers and a temp file */
 static u_char *
 ngx_http_kv_aware_read_body(ngx_http_request_t *r, size_t len,
     ngx_http_kv_aware_fallback_e *fallback)
@@ -180,12 +223,6 @@ ngx_http_kv_aware_read_body(ngx_http_request_t *r, size_t len,
     ssize_t       n;
     ngx_buf_t    *b;
     ngx_chain_t  *cl;
-
-    b = r->request_body->bufs->buf;
-
-    if (r->request_body->bufs->next == NULL && ngx_buf_in_memory(b)) {
-        return b->pos;
-    }
 
     body = ngx_pnalloc(r->pool, len);
     if (body == NULL) {
@@ -200,6 +237,10 @@ ngx_http_kv_aware_read_body(ngx_http_request_t *r, size_t len,
 
         if (ngx_buf_in_memory(b)) {
             p = ngx_cpymem(p, b->pos, b->last - b->pos);
+            continue;
+        }
+
+        if (!b->in_file || b->file == NULL || b->file_last == b->file_pos) {
             continue;
         }
 

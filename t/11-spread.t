@@ -187,4 +187,37 @@ subtest 'new prefixes avoid the busy server even if least routed' => sub {
     $e->check_logs_clean('busy');
 };
 
+
+# weight scales the load: with weight=3 against weight=1, concurrent new
+# prefixes land about 3:1 (6:2 of 8 when all 8 overlap, by the cost
+# arithmetic: each new request charges 1 + its blocks, divided by the
+# weight's share); without weights it would be 4:4
+subtest 'weight=3 vs weight=1: concurrent new prefixes about 3:1' => sub {
+    my $e = Test::KvAware->new(backends => 2, log_level => 'info');
+    $e->conf(http_config => <<'EOF', config => $LOCATION);
+    upstream llm {
+        kv_aware block_size=64;
+        server $TEST_NGINX_BACKEND_1 weight=3 max_fails=0;
+        server $TEST_NGINX_BACKEND_2 weight=1 max_fails=0;
+    }
+EOF
+    $e->start_nginx or return;
+
+    my @reqs = map {
+        [POST => '/v1/chat/completions', prefix_body(300 + $_),
+         { 'X-Delay-Ms' => 1000 }]
+    } 1 .. 8;
+    my @res = $e->concurrent(\@reqs);
+    my @r = map { summary($res[$_], $reqs[$_][2]) } 0 .. 7;
+    is(scalar(grep { $_->{status} == 200 && $_->{reason} eq 'load' } @r), 8,
+       'all 200, reason load');
+    my %by = (b1 => 0, b2 => 0);
+    $by{ $_->{backend} }++ for @r;
+    cmp_ok($by{b1}, '>=', 5, 'weight=3 server took >= 5 of 8') or diag fmt(\%by);
+    cmp_ok($by{b2}, '>=', 1, 'weight=1 server took >= 1') or diag fmt(\%by);
+
+    $e->stop_nginx;
+    $e->check_logs_clean('weight');
+};
+
 done_testing;

@@ -3,7 +3,8 @@
 #
 #   * the same 100 KB chat body in memory (client_body_buffer_size 1m), in
 #     a temp file (1k), with client_body_in_file_only, and chunked from
-#     the client (into memory and into a file): same $kv_aware_blocks,
+#     the client (into memory and into a file), and over HTTP/2 (with and
+#     without a content length): same $kv_aware_blocks,
 #     same server (the 2nd and later by affinity with matched == blocks,
 #     which only identical hashes give), body passed on byte for byte;
 #   * equivalent JSON spellings share a cache: escapes, tools before or
@@ -18,6 +19,7 @@ use utf8;
 use Test::More;
 use Digest::MD5 qw(md5_hex);
 use JSON::PP ();
+use IO::Socket::INET;
 
 use Test::KvAware qw(skip_unless_module);
 
@@ -31,15 +33,7 @@ my $HEADERS = join '', map { "            $_\n" }
     'add_header X-KV-Blocks $kv_aware_blocks always;',
     'add_header X-KV-Matched $kv_aware_matched always;';
 
-my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-$env->conf(http_config => <<'EOF', config => <<"EOF");
-    upstream llm {
-        kv_aware block_size=64;
-        server $TEST_NGINX_BACKEND_1 max_fails=0;
-        server $TEST_NGINX_BACKEND_2 max_fails=0;
-        server $TEST_NGINX_BACKEND_3 max_fails=0;
-    }
-EOF
+my $LOCATIONS = <<"EOF";
         client_max_body_size 8m;
         location /mem/ {
             client_body_buffer_size 1m;
@@ -52,6 +46,27 @@ $HEADERS        }
 $HEADERS        }
         location / {
 $HEADERS        }
+EOF
+
+# a second server block speaks HTTP/2 (prior knowledge, no TLS) for curl
+my $H2_PORT = do {
+    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
+                                  Proto => 'tcp', Listen => 1) or die $@;
+    $s->sockport;
+};
+
+my $env = Test::KvAware->new(backends => 3, log_level => 'info');
+$env->conf(http_config => <<'EOF' . <<"EOF", config => $LOCATIONS);
+    upstream llm {
+        kv_aware block_size=64;
+        server $TEST_NGINX_BACKEND_1 max_fails=0;
+        server $TEST_NGINX_BACKEND_2 max_fails=0;
+        server $TEST_NGINX_BACKEND_3 max_fails=0;
+    }
+EOF
+    server {
+        listen 127.0.0.1:$H2_PORT http2;
+$LOCATIONS    }
 EOF
 $env->start_nginx or BAIL_OUT('nginx does not start');
 
@@ -77,6 +92,26 @@ sub chunked {
     return $out . "0\r\n\r\n";
 }
 
+# POST over HTTP/2 with curl; the same summary as for HTTP/1.1
+sub h2_post {
+    my ($uri, $data) = @_;
+    my $out = qx{curl -s -i -m 10 --http2-prior-knowledge -H 'Content-Type: application/json' $data http://127.0.0.1:$H2_PORT$uri 2>&1};
+    my ($head, $body) = split /\r\n\r\n/, $out, 2;
+    my %h = map { /^([^:]+):\s*(.*?)\s*$/ ? (lc $1 => $2) : () }
+            split /\r\n/, $head // '';
+    my ($status) = ($head // '') =~ m{^HTTP/2 (\d+)};
+    my $json = eval { $JSON->decode($body // '') } // {};
+    return {
+        status  => $status // 0,
+        backend => $h{'x-backend'} // '-',
+        reason  => $h{'x-kv-reason'} // '-',
+        blocks  => $h{'x-kv-blocks'} // -1,
+        matched => $h{'x-kv-matched'} // -1,
+        len     => $json->{len} // -1,
+        md5     => $json->{md5} // '-',
+    };
+}
+
 sub post {
     my ($uri, $body, %o) = @_;
     my %h = ('Content-Type' => 'application/json');
@@ -89,15 +124,19 @@ sub post {
 }
 
 
-subtest '100 KB body: memory, temp file, file only, chunked' => sub {
-    # a long conversation, ~100 KB, with non-ASCII text and escapes
+# a long conversation with non-ASCII text and escapes: ~100 KB (many
+# buffers / file pages) and ~3 KB (one small buffer); another model each,
+# so that the first request of each is new
+for my $size ([big => 100, 100_000], [small => 3, 3_000]) {
+  my ($model, $pairs, $min) = @$size;
+  subtest "$model body: memory, temp file, file only, chunked, HTTP/2" => sub {
     my @msgs = ({ role => 'system', content => "Système: réponds «bien». " x 40 });
-    for my $i (1 .. 100) {
+    for my $i (1 .. $pairs) {
         push @msgs, { role => 'user', content => "Question $i: " . ("q\"$i\"\n" x 60) },
                     { role => 'assistant', content => "Réponse $i: " . ('r' x 500) };
     }
-    my $body = $JSON->encode({ model => 'big', messages => \@msgs });
-    cmp_ok(length $body, '>', 100_000, 'body > 100 KB (' . length($body) . ')');
+    my $body = $JSON->encode({ model => $model, messages => \@msgs });
+    cmp_ok(length $body, '>', $min, "body > $min bytes (" . length($body) . ')');
 
     my $mark = $env->error_log_offset;
     my %r = (
@@ -115,8 +154,25 @@ subtest '100 KB body: memory, temp file, file only, chunked' => sub {
 
     my $m = $r{memory};
     is($m->{status}, 200, 'memory: 200');
-    cmp_ok($m->{blocks}, '>', 1000, "memory: $m->{blocks} blocks");
+    cmp_ok($m->{blocks}, '>', $min / 100, "memory: $m->{blocks} blocks");
     is($m->{reason}, 'load', 'memory: first seen, load');
+
+    # HTTP/2: the body comes in DATA frames; with curl's Content-Length,
+    # and streamed without one (-T -)
+    SKIP: {
+        skip 'curl without HTTP/2', 1
+            unless (qx{curl -V 2>/dev/null} // '') =~ /\bHTTP2\b/;
+        my $file = $env->prefix . '/logs/h2-body.json';
+        open(my $fh, '>:raw', $file) or die $!;
+        print {$fh} $body;
+        close $fh;
+        for my $loc (qw(mem file only)) {
+            $r{"h2_$loc"} = h2_post("/$loc/v1/chat/completions",
+                                    "--data-binary \@$file");
+            $r{"h2_stream_$loc"} = h2_post("/$loc/v1/chat/completions",
+                                           "-X POST -T - < $file");
+        }
+    }
 
     for my $k (sort keys %r) {
         my $x = $r{$k};
@@ -129,7 +185,8 @@ subtest '100 KB body: memory, temp file, file only, chunked' => sub {
         is($x->{reason}, 'affinity', "$k: affinity");
         is($x->{matched}, $x->{blocks}, "$k: matched == blocks");
     }
-};
+  };
+}
 
 
 # each pair: two spellings of the same prompt; the 2nd must match all of
@@ -159,6 +216,11 @@ subtest 'equivalent JSON spellings share the cache' => sub {
         [ 'token ids, same list twice',
           qq({"model":"m","prompt":[${\ join ',', 1 .. 200}]}),
           qq({"model":"m","prompt":[${\ join ',', 1 .. 200}],"max_tokens":5}) ],
+        # 2 bytes of JSON per id, 4 canonical bytes: the canonical form
+        # outgrows the body (and is cut to a prefix), both spellings agree
+        [ 'single-digit token ids',
+          qq({"model":"m","prompt":[${\ join ',', map { $_ % 10 } 1 .. 600}]}),
+          qq({"model":"m","prompt":[${\ join ',', map { $_ % 10 } 1 .. 600}],"n":1}) ],
         [ 'responses input string vs string array',
           qq({"model":"m","input":"responses $long"}),
           qq({"model":"m","input":["responses $long"]}) ],

@@ -383,9 +383,9 @@ ok($other && !$other->{snapshot}, 'foreign or broken requests: ignored');
 # --- fault injection: dropped events leave seq gaps --------------------------
 
 my $dport = free_ports(1);
-my $kvsim_drop = spawn('kvsim-drop.log', $KVSIM, '--servers', 1, '--base-port', $dport,
-      '--redis', "127.0.0.1:$rport", '--heartbeat-ms', 20,
-      '--drop-events', 0.5, '--seed', 7, '--quiet');
+my $kvsim_drop = spawn('kvsim-drop.log', $KVSIM, '--servers', 1,
+      '--base-port', $dport, '--redis', "127.0.0.1:$rport",
+      '--heartbeat-ms', 20, '--drop-events', 0.5, '--seed', 7, '--quiet');
 wait_port($dport) or BAIL_OUT('kvsim --drop-events does not start');
 $n = 0;
 wait_event($sub, sub { $_[0]{server} eq "127.0.0.1:$dport" && ++$n >= 20 });

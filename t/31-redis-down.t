@@ -294,9 +294,10 @@ sub KvRedis::messages {
     return @m;
 }
 
+# subscribers of $channel; @cli: redis-cli options (-a ...)
 sub numsub {
-    my ($env, $channel) = @_;
-    my @l = split /\n/, $env->redis_cli(PUBSUB => 'NUMSUB',
+    my ($env, $channel, @cli) = @_;
+    my @l = split /\n/, $env->redis_cli(@cli, PUBSUB => 'NUMSUB',
                                         $channel // $CHANNEL);
     return $l[1] // -1;
 }

@@ -296,9 +296,10 @@ sub KvRedis::messages {
     return @m;
 }
 
+# subscribers of $channel; @cli: redis-cli options (-a ...)
 sub numsub {
-    my ($env, $channel) = @_;
-    my @l = split /\n/, $env->redis_cli(PUBSUB => 'NUMSUB',
+    my ($env, $channel, @cli) = @_;
+    my @l = split /\n/, $env->redis_cli(@cli, PUBSUB => 'NUMSUB',
                                         $channel // $CHANNEL);
     return $l[1] // -1;
 }
@@ -435,10 +436,11 @@ subtest 'reload under traffic' => sub {
     is(numsub($env), 1, 'still one subscription');
 
     my $pub = publisher($env);
-    my @H = block_hashes($bodies[0]);
+    my $fresh = prompt('after-reload', 6);  # never routed before
+    my @H = block_hashes($fresh);
     is($pub->event($A[1], events => [stored(@H)]), 1,
        'an event reaches one subscriber');
-    my $r = chat($env, $bodies[0]);
+    my $r = chat($env, $fresh);
     is("$r->{backend} $r->{reason} $r->{matched}",
        'b2 affinity ' . scalar(@H), 'and routes');
 };
@@ -479,7 +481,8 @@ subtest 'an old worker busy with a slow request lets go at once' => sub {
 
 sub _zombie_free {
     my ($pid) = @_;
-    my $s = do { local (@ARGV, $/) = "/proc/$pid/stat"; <> } // return 0;
+    open(my $fh, '<', "/proc/$pid/stat") or return 0;
+    my $s = <$fh> // return 0;
     return $s !~ /\)\s+Z/;
 }
 
@@ -518,11 +521,12 @@ subtest 'the subscribing worker is killed' => sub {
     is($st->{redis}{state}, 'up', 'status: up');
 
     my $pub = publisher($env);
-    my @H = block_hashes($bodies[2]);
+    my $fresh = prompt('after-kill', 6);    # never routed before
+    my @H = block_hashes($fresh);
     $pub->{seq}{$A[2]} = 50;
     is($pub->event($A[2], snapshot => 'full', events => [stored(@H)]), 1,
        'events reach the new subscriber');
-    my $r = chat($env, $bodies[2]);
+    my $r = chat($env, $fresh);
     is("$r->{status} $r->{backend} $r->{matched}",
        "200 b3 " . scalar(@H), 'and route');
 };
