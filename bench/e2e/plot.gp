@@ -6,7 +6,7 @@
 
 if (!exists("subtitle")) subtitle = ""
 
-set terminal pngcairo size 1000,640 font "sans,11"
+set terminal pngcairo size 1000,640 font "sans,11" noenhanced
 set output outfile
 set title "TTFT p90 vs QPS, shared-prefix (uncompressed seconds)\n".subtitle
 set xlabel "offered QPS (uncompressed)"

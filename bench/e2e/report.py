@@ -123,6 +123,30 @@ def config_line(run):
                                    run["seed"]))
 
 
+def kv_status(work):
+    rows = []
+    for wl in WORKLOADS:
+        for pol in ("kv_aware", "kv_aware_events"):
+            path = os.path.join(work, wl, pol + ".status.json")
+            try:
+                with open(path) as f:
+                    ups = list(json.load(f)["upstreams"].values())[0]
+            except (OSError, ValueError, KeyError, IndexError):
+                continue
+            servers = ups.get("servers", [])
+            blocks = sum(s.get("blocks", 0) for s in servers)
+            matched = sum(s.get("matched", 0) for s in servers)
+            fresh = sum(1 for s in servers if s.get("state") == "fresh")
+            rows.append("| %s | %s | %d | %d | %d | %s | %s | %.1f%% |" % (
+                wl, TITLES[pol], ups.get("requests", 0),
+                ups.get("fallbacks", 0),
+                ups.get("events", {}).get("messages", 0),
+                ups.get("redis", {}).get("state", "–"),
+                "%d/%d" % (fresh, len(servers)) if "redis" in ups else "–",
+                100.0 * matched / blocks if blocks else 0.0))
+    return rows
+
+
 def main():
     work, results = sys.argv[1], sys.argv[2]
     runs = load(work)
@@ -171,7 +195,8 @@ def main():
                 fmt(st[-1]["gen_tok_s"]), fmt(st[-1]["queue_waiting_mean"], 1),
                 tot["errors"] + tot["dropped"]))
         summary += ["", "| policy | wall | nginx CPU | nginx µs/req | "
-                    "kvsim CPU | kvload CPU |", "|---|---:|---:|---:|---:|---:|"]
+                    "kvsim CPU | kvload CPU |",
+                    "|---|---:|---:|---:|---:|---:|"]
         for p in pols:
             meta = runs[(wl, p)][1]
             if meta:
@@ -187,6 +212,18 @@ def main():
         summary += ["The compressed minimum step of kvsim is %.2f ms (10 ms / "
                     "%g); nginx's CPU per request above includes proxying "
                     "every streamed token." % (10.0 / scale, scale), ""]
+
+    status = kv_status(work)
+    if status:
+        summary += ["## kv_aware from the inside", "",
+                    "From `kv_aware_status` at the end of each run: "
+                    "requests routed, fallbacks to load-only routing, KV "
+                    "event messages applied, Redis link, and the share of "
+                    "requested prompt blocks the chosen server was known to "
+                    "hold.", "",
+                    "| workload | policy | requests | fallbacks | events | "
+                    "redis | servers fresh | matched/requested blocks |",
+                    "|---|---|---:|---:|---:|---|---:|---:|"] + status + [""]
 
     skipped = os.path.join(work, "skipped.txt")
     if os.path.exists(skipped):

@@ -3,13 +3,17 @@
 # End-to-end benchmark: nginx balancing policies in front of kvsim (8
 # simulated vLLM-like servers), driven by kvload on llm-d's QPS ladder.
 #
-#   bash bench/e2e/run.sh             full run (about 12 minutes, 2 cores)
-#   bash bench/e2e/run.sh --quick     smoke run (about 2 minutes)
+#   bash bench/e2e/run.sh             full run (about 6 minutes, 2 cores)
+#   bash bench/e2e/run.sh --quick     smoke run (about 1 minute)
 #
 #   --policies a,b     subset of: round_robin least_conn random_two
 #                      hash_prefix kv_aware kv_aware_events
 #   --scale S          time compression (default: see below)
-#   --no-extra         shared-prefix only (skip multi-turn and no-sharing)
+#   --stage-seconds T, --stage-requests N   stage bounds (uncompressed)
+#   --workloads a,b    subset of: shared-prefix multi-turn no-sharing; the
+#                      report also takes what earlier runs left for others
+#   --no-extra         shared-prefix only
+#   E2E_WORK, E2E_RESULTS  override build/bench-e2e and bench/results
 #
 # Writes bench/results/e2e-summary.md, e2e-<policy>.md, e2e-all.csv and
 # e2e-ttft-p90.png; raw kvload JSON/CSV and logs stay in build/bench-e2e/.
@@ -20,8 +24,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=$ROOT/build
-WORK=$BUILD/bench-e2e
-RESULTS=$ROOT/bench/results
+WORK=${E2E_WORK:-$BUILD/bench-e2e}
+RESULTS=${E2E_RESULTS:-$ROOT/bench/results}
 NGINX=${NGINX:-/usr/sbin/nginx}
 MODULE=$BUILD/ngx_http_kv_aware_module.so
 KVSIM=$BUILD/kvsim
@@ -37,44 +41,48 @@ BLOCKS=4802
 BLOCK_TOKENS=64
 
 # ---------------------------------------------------------------------------
-# PLACEHOLDER (KV events): the Redis subscriber directive of kv_aware is
-# being written.  Until its syntax is in README.md, this guess is tried
-# with `nginx -t`; if the module rejects it, the kv_aware_events policy is
-# skipped with a message.  Override without editing:
+# KV events: `kv_aware_events redis=... channel=...` in the upstream, after
+# `kv_aware` (README.md, "kv_aware_events").  The line is checked with
+# `nginx -t` first; a module built without it makes the kv_aware_events
+# policy skip with a message instead of failing the run.  Override:
 #   KV_EVENTS_CONF='kv_aware_events redis=@REDIS@ channel=@CHANNEL@;'
 #   KV_EVENTS_CONTEXT=upstream|http   (where the line goes)
 # @REDIS@ becomes 127.0.0.1:PORT, @CHANNEL@ the kvsim channel.
 # ---------------------------------------------------------------------------
-KV_EVENTS_CONF=${KV_EVENTS_CONF:-'kv_aware_events redis=@REDIS@ channel=@CHANNEL@;'}
+EVENTS_DEFAULT='kv_aware_events redis=@REDIS@ channel=@CHANNEL@;'
+KV_EVENTS_CONF=${KV_EVENTS_CONF:-$EVENTS_DEFAULT}
 KV_EVENTS_CONTEXT=${KV_EVENTS_CONTEXT:-upstream}
 CHANNEL=kv_aware:events
 
 # ---------------------------------------------------------------------------
 # Workload and compression.  llm-d: 150 groups x 5 prompts, 6000 + 1200
-# tokens in, 1000 out, Poisson 3 -> 60 QPS.  Stages here are capped by
-# request count so that every policy gets the same requests; the time scale
-# is what fits all policies into ~12 minutes on 2 cores (see NOTES.md for
-# the measurement behind these numbers).
+# tokens in, 1000 out, Poisson 3 -> 60 QPS.  Here: the same shape, stages
+# of 20 uncompressed seconds each (2,660 requests, 2.7M streamed tokens per
+# policy; llm-d's stages are longer), back to back, at time scale 6: 37-55 s
+# per policy, 6 minutes for everything on 2 cores, nginx + kvsim + kvload
+# using about one core together (measured; NOTES.md).  Every policy gets
+# the same seed, so the same prompts at the same instants.
 # ---------------------------------------------------------------------------
-SCALE=10
+SCALE=6
 LADDER=3,10,20,40,60
-STAGE_REQUESTS=150
-STAGE_SECONDS=120
+STAGE_REQUESTS=0
+STAGE_SECONDS=20
 SP_GROUPS=150
 PROMPTS=5
 SYSTEM_TOKENS=6000
 QUESTION_TOKENS=1200
 OUTPUT_TOKENS=1000
 # shorter runs of the other two workloads
-MT_ARGS="--groups 40 --turns 4 --system-tokens 2000 --question-tokens 400"
-MT_ARGS+=" --output-tokens 300 --qps-ladder 5,20,40 --stage-requests 80"
+MT_ARGS="--groups 200 --turns 4 --system-tokens 2000 --question-tokens 400"
+MT_ARGS+=" --output-tokens 300 --qps-ladder 5,20,40 --stage-seconds 10"
 NS_ARGS="--system-tokens 6000 --question-tokens 1200 --output-tokens 300"
-NS_ARGS+=" --qps-ladder 5,20 --stage-requests 60"
+NS_ARGS+=" --qps-ladder 5,20 --stage-seconds 10"
+NS_POLICIES="round_robin least_conn kv_aware kv_aware_events"
 BUDGET_S=900
 RUN_LIMIT_S=240
 
 QUICK=0
-EXTRA=1
+WORKLOADS="shared-prefix multi-turn no-sharing"
 POLICIES=$ALL_POLICIES
 
 while [ $# -gt 0 ]; do
@@ -82,7 +90,10 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1 ;;
     --policies) POLICIES=${2//,/ }; shift ;;
     --scale) SCALE_OPT=$2; shift ;;
-    --no-extra) EXTRA=0 ;;
+    --stage-seconds) STAGE_SECONDS_OPT=$2; shift ;;
+    --stage-requests) STAGE_REQUESTS_OPT=$2; shift ;;
+    --no-extra) WORKLOADS=shared-prefix ;;
+    --workloads) WORKLOADS=${2//,/ }; shift ;;
     -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -90,18 +101,21 @@ while [ $# -gt 0 ]; do
 done
 
 if [ "$QUICK" = 1 ]; then
-    SP_GROUPS=30
-    STAGE_REQUESTS=30
+    SCALE=10
+    SP_GROUPS=50
+    STAGE_SECONDS=10
     OUTPUT_TOKENS=300
-    MT_ARGS="--groups 16 --turns 3 --system-tokens 2000 --question-tokens 400"
-    MT_ARGS+=" --output-tokens 100 --qps-ladder 10,40 --stage-requests 30"
+    MT_ARGS="--groups 60 --turns 3 --system-tokens 2000 --question-tokens 400"
+    MT_ARGS+=" --output-tokens 100 --qps-ladder 10,40 --stage-seconds 5"
     NS_ARGS="--system-tokens 6000 --question-tokens 1200 --output-tokens 100"
-    NS_ARGS+=" --qps-ladder 10 --stage-requests 30"
-    BUDGET_S=150
+    NS_ARGS+=" --qps-ladder 10,40 --stage-seconds 5"
+    BUDGET_S=170
     RUN_LIMIT_S=60
 fi
 
 SCALE=${SCALE_OPT:-$SCALE}
+STAGE_SECONDS=${STAGE_SECONDS_OPT:-$STAGE_SECONDS}
+STAGE_REQUESTS=${STAGE_REQUESTS_OPT:-$STAGE_REQUESTS}
 
 PIDS=()
 T0=$(date +%s)
@@ -195,14 +209,15 @@ start_kvsim() {
     PIDS+=("$KVSIM_PID")
     local k
     for k in $(seq 0 $(( SERVERS - 1 ))); do
-        wait_port $(( KV_BASE + k )) || die "kvsim did not start: $(tail -3 "$1")"
+        wait_port $(( KV_BASE + k )) \
+            || die "kvsim did not start: $(tail -3 "$1")"
     done
 }
 
 # nginx.conf for one policy into $1
 write_conf() {
     local conf=$1 policy=$2 prefix=$3 line="" mod="" http_extra="" ups_extra=""
-    local k servers="" user=""
+    local k servers="" user="" status=""
     case $policy in
     round_robin) line="" ;;
     least_conn) line="least_conn;" ;;
@@ -220,7 +235,11 @@ write_conf() {
         fi ;;
     *) die "unknown policy $policy" ;;
     esac
-    case $policy in kv_aware*) mod="load_module $MODULE;" ;; esac
+    case $policy in
+    kv_aware*)
+        mod="load_module $MODULE;"
+        status="location = /kv_aware/status { kv_aware_status; }" ;;
+    esac
     [ "$(id -u)" = 0 ] && user="user root;"
     for k in $(seq 0 $(( SERVERS - 1 ))); do
         servers+="        server 127.0.0.1:$(( KV_BASE + k ));"$'\n'
@@ -258,8 +277,8 @@ http {
     # message's content (the system prompt here; 256 pseudo-tokens), cut
     # from the buffered body by a regex.  Bodies without it hash to "".
     map \$request_body \$kv_prefix_key {
-        '~"content":"(?<kvpfx>[^"]{1,1024})'  \$kvpfx;
-        default                               "";
+        '~"content"\s*:\s*"(?<kvpfx>[^"]{1,1024})'  \$kvpfx;
+        default                                     "";
     }
 
     $http_extra
@@ -285,6 +304,8 @@ $servers
             proxy_send_timeout 3600s;
             add_header X-Upstream-Addr \$upstream_addr always;
         }
+
+        $status
     }
 }
 EOF
@@ -324,7 +345,7 @@ run_one() {
     if ! err=$("$NGINX" -t -p "$prefix" -c "$prefix/nginx.conf" 2>&1); then
         if [ "$policy" = kv_aware_events ]; then
             echo "$wl/$policy: skipped, nginx rejects the events directive" \
-                 "(placeholder in run.sh): $(echo "$err" | grep emerg \
+                 "(KV_EVENTS_CONF in run.sh): $(echo "$err" | grep emerg \
                  | head -1)" | tee -a "$WORK/skipped.txt"
             return 0
         fi
@@ -336,7 +357,8 @@ run_one() {
     "$NGINX" -p "$prefix" -c "$prefix/nginx.conf" >"$out.nginx.log" 2>&1 &
     NGINX_PID=$!
     PIDS+=("$NGINX_PID")
-    wait_port "$NGINX_PORT" || die "nginx did not start: $(tail -3 "$out.nginx.log")"
+    wait_port "$NGINX_PORT" \
+        || die "nginx did not start: $(tail -3 "$out.nginx.log")"
 
     local k0 n0 t0 t1 rc=0
     k0=$(cpu_ticks "$KVSIM_PID")
@@ -344,7 +366,8 @@ run_one() {
     t0=$(date +%s.%N)
 
     TIMEFORMAT='%U %S'
-    { time timeout "$RUN_LIMIT_S" "$KVLOAD" \
+    # SIGINT: kvload stops sending and still writes what it measured
+    { time timeout -s INT -k 120 "$RUN_LIMIT_S" "$KVLOAD" \
         --target "127.0.0.1:$NGINX_PORT" --workload "$wl" \
         --time-scale "$SCALE" --seed 1 --label "$policy" \
         --metrics "127.0.0.1:$KV_BASE-$(( KV_BASE + SERVERS - 1 ))" \
@@ -356,13 +379,23 @@ run_one() {
     k1=$(cpu_ticks "$KVSIM_PID")
     n1=$(cpu_ticks "$NGINX_PID")
 
+    case $policy in
+    kv_aware*)
+        curl -s -m 5 "http://127.0.0.1:$NGINX_PORT/kv_aware/status" \
+            >"$out.status.json" || true ;;
+    esac
+
     stop "$NGINX_PID"
     stop "$KVSIM_PID"
 
-    if [ "$rc" != 0 ] || [ ! -s "$out.json" ]; then
+    if [ ! -s "$out.json" ]; then
         echo "$wl/$policy: kvload failed (rc $rc): $(tail -2 "$out.err")" \
             | tee -a "$WORK/skipped.txt"
         return 0
+    fi
+    if [ "$rc" = 124 ]; then
+        echo "$wl/$policy: stopped at the ${RUN_LIMIT_S}s run limit," \
+            "partial results" | tee -a "$WORK/skipped.txt"
     fi
 
     local alerts
@@ -385,7 +418,8 @@ meta = {
     "kvsim_cpu_pct": 100 * (int(k1) - int(k0)) / hz / wall,
     "kvload_cpu_pct": 100 * (float(u) + float(s)) / wall,
     "nginx_us_per_req": 1e6 * ngx / reqs,
-    "output_tokens": run["config"]["output-tokens"], "nginx_alerts": int(alerts),
+    "output_tokens": run["config"]["output-tokens"],
+    "nginx_alerts": int(alerts),
 }
 json.dump(meta, open(out + ".meta.json", "w"), indent=1)
 print("    wall %.0fs  CPU: nginx %.0f%% (%.0f us/req)  kvsim %.0f%%  "
@@ -405,8 +439,11 @@ done
 command -v redis-server >/dev/null || die "redis-server is missing"
 command -v gnuplot >/dev/null || die "gnuplot is missing"
 
-rm -rf "$WORK"
 mkdir -p "$WORK" "$RESULTS"
+for wl in $WORKLOADS; do
+    rm -rf "${WORK:?}/$wl"
+done
+rm -rf "$WORK"/nginx-*
 : >"$WORK/skipped.txt"
 
 REDIS_PORT=$(free_port)
@@ -423,36 +460,37 @@ SP_ARGS+=" --stage-requests $STAGE_REQUESTS --stage-seconds $STAGE_SECONDS"
 
 log "e2e benchmark$([ $QUICK = 1 ] && echo ' (quick)'): policies: $POLICIES"
 log "kvsim: $SERVERS servers x $BLOCKS blocks x $BLOCK_TOKENS tokens," \
-    "time scale $SCALE (min step 10 ms -> $(awk "BEGIN { printf \"%.2f\", 10 / $SCALE }") ms)"
+    "time scale $SCALE (min step 10 ms -> $(awk \
+    "BEGIN { printf \"%.2f\", 10 / $SCALE }") ms)"
 log "shared-prefix: $SP_GROUPS groups x $PROMPTS prompts (llm-d: 150 x 5)," \
     "$SYSTEM_TOKENS + $QUESTION_TOKENS in, $OUTPUT_TOKENS out (llm-d: 1000)," \
-    "ladder $LADDER QPS, $STAGE_REQUESTS requests per stage"
+    "ladder $LADDER QPS, stages of ${STAGE_SECONDS}s uncompressed$(
+    [ "$STAGE_REQUESTS" != 0 ] && echo " or $STAGE_REQUESTS requests")"
 
-for p in $POLICIES; do
-    log "shared-prefix / $p"
-    # shellcheck disable=SC2086
-    run_one shared-prefix "$p" $SP_ARGS
+for wl in $WORKLOADS; do
+    case $wl in
+    shared-prefix) args=$SP_ARGS; pols=$POLICIES ;;
+    multi-turn) args=$MT_ARGS; pols=$POLICIES ;;
+    no-sharing)
+        args=$NS_ARGS pols=""
+        for p in $NS_POLICIES; do
+            case " $POLICIES " in *" $p "*) pols+=" $p" ;; esac
+        done ;;
+    *) die "unknown workload $wl" ;;
+    esac
+    for p in $pols; do
+        log "$wl / $p"
+        # shellcheck disable=SC2086
+        run_one "$wl" "$p" $args
+    done
 done
-
-if [ "$EXTRA" = 1 ]; then
-    for p in $POLICIES; do
-        log "multi-turn / $p"
-        # shellcheck disable=SC2086
-        run_one multi-turn "$p" $MT_ARGS
-    done
-    for p in round_robin kv_aware; do
-        case " $POLICIES " in *" $p "*) ;; *) continue ;; esac
-        log "no-sharing / $p"
-        # shellcheck disable=SC2086
-        run_one no-sharing "$p" $NS_ARGS
-    done
-fi
 
 NCOLS=$("$PY" "$ROOT/bench/e2e/report.py" "$WORK" "$RESULTS")
 if [ -n "$NCOLS" ] && [ -s "$WORK/ttft-p90.dat" ]; then
     gnuplot -e "datafile='$WORK/ttft-p90.dat'; \
         outfile='$RESULTS/e2e-ttft-p90.png'; ncols=$NCOLS; \
-        subtitle='kvsim 8 x 4802 x 64, time scale $SCALE, $SP_GROUPS x $PROMPTS prompts'" \
+        subtitle='kvsim $SERVERS x $BLOCKS x $BLOCK_TOKENS, time scale \
+$SCALE, $SP_GROUPS x $PROMPTS prompts'" \
         "$ROOT/bench/e2e/plot.gp"
 fi
 

@@ -1,17 +1,13 @@
 /*
- * kvload workloads.
+ * kvload workloads.  Text is 4-byte pseudo-tokens "xyz " over [a-z0-9]: no
+ * JSON escaping, n tokens are 4n bytes, blocks line up with tokens.
  *
- * Text is made of 4-byte pseudo-tokens "xyz " over [a-z0-9], which need no
- * JSON escaping, so n tokens are exactly 4n bytes of prompt text and the
- * block boundaries of kvsim and the module line up with the tokens.
- *
- * shared-prefix  groups x prompts: one system prompt per group, one
- *                question per prompt; generated once, then sent cyclically
- *                in one random order (llm-d's benchmark shape).
- * multi-turn     groups conversations of turns user turns; request k of a
- *                conversation resends the system prompt and all earlier
- *                user and assistant turns, then user turn k.  The
- *                conversations advance together, in a random order.
+ * shared-prefix  groups x prompts: a system prompt per group, a question
+ *                per prompt; made once, sent cyclically in one random
+ *                order (llm-d's benchmark shape).
+ * multi-turn     conversations of up to turns user turns; turn k resends
+ *                the system prompt and the earlier user and assistant
+ *                turns.  They advance together, a new random order a round.
  * no-sharing     fresh random system prompt and question every request.
  */
 
@@ -38,6 +34,7 @@ struct kvl_workload_s {
 };
 
 
+static void kvl_shuffle(kvl_workload_t *wl);
 static char *kvl_texts(uint64_t *rng, size_t n, unsigned tokens);
 static void kvl_text_fill(uint64_t *rng, char *p, unsigned tokens);
 static char *kvl_reserve(kvl_workload_t *wl, size_t n);
@@ -72,7 +69,7 @@ kvl_rand_unit(uint64_t *state)
 kvl_workload_t *
 kvl_workload_create(const kvl_wl_conf_t *conf)
 {
-    unsigned         i, j, n;
+    unsigned         n;
     kvl_workload_t  *wl;
 
     wl = calloc(1, sizeof(kvl_workload_t));
@@ -106,15 +103,8 @@ kvl_workload_create(const kvl_wl_conf_t *conf)
         return NULL;
     }
 
-    /* a random permutation, inside-out Fisher-Yates */
-
-    for (i = 0; i < n; i++) {
-        j = (unsigned) (kvl_rand(&wl->rng) % (i + 1));
-        wl->order[i] = wl->order[j];
-        wl->order[j] = i;
-    }
-
     wl->norder = n;
+    kvl_shuffle(wl);
 
     return wl;
 }
@@ -145,6 +135,11 @@ kvl_workload_next(kvl_workload_t *wl, const char **body, size_t *len)
         kvl_message(wl, "user", wl->question, p, c->question_tokens);
 
     } else {
+        /* a new order every round: no lockstep with round-robin */
+        if (wl->next % wl->norder == 0 && wl->next) {
+            kvl_shuffle(wl);
+        }
+
         g = wl->order[wl->next % wl->norder];
         t = (unsigned) ((wl->next / wl->norder) % c->turns);
 
@@ -193,6 +188,21 @@ kvl_workload_free(kvl_workload_t *wl)
     free(wl->order);
     free(wl->body);
     free(wl);
+}
+
+
+static void
+kvl_shuffle(kvl_workload_t *wl)
+{
+    unsigned  i, j;
+
+    /* a random permutation, inside-out Fisher-Yates */
+
+    for (i = 0; i < wl->norder; i++) {
+        j = (unsigned) (kvl_rand(&wl->rng) % (i + 1));
+        wl->order[i] = wl->order[j];
+        wl->order[j] = i;
+    }
 }
 
 
