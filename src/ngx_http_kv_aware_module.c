@@ -143,7 +143,7 @@ ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     kcf->index_size = 32 * 1024 * 1024;
     kcf->max_body = 4 * 1024 * 1024;
     kcf->learned_ttl = 600 * 1000;
-    kcf->score.overlap_weight = 2.0;
+    kcf->score.overlap_weight = 16.0;
     kcf->score.imbalance = 32;
     kcf->score.imbalance_ratio = 1.5;
 

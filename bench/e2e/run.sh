@@ -223,9 +223,9 @@ write_conf() {
     least_conn) line="least_conn;" ;;
     random_two) line="random two least_conn;" ;;
     hash_prefix) line='hash $kv_prefix_key consistent;' ;;
-    kv_aware) line="kv_aware;" ;;
+    kv_aware) line="kv_aware ${KV_AWARE_PARAMS:-};" ;;
     kv_aware_events)
-        line="kv_aware;"
+        line="kv_aware ${KV_AWARE_PARAMS:-};"
         local ev=${KV_EVENTS_CONF//@REDIS@/127.0.0.1:$REDIS_PORT}
         ev=${ev//@CHANNEL@/$CHANNEL}
         if [ "$KV_EVENTS_CONTEXT" = http ]; then
