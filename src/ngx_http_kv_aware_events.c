@@ -171,6 +171,11 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
     if (!sl->ev_has_seq && b->seq <= 1) {
         /* a server that starts publishing from its first message */
         in_sequence = 1;
+        sl->ev_synced = 1;
+    }
+
+    if (!in_sequence) {
+        sl->ev_synced = 0;
     }
 
     sl->ev_seq = b->seq;
@@ -230,6 +235,7 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
 
     case KVA_SNAP_FULL:
     case KVA_SNAP_END:
+        sl->ev_synced = 1;
         ngx_http_kv_aware_set_ev_state(kcf, slot, NGX_HTTP_KV_AWARE_EV_FRESH);
         return;
 
@@ -257,22 +263,21 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
         return;
     }
 
-    switch (sl->ev_state) {
+    if (sl->ev_state == NGX_HTTP_KV_AWARE_EV_FRESH) {
+        return;
+    }
 
-    case NGX_HTTP_KV_AWARE_EV_NONE:
-    case NGX_HTTP_KV_AWARE_EV_STALE:
-        /* nothing was missed: the sequence is unbroken */
+    if (sl->ev_synced) {
+        /* back from silence, and nothing was missed meanwhile */
         ngx_http_kv_aware_set_ev_state(kcf, slot, NGX_HTTP_KV_AWARE_EV_FRESH);
-        break;
+        return;
+    }
 
-    case NGX_HTTP_KV_AWARE_EV_DEGRADED:
-    case NGX_HTTP_KV_AWARE_EV_SYNCING:
+    if (sl->ev_state != NGX_HTTP_KV_AWARE_EV_SYNCING) {
         /* still waiting for the snapshot; ask again now and then */
+        ngx_http_kv_aware_set_ev_state(kcf, slot,
+                                       NGX_HTTP_KV_AWARE_EV_DEGRADED);
         ngx_http_kv_aware_resync(kcf, slot);
-        break;
-
-    default:
-        break;
     }
 }
 
@@ -378,6 +383,7 @@ ngx_http_kv_aware_events_subscribed(ngx_http_kv_aware_srv_conf_t *kcf)
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
         if (kcf->sh->slots[s].name_len && kcf->sh->slots[s].ev_has_seq) {
+            kcf->sh->slots[s].ev_synced = 0;
             ngx_http_kv_aware_set_ev_state(kcf, s,
                                            NGX_HTTP_KV_AWARE_EV_DEGRADED);
             kcf->sh->slots[s].ev_resync = 0;
@@ -395,6 +401,7 @@ ngx_http_kv_aware_events_lost(ngx_http_kv_aware_srv_conf_t *kcf)
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
         if (kcf->sh->slots[s].ev_has_seq) {
+            kcf->sh->slots[s].ev_synced = 0;
             ngx_http_kv_aware_set_ev_state(kcf, s,
                                            NGX_HTTP_KV_AWARE_EV_DEGRADED);
         }
@@ -418,17 +425,9 @@ ngx_http_kv_aware_tick(ngx_event_t *ev)
             continue;
         }
 
-        if (sl->ev_state == NGX_HTTP_KV_AWARE_EV_SYNCING) {
-            continue;
-        }
-
-        if (sl->ev_state != NGX_HTTP_KV_AWARE_EV_FRESH) {
-            /* a request may have been lost, or Redis was not ready */
-            ngx_http_kv_aware_resync(kcf, s);
-            continue;
-        }
-
-        if (ngx_current_msec - sl->ev_heard > kcf->events->heartbeat) {
+        if (sl->ev_state != NGX_HTTP_KV_AWARE_EV_STALE
+            && ngx_current_msec - sl->ev_heard > kcf->events->heartbeat)
+        {
             ngx_log_error(NGX_LOG_WARN, ev->log, 0,
                           "kv_aware: server \"%*s\" silent for %M ms, "
                           "routing it by learned state", sl->name_len,
@@ -436,6 +435,12 @@ ngx_http_kv_aware_tick(ngx_event_t *ev)
 
             ngx_http_kv_aware_set_ev_state(kcf, s,
                                            NGX_HTTP_KV_AWARE_EV_STALE);
+        }
+
+        /* a request may have been lost, or Redis was not ready for it */
+        if (sl->ev_state == NGX_HTTP_KV_AWARE_EV_DEGRADED
+            || sl->ev_state == NGX_HTTP_KV_AWARE_EV_STALE)
+        {
             ngx_http_kv_aware_resync(kcf, s);
         }
     }

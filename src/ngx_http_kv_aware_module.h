@@ -79,6 +79,7 @@ typedef struct {
     /* written by the one subscribing worker, read by all */
     ngx_uint_t                      ev_state;
     ngx_uint_t                      ev_has_seq;
+    ngx_uint_t                      ev_synced;    /* nothing missed since */
     uint64_t                        ev_seq;
     ngx_msec_t                      ev_heard;     /* ngx_current_msec */
     ngx_msec_t                      ev_resync;    /* last resync asked */
