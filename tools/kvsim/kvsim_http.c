@@ -445,13 +445,9 @@ kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
     bs = 4 * (size_t) srv->sim->conf.block_tokens;
     nh = p.out_len / bs;
 
-    if (max_tokens < 1 || max_tokens > KVS_MAX_TOKENS
-        || nh > srv->cache.nblocks)
-    {
+    if (max_tokens < 1 || max_tokens > KVS_MAX_TOKENS) {
         free(out);
-        kvs_error(srv, req, 400, nh > srv->cache.nblocks
-                  ? "maximum context length exceeded"
-                  : "max_tokens out of range");
+        kvs_error(srv, req, 400, "max_tokens out of range");
         return;
     }
 
@@ -491,8 +487,7 @@ kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
             kvs_error(srv, req, 503, "waiting queue full");
 
         } else {
-            kvs_error(srv, req, 400,
-                      "maximum context length exceeded");
+            kvs_error(srv, req, 400, "maximum context length exceeded");
         }
 
         return;
