@@ -385,15 +385,10 @@ ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r, void *data)
 
     rd = link->redis;
 
-    if (reply->type == REDIS_REPLY_ERROR) {
-        ngx_log_error(NGX_LOG_ERR, rd->log, 0,
-                      "kv_aware: redis %V refused to subscribe: %*s",
-                      &rd->kcf->events->addr_text, (size_t) reply->len,
-                      reply->str);
-        link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MAX;
-        redisAsyncDisconnect(ac);
-        return;
-    }
+    /*
+     * A refused SUBSCRIBE (an ACL user without the channel) never gets
+     * here: hiredis 0.14 drops the connection, and link_lost() logs why.
+     */
 
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 3) {
         return;

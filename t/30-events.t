@@ -9,9 +9,12 @@
 #     order, "cleared" empties the server;
 #   * a gap in seq makes the server degraded (its events are not trusted),
 #     publishes one resync request on <channel>:resync (at most one a
-#     second), and snapshots ("full", "begin".."end") make it fresh again.
+#     second), and snapshots ("full", "begin".."end") make it fresh again;
+#   * pattern=on: PSUBSCRIBE, events from any matching channel, resync
+#     requests on resync_channel.
 #
 # Block hashes come from t/lib/kva_hashes.c, built against src/.
+
 # ---------------------------------------------------------------------------
 # Helpers for the precise-mode tests.  The same block is in every t/3*.t so
 # that each file stands alone.
@@ -380,6 +383,7 @@ sub KvTraffic::stop {
 }
 
 # ---------------------------------------------------------------------------
+
 preflight();
 
 my $env = Test::KvAware->new(backends => 3, redis => 1, workers => 1,
@@ -587,9 +591,39 @@ subtest 'gap: degraded, resync asked; snapshots restore' => sub {
     is($r4->{matched}, scalar @P, 'matched == blocks');
 };
 
+subtest 'pattern=on: one subscription for many channels' => sub {
+    like($env->error_log, qr/\[info\].*events of "\Q$A[2]\E" out of sequence/,
+         'the gap above was logged at info');
+    $env->stop_nginx;
+    $env->conf(http_config => upstream_conf(kv_aware => '',
+                   events => 'heartbeat=60s channel=kv:ev:* pattern=on '
+                           . 'resync_channel=kv:resync'),
+               config => $LOCATIONS);
+    $env->start_nginx or return;
+    ok(wait_until(5, sub { $env->redis_cli(PUBSUB => 'NUMPAT') == 1 }),
+       'PSUBSCRIBE: one pattern');
+    my $p = publisher($env);
+    my $sub = redis_subscribe($env->redis_port, 'kv:resync');
+    my $T = prompt('pattern', 8);
+    my @H = block_hashes($T);
+    for my $i (1, 3) {
+        is($p->publish_raw($JSON->encode({ v => 1, server => $A[$i - 1],
+                seq => 1, events => $i == 3 ? [stored(@H)] : [] }),
+                channel => "kv:ev:b$i"), 1, "published on kv:ev:b$i");
+    }
+    my $r = chat($env, $T);
+    is("$r->{backend} $r->{reason} $r->{matched}",
+       'b3 affinity ' . scalar(@H), 'events from a matching channel route');
+    $p->publish_raw($JSON->encode({ v => 1, server => $A[0], seq => 3 }),
+                    channel => 'kv:ev:b1');
+    my @m = $sub->messages(3, sub { @_ >= 1 });
+    is_deeply(@m ? $JSON->decode($m[0][1]) : undef,
+              { v => 1, type => 'resync', server => $A[0] },
+              'a gap: resync request on resync_channel');
+    is(seen(status($env)), 3, 'nothing else came in (pings are not events)');
+};
+
 $env->stop_nginx;
 $env->check_logs_clean('events');
-like($env->error_log, qr/\[info\].*events of "\Q$A[2]\E" out of sequence/,
-     'the gap was logged at info');
 
 done_testing;

@@ -8,6 +8,7 @@
 #   * redis frozen (SIGSTOP): the liveness ping notices within
 #     read_timeout, requests keep working, and after SIGCONT the link is up
 #     again with one subscription.
+
 # ---------------------------------------------------------------------------
 # Helpers for the precise-mode tests.  The same block is in every t/3*.t so
 # that each file stands alone.
@@ -376,6 +377,7 @@ sub KvTraffic::stop {
 }
 
 # ---------------------------------------------------------------------------
+
 preflight();
 
 my $env = Test::KvAware->new(backends => 3, redis => 1, workers => 2,

@@ -10,6 +10,7 @@
 #   * SIGKILL to the subscribing worker: the master respawns it and there is
 #     exactly one subscription again, by the new process, and events still
 #     route.
+
 # ---------------------------------------------------------------------------
 # Helpers for the precise-mode tests.  The same block is in every t/3*.t so
 # that each file stands alone.
@@ -378,6 +379,7 @@ sub KvTraffic::stop {
 }
 
 # ---------------------------------------------------------------------------
+
 preflight();
 
 my $env = Test::KvAware->new(backends => 3, redis => 1, workers => 2,
@@ -502,7 +504,7 @@ subtest 'reload renames the channel' => sub {
 
 subtest 'the subscribing worker is killed' => sub {
     my $pid = wait_until(5, sub { one_subscriber() });
-    ok($pid, "subscriber pid $pid");
+    ok($pid, "subscriber pid $pid") or return;   # never kill 0
     my $st0 = status($env);
     kill 'KILL', $pid;
     my $new = wait_until(8, sub {

@@ -9,6 +9,7 @@
 #     requests still work, routed by what nginx learned;
 #   * an ACL user without access to the channel: a clear "refused to
 #     subscribe" error.
+
 # ---------------------------------------------------------------------------
 # Helpers for the precise-mode tests.  The same block is in every t/3*.t so
 # that each file stands alone.
@@ -377,6 +378,7 @@ sub KvTraffic::stop {
 }
 
 # ---------------------------------------------------------------------------
+
 preflight();
 
 my $env = Test::KvAware->new(backends => 3, redis => 1, workers => 1,

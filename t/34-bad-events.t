@@ -6,6 +6,7 @@
 # never apply part of a rejected message; then a flood of 500 messages
 # raises "flood"; afterwards a valid event still routes, the worker did
 # not crash and the warn lines are rate-limited (a handful, not 500).
+
 # ---------------------------------------------------------------------------
 # Helpers for the precise-mode tests.  The same block is in every t/3*.t so
 # that each file stands alone.
@@ -374,6 +375,7 @@ sub KvTraffic::stop {
 }
 
 # ---------------------------------------------------------------------------
+
 preflight();
 
 my $env = Test::KvAware->new(backends => 3, redis => 1, workers => 1,

@@ -4,10 +4,14 @@
 #     warned about, asked for a resync; its event entries are then ignored
 #     (a prefix only its events knew is routed by load) while what nginx
 #     learned by routing still holds; its next message in sequence makes
-#     it fresh again and its events count again;
+#     it fresh again and its events count again; a first message in
+#     mid-sequence (seq 42) is a gap;
+#   * a server silent while degraded or syncing becomes stale as well, and
+#     the load it reported stops counting;
 #   * "load" of a message shows in kv_aware_status (waiting, running,
 #     kv_usage) and weighs in routing: a server reporting a long queue
 #     loses a prefix it holds; once it reports an empty one it wins again.
+
 # ---------------------------------------------------------------------------
 # Helpers for the precise-mode tests.  The same block is in every t/3*.t so
 # that each file stands alone.
@@ -376,6 +380,7 @@ sub KvTraffic::stop {
 }
 
 # ---------------------------------------------------------------------------
+
 preflight();
 
 my $env = Test::KvAware->new(backends => 3, redis => 1, workers => 1,
@@ -410,9 +415,9 @@ subtest 'silent past the heartbeat: stale' => sub {
     my $r = chat($env, $P);
     is("$r->{backend} $r->{matched}", "b$x " . scalar(@P), 'P routed to X');
 
-    ok(!wait_status($env, 0.7, sub {
+    ok(!wait_status($env, 0.6, sub {
            server_status($_[0], $X)->{state} ne 'fresh' }),
-       'still fresh 0.7 s after its message');
+       'still fresh 0.6 s after its message');
     my $st = wait_status($env, 3, sub {
         server_status($_[0], $X)->{state} eq 'stale' });
     my $dt = time - $t0;
@@ -449,6 +454,49 @@ subtest 'silent past the heartbeat: stale' => sub {
        'silent again: stale again');
     is(scalar(grep { $_->{state} eq 'stale' } @{ status($env)->{servers} }),
        1, 'servers never heard from stay "learned", not stale');
+
+    # a server first heard from in mid-sequence: it missed something
+    my $W = $A[0];
+    is(server_status(status($env), $W)->{state}, 'learned', 'b1: learned');
+    my @n = $sub->messages(0.01);   # drop older resync requests
+    $pub->event($W, seq => 42, events => []);
+    my $sw = server_status(status($env), $W);
+    is("$sw->{state} $sw->{seq} $sw->{events}{gaps}", 'degraded 42 1',
+       'first message at seq 42: degraded, a gap');
+    @m = $sub->messages(2, sub { grep { $_->[1] =~ /\Q"$W"\E/ } @_ });
+    ok((grep { $_->[1] =~ /"server":"\Q$W\E"/ } @m),
+       'and asked for a resync');
+};
+
+# A server that goes silent while degraded (a gap) or syncing (a snapshot
+# that never ends) is silent all the same: past the heartbeat it must be
+# stale, and the load it last reported must stop counting.
+subtest 'silent while degraded or syncing: stale too' => sub {
+    start_with('heartbeat=1s') or return fail('start');
+    my $pub = publisher($env);
+    my %heavy = (waiting => 400, running => 100);
+    my ($D, $S) = @A[0, 1];
+    $pub->event($D, events => [], load => \%heavy);
+    $pub->event($S, events => [], load => \%heavy);
+    $pub->event($D, seq => 5, events => []);            # a gap
+    $pub->event($S, snapshot => 'begin', events => []);  # never ends
+    my $st = status($env);
+    is(server_status($st, $D)->{state}, 'degraded', 'b1 degraded');
+    is(server_status($st, $S)->{state}, 'syncing', 'b2 syncing');
+    my $r = chat($env, prompt('heavy', 4));
+    is($r->{backend}, 'b3', 'their reported queues keep requests away');
+
+    $st = wait_status($env, 3, sub {
+        !grep { $_->{state} ne 'stale' }
+            map { server_status($_[0], $_) } $D, $S });
+    ok($st, 'both stale within 3 s of silence (heartbeat=1s)')
+        or diag explain [map { "$_->{name}: $_->{state}" }
+                         @{ status($env)->{servers} }];
+    my %to;
+    $to{ chat($env, prompt("light$_", 4))->{backend} }++ for 1 .. 6;
+    ok($to{b1} && $to{b2}, 'their last load no longer counts: b1 and b2 '
+                           . 'get new prompts again')
+        or diag explain \%to;
 };
 
 subtest 'load figures' => sub {
