@@ -5,6 +5,7 @@
 #   make test    unit tests of the core, then the nginx integration tests
 #   make demo    nginx + the module in front of local backends, narrated
 #   make bench   routing cost in process, then through nginx with wrk
+#   make bench-events, make bench-e2e   the event path; all policies on kvsim
 
 SHELL      := /bin/bash
 BUILD      := $(CURDIR)/build
@@ -26,9 +27,10 @@ TOOLS      :=
 
 PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
               libxxhash-dev libevent-dev redis-server redis-tools wrk \
-              gnuplot-nox perl ca-certificates
+              gnuplot-nox perl curl python3 procps
 
-.PHONY: all deps module unit tools test demo bench clean
+.PHONY: all deps module unit tools test demo bench bench-events bench-e2e \
+        clean
 
 all: module
 
@@ -76,6 +78,15 @@ bench: deps module $(BENCHES)
 	$(BUILD)/bench_prompt
 	$(BUILD)/bench_event
 	bash bench/wrk.sh
+
+# the Redis event path: hashes applied per second, publish-to-visible
+# latency, routing latency under an event stream (about a minute)
+bench-events: deps module
+	bash bench/bench_events.sh
+
+# every balancing policy side by side on kvsim (about 6 minutes)
+bench-e2e: deps module tools
+	bash bench/e2e/run.sh
 
 clean:
 	rm -rf $(BUILD)
