@@ -3,7 +3,7 @@
 #   make deps    install what is missing from Debian's archive (apt-get)
 #   make module  build/ngx_http_kv_aware_module.so against Debian's nginx
 #   make test    unit tests of the core, then the nginx integration tests
-#   make demo    nginx + the module in front of local backends, narrated
+#   make demo    nginx + the module in front of kvsim servers, narrated
 #   make bench   routing cost in process, then through nginx with wrk
 #   make bench-events, make bench-e2e   the event path; all policies on kvsim
 
