@@ -169,7 +169,7 @@ subtest 'new prefixes avoid the busy server even if least routed' => sub {
         close $fh;
         POSIX::_exit(0);
     }
-    ok(Test::KvAware::_wait_until(5, sub { $chosen->() >= 13 }),
+    ok(Test::KvAware::wait_until(5, sub { $chosen->() >= 13 }),
        '3 background requests routed');
 
     # now six new prefixes, one after the other, while R is in flight

@@ -63,7 +63,7 @@ use Time::HiRes qw(time sleep);
 
 our @EXPORT    = qw(run_blocks);
 our @EXPORT_OK = qw(module_path module_available skip_unless_module
-                    log_matches);
+                    log_matches wait_until);
 
 our $NGINX       = $ENV{TEST_NGINX_BINARY} || '/usr/sbin/nginx';
 our $REDIS       = $ENV{TEST_REDIS_SERVER} || 'redis-server';
@@ -372,7 +372,7 @@ sub start_nginx {
         # file and its workers.
         my $want = $self->{conf_workers} =~ /^\d+$/
                  ? $self->{conf_workers} : 1;
-        my $ok = _wait_until(5, sub {
+        my $ok = wait_until(5, sub {
             my $pid = _read_pid($pidfile) or return 0;
             return 0 unless _alive($pid);
             $self->{nginx_pid} = $pid;
@@ -415,7 +415,7 @@ sub reload {
     if ($rc != 0) {
         $err = "nginx -s reload failed:\n$out";
     } else {
-        my $ok = _wait_until(10, sub {
+        my $ok = wait_until(10, sub {
             # the master refused the new configuration: no point waiting
             if ($self->error_log($mark) =~ /\[emerg\]/) {
                 $err = "reload rejected";
@@ -454,16 +454,16 @@ sub stop_nginx {
     my @workers = _workers_of($pid);
     kill 'QUIT', $pid;
 
-    unless (_wait_until(5, sub { !_alive($pid) })) {
+    unless (wait_until(5, sub { !_alive($pid) })) {
         Test::More::diag("nginx $pid did not quit in 5 s, killing it");
         kill 'KILL', $pid, _workers_of($pid);
-        _wait_until(2, sub { !_alive($pid) });
+        wait_until(2, sub { !_alive($pid) });
     }
 
     # a killed master leaves its workers behind
     my @left = grep { _alive($_) } @workers;
     kill 'KILL', @left if @left;
-    _wait_until(2, sub { !grep { _alive($_) } @left });
+    wait_until(2, sub { !grep { _alive($_) } @left });
 }
 
 sub nginx_pid {
@@ -746,7 +746,7 @@ sub backend_start {
                        '--name', $b->{name}, '--mode', $b->{mode});
     _write_file("$self->{prefix}/logs/backend-$b->{name}.pgid", $b->{pid});
 
-    my $ok = _wait_until(5, sub {
+    my $ok = wait_until(5, sub {
         return -1 if waitpid($b->{pid}, WNOHANG) == $b->{pid};
         return _port_open($b->{port});
     });
@@ -772,7 +772,7 @@ sub backend_stop {
 sub _kill_group {
     my ($pid) = @_;
     kill 'TERM', -$pid;
-    _wait_until(5, sub { !_alive($pid) });
+    wait_until(5, sub { !_alive($pid) });
     kill 'KILL', -$pid;             # stragglers, or a leader that hung
     waitpid($pid, 0);
 }
@@ -789,7 +789,7 @@ sub redis_start {
 
     my $pid = $self->{redis_pid};
     _write_file("$self->{prefix}/logs/redis.pgid", $pid);
-    my $ok = _wait_until(5, sub {
+    my $ok = wait_until(5, sub {
         return -1 if waitpid($pid, WNOHANG) == $pid;
         return _redis_ping($port);
     });
@@ -862,7 +862,7 @@ sub _run_cmd {
     }
 
     my $rc;
-    my $done = _wait_until($timeout, sub {
+    my $done = wait_until($timeout, sub {
         return 0 unless waitpid($pid, WNOHANG) == $pid;
         $rc = $?;
         return 1;
@@ -904,7 +904,7 @@ sub access_log { _slurp("$_[0]{prefix}/logs/access.log") // '' }
 # Polls the error log (appended part when $from given) for a pattern.
 sub wait_for_log {
     my ($self, $pattern, $timeout, $from) = @_;
-    return _wait_until($timeout // 5,
+    return wait_until($timeout // 5,
                        sub { log_matches($self->error_log($from), $pattern) });
 }
 
@@ -932,7 +932,7 @@ sub log_matches {
 # ---------------------------------------------------------------------------
 # small helpers
 
-sub _wait_until {
+sub wait_until {
     my ($timeout, $cond) = @_;
     my $deadline = time + $timeout;
     while (1) {

@@ -1,0 +1,412 @@
+package Test::KvAware::Events;
+
+# Helpers for the precise-mode tests (t/3*.t): kv_aware fed by KV events
+# from Redis.  On top of Test::KvAware (nginx, backends, redis):
+#
+#   * preflight(): skip unless the module, redis and gcc are there;
+#   * block_hashes($body), through t/lib/kva_hashes.c built against src/,
+#     so that the tests publish exactly the hashes the module computes;
+#   * prompt(), chat(), upstream_conf(), $LOCATIONS: requests and config;
+#   * status(), server_status(), wait_status(), wait_until(), seen():
+#     kv_aware_status polling;
+#   * a raw RESP client (redis_connect, redis_subscribe, publisher with
+#     ->event / ->publish_raw / ->pipeline), numsub();
+#   * traffic(): requests from a forked child while a test disturbs nginx.
+#
+# Paths are relative to the repository root, where prove runs.
+
+use strict;
+use warnings;
+
+use Exporter qw(import);
+use File::Temp ();
+use IO::Socket::INET;
+use JSON::PP ();
+use POSIX ();
+use Test::More ();
+use Time::HiRes qw(time sleep);
+
+use Test::KvAware qw(skip_unless_module);
+
+our @EXPORT_OK = qw(
+    $JSON $CHANNEL $BS $LOCATIONS
+    preflight block_hashes prompt chat show addr bnum upstream_conf
+    status server_status wait_status wait_until seen
+    resp_encode redis_connect redis_subscribe numsub publisher
+    stored removed cleared traffic
+);
+
+our $JSON = JSON::PP->new->canonical->utf8;
+our $CHANNEL = 'kv_aware:events';       # the module's default channel
+our $BS = 64;                           # block_size of every test upstream
+
+sub preflight {
+    skip_unless_module();
+    for my $bin ('redis-server', 'redis-cli', 'gcc') {
+        Test::More::plan(skip_all => "$bin is not installed")
+            unless grep { -x "$_/$bin" } split /:/, $ENV{PATH};
+    }
+}
+
+# The module's own hasher (t/lib/kva_hashes.c against src/), built once.
+my $HASHER;
+sub hasher {
+    return $HASHER if $HASHER;
+    my $dir = File::Temp::tempdir('kvahash-XXXXXX', TMPDIR => 1,
+                                  CLEANUP => 1);
+    my $bin = "$dir/kva_hashes";
+    my $out = qx{gcc -O1 -Isrc -o $bin t/lib/kva_hashes.c src/kva_prompt.c \\
+                 src/kva_hash.c -lxxhash 2>&1};
+    Test::More::BAIL_OUT("cannot build t/lib/kva_hashes.c:\n$out")
+        if $? || !-x $bin;
+    return $HASHER = $bin;
+}
+
+# The block hashes of a request body, as the module computes them.
+sub block_hashes {
+    my ($body, $bs) = @_;
+    my $bin = hasher();
+    my ($fh, $file) = File::Temp::tempfile(UNLINK => 1);
+    binmode $fh;
+    print {$fh} $body;
+    close $fh;
+    my @h = split /\n/, qx{$bin ${\($bs // $BS)} < $file};
+    die "kva_hashes failed on $file" if $?;
+    return @h;
+}
+
+# A chat body of about $n blocks, different for every $tag from byte 0.
+sub prompt {
+    my ($tag, $n) = @_;
+    my $text = '';
+    my $i = 0;
+    $text .= sprintf("[%s/%03d] the quick brown fox jumps over the dog. ",
+                     $tag, $i++) while length($text) < ($n // 12) * $BS;
+    return $JSON->encode({ model => 'm', messages => [
+        { role => 'system', content => $text },
+        { role => 'user', content => "and $tag?" } ] });
+}
+
+# POSTs a chat body; what the routing headers say.  quiet => 1: no diag
+# on a failed request (traffic() expects some during restarts).
+sub chat {
+    my ($env, $body, %o) = @_;
+    my $r = $env->request(POST => '/v1/chat/completions', $body,
+                          { 'Content-Type' => 'application/json',
+                            %{ $o{headers} || {} } });
+    Test::More::diag("request error: $r->{error}")
+        if $r->{error} && !$o{quiet};
+    return {
+        status  => $r->{status},
+        backend => $r->{headers}{'x-backend'} // '-',
+        reason  => $r->{headers}{'x-kv-reason'} // '-',
+        matched => $r->{headers}{'x-kv-matched'} // -1,
+        blocks  => $r->{headers}{'x-kv-blocks'} // -1,
+    };
+}
+
+sub show { my ($r) = @_; join ' ', map { "$_=$r->{$_}" } sort keys %$r }
+
+# server address of backend bN ("127.0.0.1:PORT"), and back
+sub addr { my ($env, $i) = @_; '127.0.0.1:' . $env->backend_port($i) }
+sub bnum { my ($name) = @_; $name =~ /^b(\d+)$/ ? $1 : 0 }
+
+# The "llm" upstream: n => servers (3), kv_aware => its parameters,
+# events => those of kv_aware_events.
+sub upstream_conf {
+    my (%o) = @_;
+    my $ev = $o{events} // '';
+    my $servers = join '', map {
+        "        server \$TEST_NGINX_BACKEND_$_ max_fails=0;\n"
+    } 1 .. ($o{n} // 3);
+    return <<"EOF";
+    upstream llm {
+        kv_aware block_size=$BS $o{kv_aware};
+        kv_aware_events redis=127.0.0.1:\$TEST_NGINX_REDIS_PORT $ev;
+$servers    }
+EOF
+}
+
+# The routing decision goes back in headers, for chat().
+our $LOCATIONS = <<'EOF';
+        location / {
+            proxy_pass http://llm;
+            add_header X-KV-Reason $kv_aware_reason always;
+            add_header X-KV-Blocks $kv_aware_blocks always;
+            add_header X-KV-Matched $kv_aware_matched always;
+        }
+        location = /kv_status {
+            kv_aware_status;
+        }
+EOF
+
+# the "llm" upstream of kv_aware_status
+sub status {
+    my ($env) = @_;
+    my $r = $env->request(GET => '/kv_status');
+    return $r->{json} ? $r->{json}{upstreams}{llm} : undef;
+}
+
+sub server_status {
+    my ($st, $name) = @_;
+    return undef unless $st;
+    my ($s) = grep { $_->{name} eq $name } @{ $st->{servers} };
+    return $s;
+}
+
+# Polls status until $cond->($status) holds; the last status, or undef.
+sub wait_status {
+    my ($env, $timeout, $cond) = @_;
+    my $deadline = time + $timeout;
+    while (1) {
+        my $st = status($env);
+        return $st if $st && $cond->($st);
+        return undef if time > $deadline;
+        sleep 0.02;
+    }
+}
+
+# wait_until($timeout, $cond): the harness's, re-exported for the tests
+*wait_until = \&Test::KvAware::wait_until;
+
+# Every message nginx took from Redis is counted once: applied or rejected.
+sub seen {
+    my ($st) = @_;
+    my $n = $st->{events}{messages};
+    $n += $_ for values %{ $st->{events}{rejected} };
+    return $n;
+}
+
+
+# --- a minimal RESP client (raw socket: pipelining, subscriptions) ------
+
+sub resp_encode {
+    my $s = '*' . scalar(@_) . "\r\n";
+    $s .= '$' . length($_) . "\r\n$_\r\n" for @_;
+    return $s;
+}
+
+# Parses one reply at $$buf[$pos..]: ($value, $newpos), or () if partial.
+# Errors come back as { error => 'text' }.
+sub resp_parse {
+    my ($buf, $pos) = @_;
+    my $e = index($$buf, "\r\n", $pos);
+    return if $e < 0;
+    my $type = substr($$buf, $pos, 1);
+    my $line = substr($$buf, $pos + 1, $e - $pos - 1);
+    $pos = $e + 2;
+    return ($line, $pos) if $type eq '+';
+    return ({ error => $line }, $pos) if $type eq '-';
+    return ($line + 0, $pos) if $type eq ':';
+    if ($type eq '$') {
+        return (undef, $pos) if $line < 0;
+        return if length($$buf) < $pos + $line + 2;
+        return (substr($$buf, $pos, $line), $pos + $line + 2);
+    }
+    if ($type eq '*') {
+        return (undef, $pos) if $line < 0;
+        my @a;
+        for (1 .. $line) {
+            my ($v, $p) = resp_parse($buf, $pos) or return;
+            push @a, $v;
+            $pos = $p;
+        }
+        return (\@a, $pos);
+    }
+    die "bad RESP type '$type'";
+}
+
+# A connection (Test::KvAware::Events::Redis, below), AUTH @auth if given.
+sub redis_connect {
+    my ($port, @auth) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
+                                  Proto => 'tcp', Timeout => 5)
+        or die "connect to redis 127.0.0.1:$port: $@";
+    binmode $s;
+    my $c = bless { sock => $s, buf => '' }, 'Test::KvAware::Events::Redis';
+    if (@auth) {
+        my $r = $c->cmd(AUTH => @auth);
+        die "AUTH: $r->{error}" if ref $r eq 'HASH';
+    }
+    return $c;
+}
+
+# A subscriber connection: ->messages($timeout, $until) collects
+# [channel, payload] pairs until $until->(@so_far) holds or time is up.
+sub redis_subscribe {
+    my ($port, @channels) = @_;
+    my $c = redis_connect($port);
+    $c->send_raw(resp_encode(SUBSCRIBE => @channels));
+    for (@channels) {
+        my $r = $c->reply(5);
+        die "SUBSCRIBE failed" unless ref $r eq 'ARRAY'
+                                      && $r->[0] eq 'subscribe';
+    }
+    return $c;
+}
+
+# subscribers of $channel; @cli: redis-cli options (-a ...)
+sub numsub {
+    my ($env, $channel, @cli) = @_;
+    my @l = split /\n/, $env->redis_cli(@cli, PUBSUB => 'NUMSUB',
+                                        $channel // $CHANNEL);
+    return $l[1] // -1;
+}
+
+# Publisher for one nginx under test: tracks each server's seq.
+sub publisher {
+    my ($env, @auth) = @_;
+    my $p = redis_connect($env->redis_port, @auth);
+    $p->{env} = $env;
+    $p->{seq} = {};
+    return $p;
+}
+
+sub stored  { return { type => 'stored',  hashes => [@_] } }
+sub removed { return { type => 'removed', hashes => [@_] } }
+sub cleared { return { type => 'cleared' } }
+
+# Requests in a forked child until stop(): ->stop returns their results
+# ([status, backend, reason] each).  A child, so that the test can stop
+# redis, reload or kill workers meanwhile.
+sub traffic {
+    my ($env, @bodies) = @_;
+    my $file = $env->prefix . "/traffic-$$-" . int(rand 1e9);
+    my $pid = fork // die "fork: $!";
+    if ($pid == 0) {
+        my $stop = 0;
+        $SIG{TERM} = sub { $stop = 1 };
+        open(my $fh, '>', $file) or POSIX::_exit(1);
+        $fh->autoflush(1);
+        my $i = 0;
+        until ($stop) {
+            my $r = chat($env, $bodies[$i++ % @bodies], quiet => 1);
+            print {$fh} "$r->{status} $r->{backend} $r->{reason}\n";
+            sleep 0.01;
+        }
+        close $fh;
+        POSIX::_exit(0);   # the parent's END blocks (Test::More's) are not ours
+    }
+    return bless { pid => $pid, file => $file },
+                 'Test::KvAware::Events::Traffic';
+}
+
+
+# ---------------------------------------------------------------------------
+# A RESP connection, from redis_connect(), redis_subscribe(), publisher().
+
+package Test::KvAware::Events::Redis;
+
+use Errno qw(EINTR EAGAIN);
+use IO::Select;
+use Time::HiRes qw(time);
+
+sub send_raw {
+    my ($c, $data) = @_;
+    local $SIG{PIPE} = 'IGNORE';
+    my $off = 0;
+    while ($off < length $data) {
+        my $n = syswrite($c->{sock}, $data, length($data) - $off, $off);
+        die "redis write: $!" unless defined $n;
+        $off += $n;
+    }
+}
+
+# Next reply, or undef after $timeout s.
+sub reply {
+    my ($c, $timeout) = @_;
+    my $deadline = time + ($timeout // 5);
+    my $sel = IO::Select->new($c->{sock});
+    while (1) {
+        if (length $c->{buf}) {
+            my ($v, $p) = Test::KvAware::Events::resp_parse(\$c->{buf}, 0);
+            if (defined $p) {
+                substr($c->{buf}, 0, $p, '');
+                return $v;
+            }
+        }
+        my $left = $deadline - time;
+        return undef if $left <= 0;
+        next unless $sel->can_read($left);
+        my $n = sysread($c->{sock}, $c->{buf}, 1 << 20, length $c->{buf});
+        next if !defined $n && ($! == EINTR || $! == EAGAIN);
+        return undef unless $n;
+    }
+}
+
+sub cmd {
+    my ($c, @args) = @_;
+    $c->send_raw(Test::KvAware::Events::resp_encode(@args));
+    return $c->reply(5);
+}
+
+# Sends all commands at once, then reads as many replies.
+sub pipeline {
+    my ($c, @cmds) = @_;
+    $c->send_raw(join '',
+                 map { Test::KvAware::Events::resp_encode(@$_) } @cmds);
+    return map { $c->reply(10) } @cmds;
+}
+
+sub messages {
+    my ($c, $timeout, $until) = @_;
+    my $deadline = time + $timeout;
+    my @m;
+    while ((my $left = $deadline - time) > 0) {
+        my $r = $c->reply($left) // last;
+        push @m, [$r->[1], $r->[2]]
+            if ref $r eq 'ARRAY' && $r->[0] eq 'message';
+        last if $until && $until->(@m);
+    }
+    return @m;
+}
+
+# ->event($server, events => [...], seq => N, ...) publishes one v1
+# message (seq defaults to the server's next) and waits (5 s) until nginx
+# has taken it in (applied or rejected); returns the number of
+# subscribers that PUBLISH reported.  Publisher connections only.
+sub event {
+    my ($p, $server, %m) = @_;
+    my $seq = delete $m{seq} // ($p->{seq}{$server} // 0) + 1;
+    $p->{seq}{$server} = $seq;
+    return $p->publish_raw($JSON->encode({ v => 1, server => $server,
+                                           seq => $seq, %m }));
+}
+
+# Waiting for nginx to count the message keeps each assertion after a
+# publish free of races.  channel => another channel than $CHANNEL.
+sub publish_raw {
+    my ($p, $msg, %o) = @_;
+    my $env = $p->{env};
+    my $before = Test::KvAware::Events::seen(
+                     Test::KvAware::Events::status($env));
+    my $n = $p->cmd(PUBLISH => $o{channel} // $CHANNEL, $msg);
+    Test::KvAware::Events::wait_status($env, 5, sub {
+            Test::KvAware::Events::seen($_[0]) > $before })
+        or Test::More::diag("nginx did not take in: " . substr($msg, 0, 200));
+    return $n;
+}
+
+
+# ---------------------------------------------------------------------------
+# The handle traffic() returns.
+
+package Test::KvAware::Events::Traffic;
+
+# requests answered so far
+sub count {
+    my ($t) = @_;
+    open(my $fh, '<', $t->{file}) or return 0;
+    my @l = <$fh>;
+    return scalar @l;
+}
+
+sub stop {
+    my ($t) = @_;
+    kill 'TERM', $t->{pid};
+    waitpid($t->{pid}, 0);
+    open(my $fh, '<', $t->{file}) or return ();
+    return map { chomp; [split ' '] } <$fh>;
+}
+
+1;
