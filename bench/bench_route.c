@@ -94,7 +94,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
     size_t             len, size, n, iters, i;
     double            *t, t0, med, p99;
     uint8_t           *out;
-    uint32_t           depth[KVA_MAX_SLOTS], j;
+    uint32_t           depth[KVA_MAX_SLOTS], j, *found;
     uint64_t          *hashes, s, seed, filler[1024], mask;
     unsigned           k;
     kva_why_e          why;
@@ -107,12 +107,15 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
     body = make_body(tokens, escapes, &len);
     out = malloc(len + 64);
     hashes = malloc((len / BLOCK_SIZE + 1) * sizeof(uint64_t));
+    found = malloc((len / BLOCK_SIZE + 1) * sizeof(uint32_t));
 
     size = kva_index_region_size(entries + entries / 4 + 4096);
     region = malloc(size);
     ix = kva_index_init(region, size);
 
-    if (out == NULL || hashes == NULL || region == NULL || ix == NULL) {
+    if (out == NULL || hashes == NULL || found == NULL || region == NULL
+        || ix == NULL)
+    {
         exit(1);
     }
 
@@ -156,14 +159,14 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
         n = kva_hash_blocks(seed, out, p.out_len, BLOCK_SIZE, hashes,
                             len / BLOCK_SIZE + 1);
 
-        kva_index_match(ix, hashes, n, mask, &clk, depth);
+        kva_index_match_found(ix, hashes, n, mask, &clk, depth, found);
 
         for (k = 0; k < servers; k++) {
             cand[k].matched = depth[k];
         }
 
         k = kva_score_pick(&conf, cand, servers, n, (uint32_t) i, &why);
-        kva_index_add(ix, hashes, n, k, KVA_BIT_LEARNED, &clk);
+        kva_index_add_found(ix, hashes, n, k, KVA_BIT_LEARNED, &clk, found);
 
         if (i >= 10) {
             t[i - 10] = now_us() - t0;
@@ -181,6 +184,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
 
     free(t);
     free(region);
+    free(found);
     free(hashes);
     free(out);
     free(body);

@@ -18,8 +18,9 @@ size_t
 kva_hash_blocks(uint64_t seed, const uint8_t *data, size_t len,
     size_t block_size, uint64_t *out, size_t max_blocks)
 {
-    size_t    n, i;
-    uint64_t  h;
+    size_t          n, i, off, piece;
+    uint64_t        h;
+    const uint8_t  *block;
 
     if (block_size == 0) {
         return 0;
@@ -34,7 +35,14 @@ kva_hash_blocks(uint64_t seed, const uint8_t *data, size_t len,
     h = seed;
 
     for (i = 0; i < n; i++) {
-        h = XXH3_64bits_withSeed(data + i * block_size, block_size, h);
+        block = data + i * block_size;
+
+        for (off = 0; off < block_size; off += piece) {
+            piece = block_size - off < KVA_HASH_PIECE
+                    ? block_size - off : KVA_HASH_PIECE;
+            h = XXH3_64bits_withSeed(block + off, piece, h);
+        }
+
         out[i] = h;
     }
 

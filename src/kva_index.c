@@ -184,8 +184,17 @@ uint32_t
 kva_index_match(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     uint64_t mask, const kva_clock_t *clk, uint32_t depth[KVA_MAX_SLOTS])
 {
+    return kva_index_match_found(ix, hashes, n, mask, clk, depth, NULL);
+}
+
+
+uint32_t
+kva_index_match_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
+    uint64_t mask, const kva_clock_t *clk, uint32_t depth[KVA_MAX_SLOTS],
+    uint32_t *found)
+{
     int           slot;
-    uint32_t      i, idx;
+    uint32_t      i, j, idx;
     uint64_t      alive, bits, gone;
     kva_entry_t  *entries;
 
@@ -195,6 +204,10 @@ kva_index_match(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     for (i = 0; i < n && alive; i++) {
         idx = kva_find(ix, hashes[i]);
         bits = (idx == KVA_NIL) ? 0 : kva_fresh_bits(&entries[idx], clk);
+
+        if (found) {
+            found[i] = idx;
+        }
 
         /* a slot that misses block i cannot use any later block */
         gone = alive & ~bits;
@@ -206,6 +219,10 @@ kva_index_match(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
         }
 
         alive &= bits;
+    }
+
+    for (j = i; found && j < n; j++) {
+        found[j] = KVA_NIL;
     }
 
     if (alive == 0) {
@@ -320,6 +337,15 @@ void
 kva_index_add(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     unsigned slot, unsigned srcs, const kva_clock_t *clk)
 {
+    kva_index_add_found(ix, hashes, n, slot, srcs, clk, NULL);
+}
+
+
+void
+kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
+    unsigned slot, unsigned srcs, const kva_clock_t *clk,
+    const uint32_t *found)
+{
     uint32_t      i, idx, age, *bucket;
     uint64_t      bit;
     kva_entry_t  *e, *entries;
@@ -328,7 +354,15 @@ kva_index_add(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     entries = kva_entries(ix);
 
     for (i = 0; i < n; i++) {
-        idx = kva_find(ix, hashes[i]);
+        idx = found ? found[i] : KVA_NIL;
+
+        /* an eviction by this very loop may have reused the entry */
+        if (idx == KVA_NIL || entries[idx].key != hashes[i]
+            || (entries[idx].bits[0] | entries[idx].bits[1]
+                | entries[idx].bits[2]) == 0)
+        {
+            idx = kva_find(ix, hashes[i]);
+        }
 
         if (idx == KVA_NIL) {
             idx = kva_alloc(ix);

@@ -103,6 +103,19 @@ uint32_t kva_index_match(kva_index_t *ix, const uint64_t *hashes,
 void kva_index_add(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     unsigned slot, unsigned srcs, const kva_clock_t *clk);
 
+/*
+ * The same two, for a lookup followed by an add under one lock, as the
+ * balancer does: match records in found[0 .. n) where each hash's entry
+ * was (KVA_NIL past the scan), and add starts from there instead of
+ * probing again.  found[] is only a hint: add checks every key.
+ */
+uint32_t kva_index_match_found(kva_index_t *ix, const uint64_t *hashes,
+    uint32_t n, uint64_t mask, const kva_clock_t *clk,
+    uint32_t depth[KVA_MAX_SLOTS], uint32_t *found);
+void kva_index_add_found(kva_index_t *ix, const uint64_t *hashes,
+    uint32_t n, unsigned slot, unsigned srcs, const kva_clock_t *clk,
+    const uint32_t *found);
+
 /* forgets what the sources in srcs say about slot for these hashes */
 void kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     unsigned slot, unsigned srcs);

@@ -319,8 +319,8 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     ngx_shmtx_lock(&kcf->shpool->mutex);
 
     if (nblocks) {
-        (void) kva_index_match(kcf->sh->index, ctx->hashes, nblocks, mask,
-                               &clk, depth);
+        (void) kva_index_match_found(kcf->sh->index, ctx->hashes, nblocks,
+                                     mask, &clk, depth, ctx->found);
     }
 
     for (i = 0; i < n; i++) {
@@ -355,10 +355,11 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
      * speculative ones bridge the time until its events confirm.
      */
     if (nblocks) {
-        kva_index_add(kcf->sh->index, ctx->hashes, nblocks, slot,
-                      (clk.precise & (1ULL << slot))
-                      ? KVA_BIT_LEARNED | KVA_BIT_SPEC : KVA_BIT_LEARNED,
-                      &clk);
+        kva_index_add_found(kcf->sh->index, ctx->hashes, nblocks, slot,
+                            (clk.precise & (1ULL << slot))
+                            ? KVA_BIT_LEARNED | KVA_BIT_SPEC
+                            : KVA_BIT_LEARNED,
+                            &clk, ctx->found);
     }
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);

@@ -179,6 +179,7 @@ typedef struct {
 /* per request, shared by all tries and read by the variables */
 typedef struct {
     uint64_t                       *hashes;
+    uint32_t                       *found;        /* index hints, per block */
     uint32_t                        nblocks;
     uint32_t                        matched;
     ngx_http_kv_aware_fallback_e    fallback;

@@ -146,7 +146,9 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
 
     if (max_blocks) {
         ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
-        if (ctx->hashes == NULL) {
+        ctx->found = ngx_palloc(r->pool, max_blocks * sizeof(uint32_t));
+
+        if (ctx->hashes == NULL || ctx->found == NULL) {
             ngx_pfree(r->pool, out);
             ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
             return NGX_DECLINED;

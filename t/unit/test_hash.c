@@ -35,9 +35,22 @@ main(void)
     ok(ha[0] == hb[0] && ha[1] == hb[1] && ha[2] != hb[2],
        "a change ends the common prefix where it is");
 
-    h = XXH3_64bits_withSeed(a, 256, seed);
-    h = XXH3_64bits_withSeed(a + 256, 256, h);
-    ok(ha[1] == h, "h[i] = XXH3_64(block i, seed h[i-1])");
+    /* 128-byte pieces, each seeded with the hash before it */
+    h = XXH3_64bits_withSeed(a, 128, seed);
+    h = XXH3_64bits_withSeed(a + 128, 128, h);
+    ok(ha[0] == h, "h[0] chains the pieces of block 0 from the seed");
+    h = XXH3_64bits_withSeed(a + 256, 128, h);
+    h = XXH3_64bits_withSeed(a + 384, 128, h);
+    ok(ha[1] == h, "h[1] chains on from h[0]");
+
+    ok(kva_hash_blocks(seed, a, 100, 100, hb, 16) == 1
+       && hb[0] == XXH3_64bits_withSeed(a, 100, seed),
+       "a block of at most one piece is one XXH3 call");
+    ok(kva_hash_blocks(seed, a, 300, 300, hb, 16) == 1
+       && hb[0] == XXH3_64bits_withSeed(a + 256, 44,
+                   XXH3_64bits_withSeed(a + 128, 128,
+                   XXH3_64bits_withSeed(a, 128, seed))),
+       "the last piece of a block may be shorter");
 
     kva_hash_blocks(other, a, sizeof(a), 256, hb, 16);
     ok(ha[0] != hb[0] && ha[2] != hb[2], "another model: no shared hash");

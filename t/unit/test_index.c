@@ -150,6 +150,30 @@ main(void)
     kva_index_match(ix, c + 3900, 100, 1 << 1, &clk, depth);
     ok(depth[1] == 100, "the newest prefix is intact");
 
+    /* hints from a lookup survive evictions made by the add they guide */
+    {
+        uint32_t  found[100];
+
+        kva_index_match_found(ix, c + 3900, 100, 1 << 1, &clk, depth,
+                              found);
+        ok(found[0] != KVA_NIL && found[99] != KVA_NIL,
+           "match records where it found each block");
+
+        clk.now += 10;
+        chain(c, 200, 11);
+        /* hints for c[100..] used for c[0..], across evictions */
+        kva_index_match_found(ix, c + 100, 100, 1 << 3, &clk, depth, found);
+        kva_index_add_found(ix, c + 100, 100, 3, KVA_BIT_LEARNED, &clk,
+                            found);
+        kva_index_match_found(ix, c + 100, 100, 1 << 3, &clk, depth, found);
+        kva_index_add_found(ix, c, 100, 3, KVA_BIT_LEARNED, &clk, found);
+        kva_index_add_found(ix, c + 100, 100, 3, KVA_BIT_LEARNED, &clk,
+                            found);
+        kva_index_match(ix, c, 200, 1 << 3, &clk, depth);
+        ok(depth[3] == 200, "stale hints are checked, not trusted (%u)",
+           depth[3]);
+    }
+
     /* lookup cost does not depend on size: chains stay short at full load */
     free(region);
     size = kva_index_region_size(40000);
