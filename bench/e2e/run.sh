@@ -17,7 +17,7 @@
 #
 # Writes bench/results/e2e-summary.md, e2e-<policy>.md, e2e-all.csv and
 # e2e-ttft-p90.png; raw kvload JSON/CSV and logs stay in build/bench-e2e/.
-# Method and caveats: bench/e2e/NOTES.md.  Everything listens on 127.0.0.1;
+# Method and caveats: bench/README.md.  Everything listens on 127.0.0.1;
 # every wait is bounded; every process started here is stopped on exit.
 
 set -euo pipefail
@@ -60,7 +60,7 @@ CHANNEL=kv_aware:events
 # of 20 uncompressed seconds each (2,660 requests, 2.7M streamed tokens per
 # policy; llm-d's stages are longer), back to back, at time scale 6: 37-55 s
 # per policy, 6 minutes for everything on 2 cores, nginx + kvsim + kvload
-# using about one core together (measured; NOTES.md).  Every policy gets
+# using about one core together (measured; bench/README.md).  Every policy gets
 # the same seed, so the same prompts at the same instants.
 # ---------------------------------------------------------------------------
 SCALE=6
