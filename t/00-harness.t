@@ -11,6 +11,7 @@ use Test::More;
 use Time::HiRes qw(time);
 
 use Test::KvAware qw(run_blocks log_matches);
+use Test::KvAware::Chat qw(chunked);
 
 my $UPSTREAMS = <<'EOF';
     upstream u {
@@ -36,14 +37,6 @@ my $LOCATIONS = <<'EOF';
             proxy_request_buffering off;
         }
 EOF
-
-sub chunked {
-    my ($data, $size) = @_;
-    my $out = '';
-    $out .= sprintf("%x\r\n%s\r\n", length $1, $1)
-        while $data =~ /\G(.{1,$size})/gs;
-    return $out . "0\r\n\r\n";
-}
 
 my $env = Test::KvAware->new(backends => 2, workers => 1, module => 0);
 $env->conf(http_config => $UPSTREAMS, config => $LOCATIONS);

@@ -19,30 +19,19 @@ use strict;
 use warnings;
 
 use Test::More;
-use JSON::PP ();
 use Time::HiRes qw(sleep);
 
 use Test::KvAware qw(skip_unless_module);
+use Test::KvAware::Chat qw(chat_body llm_upstream llm_location send_body
+                           count_by fmt);
 
 skip_unless_module();
-
-my $JSON = JSON::PP->new->canonical->utf8;
 
 # 16 rules of ~60 bytes: ~1 KB of system prompt, 15 blocks of 64 bytes
 my $SYS = join ' ', map {
     sprintf "Rule %02d: answer precisely, cite the sources, never guess.", $_
 } 1 .. 16;
 my $SYS_BLOCKS = int(length($SYS) / 64);
-
-sub chat {
-    my ($model, @msgs) = @_;
-    my @m;
-    while (@msgs) {
-        my ($role, $content) = splice @msgs, 0, 2;
-        push @m, { role => $role, content => $content };
-    }
-    return $JSON->encode({ model => $model, messages => \@m });
-}
 
 # a user turn that differs from every other one from its 3rd byte on
 sub user_turn {
@@ -51,61 +40,17 @@ sub user_turn {
                    ($i) x 8;
 }
 
-sub upstream {
-    my ($params, %o) = @_;
-    my $extra = $o{extra} // '';
-    my $servers = join '', map {
-        "        server \$TEST_NGINX_BACKEND_$_ max_fails=0;\n"
-    } 1 .. ($o{n} // 3);
-    return "    upstream llm {\n        kv_aware $params;\n$servers$extra"
-         . "    }\n";
-}
-
-my $LOCATION = <<'EOF';
-        location / {
-            proxy_pass http://llm;
-            add_header X-KV-Reason $kv_aware_reason always;
-            add_header X-KV-Blocks $kv_aware_blocks always;
-            add_header X-KV-Matched $kv_aware_matched always;
-        }
-EOF
-
-# POST a chat body; returns a flat summary of the response
-sub send_chat {
-    my ($env, $body, $uri) = @_;
-    my $r = $env->request(POST => $uri // '/v1/chat/completions', $body,
-                          { 'Content-Type' => 'application/json' });
-    diag("request error: $r->{error}") if $r->{error};
-    return {
-        status  => $r->{status},
-        backend => $r->{headers}{'x-backend'} // '-',
-        reason  => $r->{headers}{'x-kv-reason'} // '-',
-        blocks  => $r->{headers}{'x-kv-blocks'} // -1,
-        matched => $r->{headers}{'x-kv-matched'} // -1,
-        md5ok   => ($r->{json}{md5} // '') eq Digest::MD5::md5_hex($body),
-    };
-}
-
-use Digest::MD5 ();
-
-sub count_by {
-    my ($key, @r) = @_;
-    my %c;
-    $c{ $_->{$key} }++ for @r;
-    return \%c;
-}
-
-sub fmt { my ($h) = @_; join ' ', map { "$_=$h->{$_}" } sort keys %$h }
+my $LOCATION = llm_location();
 
 
 subtest 'one system prompt, 50 user turns: one server' => sub {
     my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-    $env->conf(http_config => upstream('block_size=64'),
+    $env->conf(http_config => llm_upstream(),
                config => $LOCATION);
     $env->start_nginx or return;
 
-    my @r = map { send_chat($env, chat('m', system => $SYS,
-                                       user => user_turn($_))) } 1 .. 50;
+    my @r = map { send_body($env, chat_body('m', system => $SYS,
+                                            user => user_turn($_))) } 1 .. 50;
 
     is(scalar(grep { $_->{status} == 200 && $_->{md5ok} } @r), 50,
        'all 50: 200, body intact');
@@ -130,12 +75,13 @@ subtest 'one system prompt, 50 user turns: one server' => sub {
 
 subtest 'control: overlap_weight=0 does not stick' => sub {
     my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-    $env->conf(http_config => upstream('block_size=64 overlap_weight=0'),
+    $env->conf(http_config =>
+                   llm_upstream(params => 'block_size=64 overlap_weight=0'),
                config => $LOCATION);
     $env->start_nginx or return;
 
-    my @r = map { send_chat($env, chat('m', system => $SYS,
-                                       user => user_turn($_))) } 1 .. 50;
+    my @r = map { send_body($env, chat_body('m', system => $SYS,
+                                            user => user_turn($_))) } 1 .. 50;
 
     is(scalar(grep { $_->{status} == 200 } @r), 50, 'all 50: 200');
     my $by = count_by(backend => @r);
@@ -153,7 +99,7 @@ subtest 'control: overlap_weight=0 does not stick' => sub {
 
 subtest 'a conversation growing turn by turn stays; matched grows' => sub {
     my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-    $env->conf(http_config => upstream('block_size=64'),
+    $env->conf(http_config => llm_upstream(),
                config => $LOCATION);
     $env->start_nginx or return;
 
@@ -163,9 +109,9 @@ subtest 'a conversation growing turn by turn stays; matched grows' => sub {
     my @r;
     for my $turn (1 .. 10) {
         push @conv, user => "Turn $turn question: " . ("why is that so? " x 6);
-        push @r, send_chat($env, chat('m', @conv));
-        send_chat($env, chat('m', system => "Other $turn " . ('z' x 300),
-                             user => 'x'));
+        push @r, send_body($env, chat_body('m', @conv));
+        send_body($env, chat_body('m', system => "Other $turn " . ('z' x 300),
+                                  user => 'x'));
         push @conv, assistant => "Turn $turn answer: " . ("because. " x 10);
     }
 
@@ -193,13 +139,16 @@ subtest 'a conversation growing turn by turn stays; matched grows' => sub {
 
 subtest 'the model seeds the hash chain' => sub {
     my $env = Test::KvAware->new(backends => 2, log_level => 'info');
-    $env->conf(http_config => upstream('block_size=64', n => 2),
+    $env->conf(http_config => llm_upstream(n => 2),
                config => $LOCATION);
     $env->start_nginx or return;
 
-    my $a1 = send_chat($env, chat('model-a', system => $SYS, user => 'hi'));
-    my $a2 = send_chat($env, chat('model-a', system => $SYS, user => 'hi'));
-    my $b1 = send_chat($env, chat('model-b', system => $SYS, user => 'hi'));
+    my $a1 = send_body($env, chat_body('model-a', system => $SYS,
+                                       user => 'hi'));
+    my $a2 = send_body($env, chat_body('model-a', system => $SYS,
+                                       user => 'hi'));
+    my $b1 = send_body($env, chat_body('model-b', system => $SYS,
+                                       user => 'hi'));
 
     is($a2->{reason}, 'affinity', 'same model again: affinity');
     is($a2->{matched}, $a2->{blocks}, 'same model again: all blocks');
@@ -215,19 +164,20 @@ subtest 'the model seeds the hash chain' => sub {
 
 subtest 'learned_ttl ages out what was learned' => sub {
     my $env = Test::KvAware->new(backends => 2, log_level => 'info');
-    $env->conf(http_config => upstream('block_size=64 learned_ttl=1s',
-                                       n => 2),
+    $env->conf(http_config =>
+                   llm_upstream(params => 'block_size=64 learned_ttl=1s',
+                                n => 2),
                config => $LOCATION);
     $env->start_nginx or return;
 
-    my $body = chat('m', system => $SYS, user => 'ttl');
-    my $r1 = send_chat($env, $body);
-    my $r2 = send_chat($env, $body);
+    my $body = chat_body('m', system => $SYS, user => 'ttl');
+    my $r1 = send_body($env, $body);
+    my $r2 = send_body($env, $body);
     is($r2->{reason}, 'affinity', 'at once: affinity');
     is($r2->{backend}, $r1->{backend}, 'at once: same server');
 
     sleep 1.6;                      # > 1s, in 16 ms ticks with room
-    my $r3 = send_chat($env, $body);
+    my $r3 = send_body($env, $body);
     is($r3->{reason}, 'load', 'after learned_ttl: load');
     is($r3->{matched}, 0, 'after learned_ttl: nothing matched');
 
@@ -238,22 +188,13 @@ subtest 'learned_ttl ages out what was learned' => sub {
 
 subtest 'keepalive after kv_aware keeps affinity' => sub {
     my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-    $env->conf(http_config => upstream('block_size=64',
-                                       extra => "        keepalive 8;\n"),
-               config => <<'EOF');
-        location / {
-            proxy_pass http://llm;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            add_header X-KV-Reason $kv_aware_reason always;
-            add_header X-KV-Blocks $kv_aware_blocks always;
-            add_header X-KV-Matched $kv_aware_matched always;
-        }
-EOF
+    $env->conf(http_config => llm_upstream(extra => "        keepalive 8;\n"),
+               config => llm_location('proxy_http_version 1.1;',
+                                      'proxy_set_header Connection "";'));
     $env->start_nginx or return;
 
-    my @r = map { send_chat($env, chat('m', system => $SYS,
-                                       user => user_turn($_))) } 1 .. 12;
+    my @r = map { send_body($env, chat_body('m', system => $SYS,
+                                            user => user_turn($_))) } 1 .. 12;
     is(scalar(grep { $_->{status} == 200 && $_->{md5ok} } @r), 12,
        'all 200, body intact');
     my $by = count_by(backend => @r);
@@ -270,7 +211,7 @@ subtest 'access log shows the variables' => sub {
     my $env = Test::KvAware->new(backends => 2, log_level => 'info');
     my $log = '$TEST_NGINX_PREFIX/logs/kv.log';
     $env->conf(
-        http_config => upstream('block_size=64', n => 2) . <<'EOF',
+        http_config => llm_upstream(n => 2) . <<'EOF',
     log_format kv '$request_uri $upstream_addr blocks=$kv_aware_blocks '
                   'matched=$kv_aware_matched reason=$kv_aware_reason';
 EOF
@@ -285,7 +226,7 @@ EOF
 EOF
     $env->start_nginx or return;
 
-    my $body = chat('m', system => $SYS, user => 'log me');
+    my $body = chat_body('m', system => $SYS, user => 'log me');
     my $r1 = $env->request(POST => '/one', $body);
     my $r2 = $env->request(POST => '/two', $body);
     my $r3 = $env->request(POST => '/three', 'not json at all');

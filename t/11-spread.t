@@ -10,64 +10,23 @@ use strict;
 use warnings;
 
 use Test::More;
-use Digest::MD5 qw(md5_hex);
 use POSIX ();
-use JSON::PP ();
 
 use Test::KvAware qw(skip_unless_module);
+use Test::KvAware::Chat qw(chat_body llm_upstream llm_location backend_of
+                           summary send_body count_by fmt);
 
 skip_unless_module();
-
-my $JSON = JSON::PP->new->canonical->utf8;
 
 # distinct from the first byte: no block of one is a block of another
 sub prefix_body {
     my ($i, $tail) = @_;
     my $sys = sprintf("%03d ", $i) . ("Prefix number $i says: be helpful. " x 20);
-    return $JSON->encode({ model => 'm', messages => [
-        { role => 'system', content => $sys },
-        { role => 'user', content => $tail // 'same question' } ] });
+    return chat_body('m', system => $sys, user => $tail // 'same question');
 }
 
-my $HTTP = <<'EOF';
-    upstream llm {
-        kv_aware block_size=64;
-        server $TEST_NGINX_BACKEND_1 max_fails=0;
-        server $TEST_NGINX_BACKEND_2 max_fails=0;
-        server $TEST_NGINX_BACKEND_3 max_fails=0;
-    }
-EOF
-
-my $LOCATION = <<'EOF';
-        location / {
-            proxy_pass http://llm;
-            add_header X-KV-Reason $kv_aware_reason always;
-            add_header X-KV-Blocks $kv_aware_blocks always;
-            add_header X-KV-Matched $kv_aware_matched always;
-        }
-EOF
-
-sub summary {
-    my ($r, $body) = @_;
-    diag("request error: $r->{error}") if $r->{error};
-    return {
-        status  => $r->{status},
-        backend => $r->{headers}{'x-backend'} // '-',
-        reason  => $r->{headers}{'x-kv-reason'} // '-',
-        blocks  => $r->{headers}{'x-kv-blocks'} // -1,
-        matched => $r->{headers}{'x-kv-matched'} // -1,
-        md5ok   => ($r->{json}{md5} // '') eq md5_hex($body),
-    };
-}
-
-sub send_body {
-    my ($env, $body, $h) = @_;
-    return summary($env->request(POST => '/v1/chat/completions', $body,
-                                 { 'Content-Type' => 'application/json',
-                                   %{ $h || {} } }), $body);
-}
-
-sub fmt { my ($h) = @_; join ' ', map { "$_=$h->{$_}" } sort keys %$h }
+my $HTTP = llm_upstream();
+my $LOCATION = llm_location();
 
 
 my $env = Test::KvAware->new(backends => 3, log_level => 'info');
@@ -84,8 +43,7 @@ subtest '40 new prefixes: by load, evenly' => sub {
     is(scalar(grep { $_->{matched} == 0 && $_->{blocks} >= 8 } @first), 40,
        'all 40: matched 0 of >= 8 blocks');
 
-    my %by;
-    $by{ $_->{backend} }++ for @first;
+    my %by = %{ count_by(backend => @first) };
     is(scalar(keys %by), 3, 'all 3 servers used') or diag fmt(\%by);
     # mean 13.3: at most 1.5x the mean is 20 (the least-routed tie-break
     # makes it 14/13/13)
@@ -122,8 +80,7 @@ subtest '9 new slow prefixes at once: spread by in-flight load' => sub {
 
     is(scalar(grep { $_->{status} == 200 && $_->{md5ok} } @r), 9,
        'all 200, body intact');
-    my %by;
-    $by{ $_->{backend} }++ for @r;
+    my %by = %{ count_by(backend => @r) };
     # each new prefix costs the same everywhere, the in-flight load decides:
     # 3/3/3 when all 9 overlap (they wait 1 s each); >= 2 each leaves room
     # for a child that connects late
@@ -165,7 +122,7 @@ subtest 'new prefixes avoid the busy server even if least routed' => sub {
             [POST => '/v1/chat/completions', prefix_body(203, "r$_"),
              { 'X-Delay-Ms' => 3000 }] } 1 .. 3 ]);
         open(my $fh, '>', $out);
-        print {$fh} join ' ', map { $_->{headers}{'x-backend'} // '-' } @r;
+        print {$fh} join ' ', map { backend_of($_) } @r;
         close $fh;
         POSIX::_exit(0);
     }

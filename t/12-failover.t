@@ -19,62 +19,29 @@ use strict;
 use warnings;
 
 use Test::More;
-use Digest::MD5 qw(md5_hex);
-use JSON::PP ();
 
 use Test::KvAware qw(skip_unless_module);
+use Test::KvAware::Chat qw(chat_body llm_upstream llm_location summary
+                           send_body count_by fmt);
 
 skip_unless_module();
-
-my $JSON = JSON::PP->new->canonical->utf8;
 
 my $SYS = join ' ', map { "Policy $_: keep answers short and correct." } 1 .. 20;
 
 sub chat {
     my ($user, $sys) = @_;
-    return $JSON->encode({ model => 'm', messages => [
-        { role => 'system', content => $sys // $SYS },
-        { role => 'user', content => $user } ] });
+    return chat_body('m', system => $sys // $SYS, user => $user);
 }
 
 # a system prompt of its own per $i: distinct from the first byte
 sub new_prefix { chat('q', sprintf("%03d ", $_[0]) . ('distinct prefix text. ' x 30)) }
 
-sub summary {
-    my ($r, $body) = @_;
-    diag("request error: $r->{error}") if $r->{error};
-    return {
-        status  => $r->{status},
-        backend => $r->{headers}{'x-backend'} // '-',
-        reason  => $r->{headers}{'x-kv-reason'} // '-',
-        blocks  => $r->{headers}{'x-kv-blocks'} // -1,
-        matched => $r->{headers}{'x-kv-matched'} // -1,
-        md5ok   => ($r->{json}{md5} // '') eq md5_hex($body // ''),
-    };
-}
-
-sub send_body {
-    my ($env, $body, $uri, $h) = @_;
-    return summary($env->request(POST => $uri // '/v1/chat/completions',
-                                 $body, { 'Content-Type' => 'application/json',
-                                          %{ $h || {} } }), $body);
-}
-
 sub bnum { my ($name) = @_; $name =~ /^b(\d+)$/ ? $1 : die "bad backend $name" }
-
-sub headers_conf {
-    return join '', map { "            $_\n" }
-        'add_header X-KV-Reason $kv_aware_reason always;',
-        'add_header X-KV-Blocks $kv_aware_blocks always;',
-        'add_header X-KV-Matched $kv_aware_matched always;';
-}
-
-sub fmt { my ($h) = @_; join ' ', map { "$_=$h->{$_}" } sort keys %$h }
 
 
 subtest 'a down server is never chosen' => sub {
     my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-    $env->conf(http_config => <<'EOF', config => <<"EOF");
+    $env->conf(http_config => <<'EOF', config => llm_location());
     upstream llm {
         kv_aware block_size=64;
         server $TEST_NGINX_BACKEND_1 max_fails=0;
@@ -82,17 +49,12 @@ subtest 'a down server is never chosen' => sub {
         server $TEST_NGINX_BACKEND_3 max_fails=0;
     }
 EOF
-        location / {
-            proxy_pass http://llm;
-${\ headers_conf()}        }
-EOF
     $env->start_nginx or return;
 
     my @r = map { send_body($env, new_prefix($_)) } 1 .. 15;
     push @r, map { send_body($env, new_prefix($_)) } 1 .. 15;
     push @r, map { send_body($env, chat("turn $_")) } 1 .. 10;
-    my %by;
-    $by{ $_->{backend} }++ for @r;
+    my %by = %{ count_by(backend => @r) };
     is(scalar(grep { $_->{status} == 200 } @r), 40, 'all 40: 200');
     ok(!$by{b2}, 'b2 (down) never chosen') or diag fmt(\%by);
     ok($by{b1} && $by{b3}, 'b1 and b3 both used') or diag fmt(\%by);
@@ -104,19 +66,10 @@ EOF
 
 subtest 'failing server: retry elsewhere, the prefix follows the retry' => sub {
     my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-    $env->conf(http_config => <<'EOF', config => <<"EOF");
-    upstream llm {
-        kv_aware block_size=64;
-        server $TEST_NGINX_BACKEND_1 max_fails=1 fail_timeout=30s;
-        server $TEST_NGINX_BACKEND_2 max_fails=1 fail_timeout=30s;
-        server $TEST_NGINX_BACKEND_3 max_fails=1 fail_timeout=30s;
-    }
-EOF
-        location / {
-            proxy_pass http://llm;
-            proxy_next_upstream error timeout http_502 non_idempotent;
-${\ headers_conf()}        }
-EOF
+    $env->conf(http_config =>
+                   llm_upstream(server => 'max_fails=1 fail_timeout=30s'),
+               config => llm_location(
+                   'proxy_next_upstream error timeout http_502 non_idempotent;'));
     $env->start_nginx or return;
 
     my $r0 = send_body($env, chat('first'));
@@ -167,19 +120,10 @@ EOF
 
 subtest 'stopped holder: refused connection retried, prefix follows' => sub {
     my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-    $env->conf(http_config => <<'EOF', config => <<"EOF");
-    upstream llm {
-        kv_aware block_size=64;
-        server $TEST_NGINX_BACKEND_1 max_fails=1 fail_timeout=30s;
-        server $TEST_NGINX_BACKEND_2 max_fails=1 fail_timeout=30s;
-        server $TEST_NGINX_BACKEND_3 max_fails=1 fail_timeout=30s;
-    }
-EOF
-        location / {
-            proxy_pass http://llm;
-            proxy_next_upstream error timeout http_502;
-${\ headers_conf()}        }
-EOF
+    $env->conf(http_config =>
+                   llm_upstream(server => 'max_fails=1 fail_timeout=30s'),
+               config => llm_location(
+                   'proxy_next_upstream error timeout http_502;'));
     $env->start_nginx or return;
 
     my $first = send_body($env, chat('one'))->{backend};
@@ -188,8 +132,7 @@ EOF
     is(scalar(grep { $_->{status} == 200 && $_->{md5ok} } @r), 5,
        "$first stopped: all 200, body intact");
     is(scalar(grep { $_->{backend} eq $first } @r), 0, "none from $first");
-    my %by;
-    $by{ $_->{backend} }++ for @r;
+    my %by = %{ count_by(backend => @r) };
     is(scalar(keys %by), 1, 'all on the one server the retry chose')
         or diag fmt(\%by);
     is(scalar(grep { $_->{reason} eq 'affinity' } @r[1 .. 4]), 4,
@@ -205,18 +148,8 @@ EOF
 # was learned for it can make the prompt "new" again.
 subtest 'a failed try is forgotten' => sub {
     my $env = Test::KvAware->new(backends => 2, log_level => 'info');
-    $env->conf(http_config => <<'EOF', config => <<"EOF");
-    upstream llm {
-        kv_aware block_size=64;
-        server $TEST_NGINX_BACKEND_1 max_fails=0;
-        server $TEST_NGINX_BACKEND_2 max_fails=0;
-    }
-EOF
-        location / {
-            proxy_pass http://llm;
-            proxy_next_upstream off;
-${\ headers_conf()}        }
-EOF
+    $env->conf(http_config => llm_upstream(n => 2),
+               config => llm_location('proxy_next_upstream off;'));
     $env->start_nginx or return;
 
     my $body = chat('the same question');
@@ -246,7 +179,7 @@ EOF
 
 subtest 'backup only when all primaries are gone' => sub {
     my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-    $env->conf(http_config => <<'EOF', config => <<"EOF");
+    $env->conf(http_config => <<'EOF', config => llm_location());
     upstream llm {
         kv_aware block_size=64;
         server $TEST_NGINX_BACKEND_1 max_fails=1 fail_timeout=30s;
@@ -254,15 +187,10 @@ subtest 'backup only when all primaries are gone' => sub {
         server $TEST_NGINX_BACKEND_3 backup;
     }
 EOF
-        location / {
-            proxy_pass http://llm;
-${\ headers_conf()}        }
-EOF
     $env->start_nginx or return;
 
     my @r = map { send_body($env, new_prefix($_)) } 1 .. 12;
-    my %by;
-    $by{ $_->{backend} }++ for @r;
+    my %by = %{ count_by(backend => @r) };
     is(scalar(grep { $_->{status} == 200 } @r), 12, 'all 200');
     ok(!$by{b3}, 'backup not used while primaries are up') or diag fmt(\%by);
     is_deeply([sort keys %by], [qw(b1 b2)], 'both primaries used')
@@ -290,18 +218,10 @@ EOF
 
 subtest 'max_conns=1: concurrent slow requests spread' => sub {
     my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-    $env->conf(http_config => <<'EOF', config => <<"EOF");
-    upstream llm {
-        kv_aware block_size=64 overlap_weight=1000;
-        server $TEST_NGINX_BACKEND_1 max_conns=1 max_fails=0;
-        server $TEST_NGINX_BACKEND_2 max_conns=1 max_fails=0;
-        server $TEST_NGINX_BACKEND_3 max_conns=1 max_fails=0;
-    }
-EOF
-        location / {
-            proxy_pass http://llm;
-${\ headers_conf()}        }
-EOF
+    $env->conf(http_config => llm_upstream(
+                   params => 'block_size=64 overlap_weight=1000',
+                   server => 'max_conns=1 max_fails=0'),
+               config => llm_location());
     $env->start_nginx or return;
 
     my $warm = send_body($env, chat('warm up'));
@@ -316,8 +236,7 @@ EOF
     my @r = map { summary($res[$_], $body[$_]) } 0 .. 2;
     is(scalar(grep { $_->{status} == 200 && $_->{md5ok} } @r), 3,
        'all 3: 200, body intact');
-    my %by;
-    $by{ $_->{backend} }++ for @r;
+    my %by = %{ count_by(backend => @r) };
     is(scalar(keys %by), 3, 'one per server') or diag fmt(\%by);
     ok($by{ $warm->{backend} }, 'the holder took one');
 

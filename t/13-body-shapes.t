@@ -22,16 +22,13 @@ use JSON::PP ();
 use IO::Socket::INET;
 
 use Test::KvAware qw(skip_unless_module);
+use Test::KvAware::Chat qw(chunked llm_upstream kv_add_headers kv_fields);
 
 skip_unless_module();
 
 my $JSON = JSON::PP->new->canonical->utf8;
 
-my $HEADERS = join '', map { "            $_\n" }
-    'proxy_pass http://llm;',
-    'add_header X-KV-Reason $kv_aware_reason always;',
-    'add_header X-KV-Blocks $kv_aware_blocks always;',
-    'add_header X-KV-Matched $kv_aware_matched always;';
+my $HEADERS = "            proxy_pass http://llm;\n" . kv_add_headers();
 
 my $LOCATIONS = <<"EOF";
         client_max_body_size 8m;
@@ -56,40 +53,24 @@ my $H2_PORT = do {
 };
 
 my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-$env->conf(http_config => <<'EOF' . <<"EOF", config => $LOCATIONS);
-    upstream llm {
-        kv_aware block_size=64;
-        server $TEST_NGINX_BACKEND_1 max_fails=0;
-        server $TEST_NGINX_BACKEND_2 max_fails=0;
-        server $TEST_NGINX_BACKEND_3 max_fails=0;
-    }
-EOF
+$env->conf(http_config => llm_upstream() . <<"EOF", config => $LOCATIONS);
     server {
         listen 127.0.0.1:$H2_PORT http2;
 $LOCATIONS    }
 EOF
 $env->start_nginx or BAIL_OUT('nginx does not start');
 
+# not Test::KvAware::Chat's summary(): these tests compare what the
+# backend got (len, md5) across the ways of sending one body
 sub summary {
     my ($r, $body) = @_;
     diag("request error: $r->{error}") if $r->{error};
     return {
         status  => $r->{status},
-        backend => $r->{headers}{'x-backend'} // '-',
-        reason  => $r->{headers}{'x-kv-reason'} // '-',
-        blocks  => $r->{headers}{'x-kv-blocks'} // -1,
-        matched => $r->{headers}{'x-kv-matched'} // -1,
+        kv_fields($r->{headers}),
         len     => $r->{json}{len} // -1,
         md5     => $r->{json}{md5} // '-',
     };
-}
-
-sub chunked {
-    my ($data, $size) = @_;
-    my $out = '';
-    $out .= sprintf("%x\r\n%s\r\n", length $1, $1)
-        while $data =~ /\G(.{1,$size})/gs;
-    return $out . "0\r\n\r\n";
 }
 
 # POST over HTTP/2 with curl; the same summary as for HTTP/1.1
@@ -103,10 +84,7 @@ sub h2_post {
     my $json = eval { $JSON->decode($body // '') } // {};
     return {
         status  => $status // 0,
-        backend => $h{'x-backend'} // '-',
-        reason  => $h{'x-kv-reason'} // '-',
-        blocks  => $h{'x-kv-blocks'} // -1,
-        matched => $h{'x-kv-matched'} // -1,
+        kv_fields(\%h),
         len     => $json->{len} // -1,
         md5     => $json->{md5} // '-',
     };

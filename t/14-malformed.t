@@ -13,29 +13,19 @@ use Digest::MD5 qw(md5_hex);
 use JSON::PP ();
 
 use Test::KvAware qw(skip_unless_module);
+use Test::KvAware::Chat qw(llm_upstream kv_add_headers);
 
 skip_unless_module();
 
 my $JSON = JSON::PP->new->canonical->utf8;
 
-my $HEADERS = join '', map { "            $_\n" }
-    'add_header X-KV-Reason $kv_aware_reason always;',
-    'add_header X-KV-Blocks $kv_aware_blocks always;',
-    'add_header X-KV-Matched $kv_aware_matched always;';
+my $HEADERS = kv_add_headers();
 
 my $env = Test::KvAware->new(backends => 2, log_level => 'info');
-$env->conf(http_config => <<'EOF', config => <<"EOF");
-    upstream llm {
-        kv_aware block_size=64;
-        server $TEST_NGINX_BACKEND_1 max_fails=0;
-        server $TEST_NGINX_BACKEND_2 max_fails=0;
-    }
-    upstream small {
-        kv_aware block_size=64 max_body=1k index_size=1m;
-        server $TEST_NGINX_BACKEND_1 max_fails=0;
-        server $TEST_NGINX_BACKEND_2 max_fails=0;
-    }
-EOF
+$env->conf(http_config => llm_upstream(n => 2) . llm_upstream(
+               upstream => 'small', n => 2,
+               params => 'block_size=64 max_body=1k index_size=1m'),
+           config => <<"EOF");
         location / {
             proxy_pass http://llm;
 $HEADERS        }

@@ -14,68 +14,40 @@ use strict;
 use warnings;
 
 use Test::More;
-use Digest::MD5 qw(md5_hex);
-use JSON::PP ();
 
 use Test::KvAware qw(skip_unless_module);
+use Test::KvAware::Chat qw(chat_body llm_upstream llm_location summary);
 
 skip_unless_module();
 
-my $JSON = JSON::PP->new->canonical->utf8;
-
 sub prefix_body {
     my ($i) = @_;
-    return $JSON->encode({ model => 'm', messages => [
-        { role => 'system', content => sprintf("%03d ", $i)
-                                       . ("reload-proof prefix $i. " x 20) },
-        { role => 'user', content => 'same question' } ] });
+    return chat_body('m', system => sprintf("%03d ", $i)
+                                    . ("reload-proof prefix $i. " x 20),
+                          user => 'same question');
 }
 
-sub http_conf {
-    my (%o) = @_;
-    my $params = $o{params} // 'block_size=64';
-    my @servers = @{ $o{servers} // [1, 2, 3] };
-    return "    upstream llm {\n        kv_aware $params;\n"
-         . join('', map { "        server \$TEST_NGINX_BACKEND_$_ max_fails=0;\n" }
-                        @servers)
-         . "    }\n";
-}
+my $LOCATION = llm_location();
 
-my $LOCATION = <<'EOF';
-        location / {
-            proxy_pass http://llm;
-            add_header X-KV-Reason $kv_aware_reason always;
-            add_header X-KV-Blocks $kv_aware_blocks always;
-            add_header X-KV-Matched $kv_aware_matched always;
-        }
-EOF
-
+# like send_body(), but without a Content-Type header
 sub send_prefix {
     my ($env, $i) = @_;
     my $body = prefix_body($i);
-    my $r = $env->request(POST => '/v1/chat/completions', $body);
-    diag("request error: $r->{error}") if $r->{error};
-    return {
-        status  => $r->{status},
-        backend => $r->{headers}{'x-backend'} // '-',
-        reason  => $r->{headers}{'x-kv-reason'} // '-',
-        blocks  => $r->{headers}{'x-kv-blocks'} // -1,
-        matched => $r->{headers}{'x-kv-matched'} // -1,
-        md5ok   => ($r->{json}{md5} // '') eq md5_hex($body),
-    };
+    return summary($env->request(POST => '/v1/chat/completions', $body),
+                   $body);
 }
 
 sub new_env {
     my (%o) = @_;
     my $env = Test::KvAware->new(backends => 3, log_level => 'info',
                                  workers => $o{workers} // 1);
-    $env->conf(http_config => http_conf(%o), config => $LOCATION);
+    $env->conf(http_config => llm_upstream(%o), config => $LOCATION);
     return $env;
 }
 
 sub reconf {
     my ($env, %o) = @_;
-    $env->conf(http_config => http_conf(%o), config => $LOCATION,
+    $env->conf(http_config => llm_upstream(%o), config => $LOCATION,
                workers => $o{workers});
     return $env->reload(name => $o{name} // 'reloaded');
 }

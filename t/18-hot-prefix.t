@@ -19,34 +19,25 @@ use warnings;
 
 use Test::More;
 use Digest::MD5 qw(md5_hex);
-use JSON::PP ();
 
 use Test::KvAware qw(skip_unless_module);
+use Test::KvAware::Chat qw(chat_body llm_upstream backend_of fmt);
 
 skip_unless_module();
-
-my $JSON = JSON::PP->new->canonical->utf8;
 
 my $SYS = join ' ', map { "Hot rule $_: this prefix is shared by everyone." } 1 .. 16;
 
 sub chat {
     my ($user) = @_;
-    return $JSON->encode({ model => 'm', messages => [
-        { role => 'system', content => $SYS },
-        { role => 'user', content => $user } ] });
+    return chat_body('m', system => $SYS, user => $user);
 }
 
 sub burst {
     my ($params) = @_;
     my $env = Test::KvAware->new(backends => 3, log_level => 'info');
-    $env->conf(http_config => <<"EOF", config => <<'EOF');
-    upstream llm {
-        kv_aware block_size=64 $params;
-        server \$TEST_NGINX_BACKEND_1 max_fails=0;
-        server \$TEST_NGINX_BACKEND_2 max_fails=0;
-        server \$TEST_NGINX_BACKEND_3 max_fails=0;
-    }
-EOF
+    # its own location: no X-KV-Blocks, unlike llm_location()
+    $env->conf(http_config => llm_upstream(params => "block_size=64 $params"),
+               config => <<'EOF');
         location / {
             proxy_pass http://llm;
             add_header X-KV-Reason $kv_aware_reason always;
@@ -57,7 +48,7 @@ EOF
 
     my $warm = $env->request(POST => '/v1/chat/completions', chat('warm-up'));
     is($warm->{status}, 200, 'warm-up: 200');
-    my $holder = $warm->{headers}{'x-backend'} // '-';
+    my $holder = backend_of($warm);
 
     my @bodies = map { chat("hot question $_") } 1 .. 12;
     my @r = $env->concurrent([ map {
@@ -70,7 +61,7 @@ EOF
 
     my (%by, %why);
     for (@r) {
-        $by{ $_->{headers}{'x-backend'} // '-' }++;
+        $by{ backend_of($_) }++;
         $why{ $_->{headers}{'x-kv-reason'} // '-' }++;
     }
     $env->stop_nginx;
@@ -78,8 +69,6 @@ EOF
 
     return { holder => $holder, by => \%by, why => \%why };
 }
-
-sub fmt { my ($h) = @_; join ' ', map { "$_=$h->{$_}" } sort keys %$h }
 
 
 subtest 'gate on: the hot prefix spills over' => sub {

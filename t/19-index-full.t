@@ -11,40 +11,26 @@ use strict;
 use warnings;
 
 use Test::More;
-use Digest::MD5 qw(md5_hex);
-use JSON::PP ();
 use Time::HiRes qw(sleep);
 
 use Test::KvAware qw(skip_unless_module);
+use Test::KvAware::Chat qw(chat_body llm_upstream llm_location summary);
 
 skip_unless_module();
-
-my $JSON = JSON::PP->new->canonical->utf8;
 
 sub prompt_body {
     my ($i, $kb) = @_;
     my $text = sprintf("%04d ", $i) . ("prompt $i fills the index. " x (40 * $kb));
     $text = substr($text, 0, $kb * 1024);
-    return $JSON->encode({ model => 'm', messages => [
-        { role => 'user', content => $text } ] });
+    return chat_body('m', user => $text);
 }
 
 my $env = Test::KvAware->new(backends => 2, log_level => 'info');
-$env->conf(http_config => <<'EOF', config => <<'EOF');
-    upstream llm {
-        kv_aware block_size=16 index_size=256k;
-        server $TEST_NGINX_BACKEND_1 max_fails=0;
-        server $TEST_NGINX_BACKEND_2 max_fails=0;
-    }
-EOF
+$env->conf(http_config =>
+               llm_upstream(params => 'block_size=16 index_size=256k', n => 2),
+           config => <<'EOF' . llm_location());
         client_body_buffer_size 1m;
         client_max_body_size 1m;
-        location / {
-            proxy_pass http://llm;
-            add_header X-KV-Reason $kv_aware_reason always;
-            add_header X-KV-Blocks $kv_aware_blocks always;
-            add_header X-KV-Matched $kv_aware_matched always;
-        }
 EOF
 $env->start_nginx or BAIL_OUT('nginx does not start');
 
@@ -52,25 +38,18 @@ my ($capacity) = $env->error_log =~ /upstream "llm" indexes up to (\d+) blocks/;
 ok($capacity, 'capacity announced: ' . ($capacity // '?'));
 $capacity //= 6000;
 
-sub send_body {
+# to this test's nginx, without a Content-Type header
+sub send_prompt {
     my ($body) = @_;
-    my $r = $env->request(POST => '/v1/chat/completions', $body);
-    diag("request error: $r->{error}") if $r->{error};
-    return {
-        status  => $r->{status},
-        backend => $r->{headers}{'x-backend'} // '-',
-        reason  => $r->{headers}{'x-kv-reason'} // '-',
-        blocks  => $r->{headers}{'x-kv-blocks'} // -1,
-        matched => $r->{headers}{'x-kv-matched'} // -1,
-        md5ok   => ($r->{json}{md5} // '') eq md5_hex($body),
-    };
+    return summary($env->request(POST => '/v1/chat/completions', $body),
+                   $body);
 }
 
 subtest 'three times the capacity, prompt after prompt' => sub {
     my $n = int(3 * $capacity / 1000) + 1;
     my @r;
     for my $i (1 .. $n) {
-        push @r, send_body(prompt_body($i, 16));
+        push @r, send_prompt(prompt_body($i, 16));
         # the index clock ticks every 16 ms: distinct ages make "least
         # recently used" well defined for the eviction
         sleep 0.03;
@@ -80,7 +59,7 @@ subtest 'three times the capacity, prompt after prompt' => sub {
     cmp_ok($r[0]{blocks} * $n, '>', 2.5 * $capacity,
            "$n x $r[0]{blocks} blocks: well over the capacity");
 
-    my $last = send_body(prompt_body($n, 16));
+    my $last = send_prompt(prompt_body($n, 16));
     is($last->{reason}, 'affinity', 'the newest prompt: affinity');
     is($last->{matched}, $last->{blocks}, 'the newest prompt: all blocks');
     is($last->{backend}, $r[-1]{backend}, 'the newest prompt: same server');
@@ -89,18 +68,18 @@ subtest 'three times the capacity, prompt after prompt' => sub {
 subtest 'a prompt larger than the whole index' => sub {
     my $kb = int($capacity * 16 * 1.5 / 1024) + 1;
     my $big = prompt_body(9999, $kb);
-    my $r1 = send_body($big);
+    my $r1 = send_prompt($big);
     is($r1->{status}, 200, "$kb KB prompt: 200");
     ok($r1->{md5ok}, 'body intact');
     cmp_ok($r1->{blocks}, '>', $capacity, "$r1->{blocks} blocks > capacity");
-    my $r2 = send_body($big);
+    my $r2 = send_prompt($big);
     is($r2->{status}, 200, 'again: 200');
     like($r2->{reason}, qr/^(?:load|affinity)$/, 'again: routed by prompt');
 
     # and the index still learns afterwards
     my $small = prompt_body(10000, 2);
-    my $s1 = send_body($small);
-    my $s2 = send_body($small);
+    my $s1 = send_prompt($small);
+    my $s2 = send_prompt($small);
     is($s2->{reason}, 'affinity', 'a small prompt after it: affinity');
     is($s2->{matched}, $s2->{blocks}, '... all blocks');
 };
