@@ -19,6 +19,7 @@
 
 #include <jansson.h>
 
+#include "bench_util.h"
 #include "kva_event.h"
 
 
@@ -30,8 +31,6 @@ typedef size_t (*bench_fn)(const kva_batch_t *b, const char *msg,
     size_t len);
 
 
-static long long now_ns(void);
-static int cmp_double(const void *a, const void *b);
 static double measure(bench_fn fn, const kva_batch_t *b, const char *msg,
     size_t len);
 static size_t run_decode(const kva_batch_t *b, const char *msg, size_t len);
@@ -43,27 +42,6 @@ static size_t run_encode_jansson(const kva_batch_t *b, const char *msg,
 static volatile size_t  sink;
 
 
-static long long
-now_ns(void)
-{
-    struct timespec  ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-
-    return (long long) ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-
-static int
-cmp_double(const void *a, const void *b)
-{
-    double  x, y;
-
-    x = *(const double *) a;
-    y = *(const double *) b;
-
-    return (x > y) - (x < y);
-}
 
 
 /* the median over RUNS of messages per second */
@@ -75,20 +53,20 @@ measure(bench_fn fn, const kva_batch_t *b, const char *msg, size_t len)
     long long   start, t, n;
 
     for (r = 0; r < RUNS; r++) {
-        start = now_ns();
+        start = bench_now_ns();
         n = 0;
 
         do {
             fn(b, msg, len);
             n++;
 
-            t = (n & 63) ? 0 : now_ns() - start;
+            t = (n & 63) ? 0 : bench_now_ns() - start;
         } while (t < RUN_NS);
 
         rates[r] = (double) n * 1e9 / (double) t;
     }
 
-    qsort(rates, RUNS, sizeof(double), cmp_double);
+    qsort(rates, RUNS, sizeof(double), bench_cmp_double);
 
     return rates[RUNS / 2];
 }

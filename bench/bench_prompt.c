@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "kva_prompt.h"
 
 
@@ -135,28 +136,6 @@ gen_body(buf_t *b, size_t size, int type)
 }
 
 
-static uint64_t
-now_ns(void)
-{
-    struct timespec  ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-
-    return (uint64_t) ts.tv_sec * 1000000000 + (uint64_t) ts.tv_nsec;
-}
-
-
-static int
-cmp_double(const void *a, const void *b)
-{
-    double  x, y;
-
-    x = *(const double *) a;
-    y = *(const double *) b;
-
-    return (x > y) - (x < y);
-}
-
 
 /* calls per sample are picked from a warm-up so that timer cost vanishes */
 
@@ -190,25 +169,25 @@ bench(const char *name, size_t size, int type)
         exit(1);
     }
 
-    t0 = now_ns();
+    t0 = bench_now_ns();
 
-    for (reps = 0; now_ns() - t0 < SAMPLE_NS; reps++) {
+    for (reps = 0; bench_now_ns() - t0 < SAMPLE_NS; reps++) {
         kva_prompt_extract(body.p, body.len, out, out_cap, &p);
     }
 
     for (i = 0; i < SAMPLES; i++) {
-        t0 = now_ns();
+        t0 = bench_now_ns();
 
         for (r = 0; r < reps; r++) {
             kva_prompt_extract(body.p, body.len, out, out_cap, &p);
             sink += p.out_len;
         }
 
-        t1 = now_ns();
+        t1 = bench_now_ns();
         mbs[i] = (double) body.len * reps * 1e3 / (double) (t1 - t0);
     }
 
-    qsort(mbs, SAMPLES, sizeof(double), cmp_double);
+    qsort(mbs, SAMPLES, sizeof(double), bench_cmp_double);
 
     printf("%-28s body %7zu B  out %7zu B  %8.0f MB/s  (min %.0f, max %.0f)\n",
            name, body.len, p.out_len, mbs[SAMPLES / 2], mbs[0],

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "kva_hash.h"
 #include "kva_index.h"
 #include "kva_prompt.h"
@@ -31,23 +32,6 @@ rnd64(uint64_t *s)
 }
 
 
-static double
-now_us(void)
-{
-    struct timespec  ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-
-static int
-cmp_double(const void *a, const void *b)
-{
-    double  x = *(const double *) a, y = *(const double *) b;
-
-    return (x > y) - (x < y);
-}
 
 
 /* a chat body of about `tokens` 4-byte pseudo-tokens */
@@ -146,7 +130,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
     }
 
     for (i = 0; i < iters + 10; i++) {
-        t0 = now_us();
+        t0 = (bench_now_ns() / 1e3);
 
         if (kva_prompt_extract((uint8_t *) body, len, out, len + 64, &p)
             != KVA_PROMPT_OK)
@@ -169,11 +153,11 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
         kva_index_add_found(ix, hashes, n, k, KVA_BIT_LEARNED, &clk, found);
 
         if (i >= 10) {
-            t[i - 10] = now_us() - t0;
+            t[i - 10] = (bench_now_ns() / 1e3) - t0;
         }
     }
 
-    qsort(t, iters, sizeof(double), cmp_double);
+    qsort(t, iters, sizeof(double), bench_cmp_double);
     med = t[iters / 2];
     p99 = t[iters * 99 / 100];
 
