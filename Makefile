@@ -69,7 +69,7 @@ demo: deps module tools
 
 BENCHES    := $(patsubst bench/%.c,$(BUILD)/%,$(wildcard bench/bench_*.c))
 
-$(BUILD)/bench_%: bench/bench_%.c $(CORE_SRCS) $(CORE_HDRS)
+$(BUILD)/bench_%: bench/bench_%.c bench/bench_util.h $(CORE_SRCS) $(CORE_HDRS)
 	$(CC) $(CFLAGS_CORE) -o $@ $< $(CORE_SRCS) -ljansson -lxxhash
 
 # numbers, not tests: routing cost in process, then through nginx
