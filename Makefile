@@ -22,7 +22,8 @@ CORE_HDRS  := $(CORE_SRCS:.c=.h)
 NGX_SRCS   := $(wildcard src/ngx_http_kv_aware_*.c src/ngx_http_kv_aware_*.h)
 
 # core unit tests link the core alone; tools/*.mk add their own
-UNIT_TESTS := $(patsubst %,$(BUILD)/unit/test_%,prompt hash index score event)
+UNIT_TESTS := $(patsubst %,$(BUILD)/unit/test_%,prompt prompt_ref hash index score \
+              event)
 TOOLS      :=
 
 PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
@@ -55,6 +56,18 @@ $(MODULE): $(BUILD)/Makefile $(CORE_SRCS) $(CORE_HDRS) $(NGX_SRCS)
 $(BUILD)/unit/%: t/unit/%.c $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< $(CORE_SRCS) -ljansson -lxxhash
+
+# the differential test of the scanner links its random body generator
+PROMPT_TEST_SRCS := $(wildcard t/unit/prompt_rand.c)
+
+$(BUILD)/unit/test_prompt $(BUILD)/unit/test_prompt_ref: t/unit/prompt_gen.h \
+        t/unit/tap.h $(wildcard t/unit/prompt_rand.h)
+
+$(BUILD)/unit/test_prompt_ref: t/unit/test_prompt_ref.c $(PROMPT_TEST_SRCS) \
+        $(CORE_SRCS) $(CORE_HDRS)
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< $(PROMPT_TEST_SRCS) \
+	    $(CORE_SRCS) -ljansson -lxxhash
 
 unit: $(UNIT_TESTS)
 
