@@ -27,20 +27,20 @@ typedef struct {
 } buf_t;
 
 
-static void hexdump(const char *what, const uint8_t *p, size_t len,
+static inline void hexdump(const char *what, const uint8_t *p, size_t len,
     size_t at);
-static size_t first_diff(const uint8_t *a, size_t alen, const uint8_t *b,
-    size_t blen);
-static void buf_put(buf_t *b, const void *s, size_t n);
-static void buf_putc(buf_t *b, int c);
-static void buf_puts(buf_t *b, const char *s);
-static int run(const uint8_t *body, size_t len, size_t out_cap,
+static inline size_t first_diff(const uint8_t *a, size_t alen,
+    const uint8_t *b, size_t blen);
+static inline void buf_put(buf_t *b, const void *s, size_t n);
+static inline void buf_putc(buf_t *b, int c);
+static inline void buf_puts(buf_t *b, const char *s);
+static inline int run(const uint8_t *body, size_t len, size_t out_cap,
     kva_prompt_t *p, kva_prompt_rc_e *rc, buf_t *scratch);
 
 
 /* diagnostics */
 
-static void
+static inline void
 hexdump(const char *what, const uint8_t *p, size_t len, size_t at)
 {
     size_t  i, from, to;
@@ -58,7 +58,7 @@ hexdump(const char *what, const uint8_t *p, size_t len, size_t at)
 }
 
 
-static size_t
+static inline size_t
 first_diff(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
 {
     size_t  i;
@@ -75,7 +75,7 @@ first_diff(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
 
 /* growable buffer */
 
-static void
+static inline void
 buf_put(buf_t *b, const void *s, size_t n)
 {
     if (b->len + n > b->cap) {
@@ -95,7 +95,7 @@ buf_put(buf_t *b, const void *s, size_t n)
 }
 
 
-static void
+static inline void
 buf_putc(buf_t *b, int c)
 {
     uint8_t  ch;
@@ -105,7 +105,7 @@ buf_putc(buf_t *b, int c)
 }
 
 
-static void
+static inline void
 buf_puts(buf_t *b, const char *s)
 {
     buf_put(b, s, strlen(s));
@@ -117,7 +117,7 @@ buf_puts(buf_t *b, const char *s)
  * canary was overwritten.
  */
 
-static int
+static inline int
 run(const uint8_t *body, size_t len, size_t out_cap, kva_prompt_t *p,
     kva_prompt_rc_e *rc, buf_t *scratch)
 {
