@@ -152,6 +152,7 @@ typedef struct {
     ngx_event_t                     tick;
     ngx_msec_t                      rate_start;
     ngx_uint_t                      rate_count;
+    ngx_uint_t                      scanned;      /* entries, this window */
     ngx_msec_t                      logged[NGX_HTTP_KV_AWARE_REJ_LAST];
 } ngx_http_kv_aware_events_conf_t;
 
