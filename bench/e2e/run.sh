@@ -14,6 +14,7 @@
 #                      report also takes what earlier runs left for others
 #   --no-extra         shared-prefix only
 #   E2E_WORK, E2E_RESULTS  override build/bench-e2e and bench/results
+#                      (partial and --quick runs write to build/bench-e2e/results)
 #
 # Writes bench/results/e2e-summary.md, e2e-<policy>.md, e2e-all.csv and
 # e2e-ttft-p90.png; raw kvload JSON/CSV and logs stay in build/bench-e2e/.
@@ -99,6 +100,14 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+
+# only the full, default run replaces the published results
+if [ -z "${E2E_RESULTS:-}" ] && { [ "$QUICK" = 1 ] \
+        || [ "$POLICIES" != "$ALL_POLICIES" ] \
+        || [ "$WORKLOADS" != "shared-prefix multi-turn no-sharing" ] \
+        || [ -n "${KV_AWARE_PARAMS:-}" ]; }; then
+    RESULTS=$WORK/results
+fi
 
 if [ "$QUICK" = 1 ]; then
     SCALE=10
