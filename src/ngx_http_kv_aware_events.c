@@ -34,8 +34,6 @@ static void ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot);
 static void ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_reject_e why, const char *detail, size_t len);
-static ngx_int_t ngx_http_kv_aware_find_slot(
-    ngx_http_kv_aware_srv_conf_t *kcf, kva_batch_t *b);
 static ngx_uint_t ngx_http_kv_aware_scans(kva_batch_t *b);
 static void ngx_http_kv_aware_tick(ngx_event_t *ev);
 
@@ -74,7 +72,7 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
     u_char *data, size_t len)
 {
     char                              err[128];
-    ngx_int_t                         slot;
+    ngx_uint_t                        slot;
     kva_batch_t                       b;
     kva_event_rc_e                    rc;
     kva_event_limits_t                lim;
@@ -126,9 +124,10 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
         return;
     }
 
-    slot = ngx_http_kv_aware_find_slot(kcf, &b);
+    slot = ngx_http_kv_aware_slot_by_name(kcf->sh, (u_char *) b.server,
+                                          b.server_len);
 
-    if (slot == NGX_ERROR) {
+    if (slot == KVA_MAX_SLOTS) {
         ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_UNKNOWN_SERVER,
                                  b.server, b.server_len);
         kva_batch_free(&b);
@@ -147,13 +146,13 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
                                  sizeof("too many index clears a second")
                                  - 1);
         kcf->sh->slots[slot].ev_synced = 0;
-        ngx_http_kv_aware_set_ev_state(kcf, (ngx_uint_t) slot,
+        ngx_http_kv_aware_set_ev_state(kcf, slot,
                                        NGX_HTTP_KV_AWARE_EV_DEGRADED);
         kva_batch_free(&b);
         return;
     }
 
-    ngx_http_kv_aware_apply(kcf, (ngx_uint_t) slot, &b);
+    ngx_http_kv_aware_apply(kcf, slot, &b);
 
     kva_batch_free(&b);
 }
@@ -173,27 +172,6 @@ ngx_http_kv_aware_scans(kva_batch_t *b)
     }
 
     return n;
-}
-
-
-static ngx_int_t
-ngx_http_kv_aware_find_slot(ngx_http_kv_aware_srv_conf_t *kcf,
-    kva_batch_t *b)
-{
-    ngx_uint_t                 s;
-    ngx_http_kv_aware_slot_t  *sl;
-
-    for (s = 0; s < KVA_MAX_SLOTS; s++) {
-        sl = &kcf->sh->slots[s];
-
-        if (sl->name_len == b->server_len
-            && ngx_memcmp(sl->name, b->server, b->server_len) == 0)
-        {
-            return s;
-        }
-    }
-
-    return NGX_ERROR;
 }
 
 

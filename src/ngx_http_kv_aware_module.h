@@ -221,6 +221,8 @@ const char *ngx_http_kv_aware_fallback_name(
     ngx_http_kv_aware_fallback_e fallback);
 void ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf,
     kva_clock_t *clk);
+ngx_uint_t ngx_http_kv_aware_slot_by_name(ngx_http_kv_aware_shctx_t *sh,
+    u_char *name, size_t len);
 
 
 #endif /* _NGX_HTTP_KV_AWARE_MODULE_H_INCLUDED_ */

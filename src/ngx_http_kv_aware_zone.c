@@ -128,10 +128,29 @@ ngx_http_kv_aware_create_sh(ngx_shm_zone_t *shm_zone,
 }
 
 
+/* the slot a server holds, by its name, or KVA_MAX_SLOTS */
+ngx_uint_t
+ngx_http_kv_aware_slot_by_name(ngx_http_kv_aware_shctx_t *sh, u_char *name,
+    size_t len)
+{
+    ngx_uint_t  s;
+
+    for (s = 0; s < KVA_MAX_SLOTS; s++) {
+        if (sh->slots[s].name_len == len
+            && ngx_memcmp(sh->slots[s].name, name, len) == 0)
+        {
+            break;
+        }
+    }
+
+    return s;
+}
+
+
 static ngx_int_t
 ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
 {
-    uint64_t                   used, stale;
+    uint64_t                   used, kept, stale;
     ngx_str_t                 *names;
     ngx_uint_t                 i, s;
     ngx_http_kv_aware_slot_t  *slots;
@@ -139,20 +158,17 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
     slots = kcf->sh->slots;
     names = kcf->peer_names->elts;
     used = 0;
+    kept = 0;
 
+    /* servers that were there before keep their slot, and what it knows */
     for (i = 0; i < kcf->peer_names->nelts; i++) {
-        for (s = 0; s < KVA_MAX_SLOTS; s++) {
-            if (slots[s].name_len == names[i].len
-                && ngx_memcmp(slots[s].name, names[i].data, names[i].len)
-                   == 0)
-            {
-                break;
-            }
-        }
+        s = ngx_http_kv_aware_slot_by_name(kcf->sh, names[i].data,
+                                           names[i].len);
 
         if (s < KVA_MAX_SLOTS) {
             kcf->slot_of[i] = (u_char) s;
             used |= 1ULL << s;
+            kept |= 1ULL << i;
         }
     }
 
@@ -172,23 +188,15 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
         ngx_shmtx_unlock(&kcf->shpool->mutex);
     }
 
+    /* newcomers take free slots; init_upstream allowed at most 64 */
     for (i = 0; i < kcf->peer_names->nelts; i++) {
-        if (used & (1ULL << kcf->slot_of[i])
-            && slots[kcf->slot_of[i]].name_len == names[i].len
-            && ngx_memcmp(slots[kcf->slot_of[i]].name, names[i].data,
-                          names[i].len) == 0)
-        {
+        if (kept & (1ULL << i)) {
             continue;
         }
 
-        for (s = 0; s < KVA_MAX_SLOTS; s++) {
-            if (!(used & (1ULL << s))) {
-                break;
-            }
-        }
-
-        /* init_upstream allowed at most KVA_MAX_SLOTS servers */
+        s = __builtin_ctzll(~used);
         used |= 1ULL << s;
+
         kcf->slot_of[i] = (u_char) s;
         slots[s].name_len = names[i].len;
         ngx_memcpy(slots[s].name, names[i].data, names[i].len);
