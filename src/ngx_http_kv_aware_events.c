@@ -72,7 +72,7 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
     u_char *data, size_t len)
 {
     char                              err[128];
-    ngx_uint_t                        slot;
+    ngx_uint_t                        slot, scan;
     kva_batch_t                       b;
     kva_event_rc_e                    rc;
     kva_event_limits_t                lim;
@@ -94,6 +94,7 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
 
     lim.max_message = ecf->max_message;
     lim.max_hashes = ecf->max_hashes;
+    /* an event without hashes still costs a step: same cap as hashes */
     lim.max_events = ecf->max_hashes;
 
     rc = kva_event_decode((char *) data, len, &lim, &b, err, sizeof(err));
@@ -134,9 +135,10 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
         return;
     }
 
-    ecf->scanned += ngx_http_kv_aware_scans(&b) * kcf->sh->index->high_water;
+    scan = ngx_http_kv_aware_scans(&b) * kcf->sh->index->high_water;
 
-    if (ecf->scanned > NGX_HTTP_KV_AWARE_SCAN_BUDGET) {
+    /* the first scan of a second always passes, or a big index never syncs */
+    if (scan && ecf->scanned >= NGX_HTTP_KV_AWARE_SCAN_BUDGET) {
         /*
          * Skipping a clear is safe once the server is degraded: its event
          * entries are not trusted until a snapshot replaces them.
@@ -151,6 +153,8 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
         kva_batch_free(&b);
         return;
     }
+
+    ecf->scanned += scan;
 
     ngx_http_kv_aware_apply(kcf, slot, &b);
 
