@@ -95,7 +95,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
 
     size = kva_index_region_size(entries + entries / 4 + 4096);
     region = malloc(size);
-    ix = kva_index_init(region, size);
+    ix = kva_index_init(region, size, 0x9e3779b97f4a7c15ULL);
 
     if (out == NULL || hashes == NULL || found == NULL || region == NULL
         || ix == NULL)

@@ -99,7 +99,7 @@ kva_index_capacity_for(size_t region_size)
 
 
 kva_index_t *
-kva_index_init(void *region, size_t region_size)
+kva_index_init(void *region, size_t region_size, uint64_t secret)
 {
     uint32_t      capacity, i;
     kva_index_t  *ix;
@@ -117,6 +117,7 @@ kva_index_init(void *region, size_t region_size)
     ix->capacity = capacity;
     ix->nbuckets = kva_nbuckets(capacity);
     ix->free_head = KVA_NIL;
+    ix->secret = secret;
 
     for (i = 0; i < ix->nbuckets; i++) {
         kva_buckets(ix)[i] = KVA_NIL;
@@ -447,10 +448,22 @@ kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
 void
 kva_index_drop_slots(kva_index_t *ix, uint64_t mask, unsigned srcs)
 {
+    (void) kva_index_drop_range(ix, mask, srcs, 0, KVA_NIL);
+}
+
+
+uint32_t
+kva_index_drop_range(kva_index_t *ix, uint64_t mask, unsigned srcs,
+    uint32_t from, uint32_t to)
+{
     uint32_t      idx;
     kva_entry_t  *e;
 
-    for (idx = 0; idx < ix->high_water; idx++) {
+    if (to > ix->high_water) {
+        to = ix->high_water;
+    }
+
+    for (idx = from; idx < to; idx++) {
         e = &kva_entries(ix)[idx];
 
         if ((e->bits[0] | e->bits[1] | e->bits[2]) == 0) {
@@ -461,6 +474,8 @@ kva_index_drop_slots(kva_index_t *ix, uint64_t mask, unsigned srcs)
             kva_release(ix, idx);
         }
     }
+
+    return to > from ? to : ix->high_water;
 }
 
 
@@ -468,15 +483,27 @@ void
 kva_index_count(kva_index_t *ix, const kva_clock_t *clk,
     kva_slot_count_t counts[KVA_MAX_SLOTS])
 {
+    memset(counts, 0, sizeof(kva_slot_count_t) * KVA_MAX_SLOTS);
+
+    (void) kva_index_count_range(ix, clk, 0, KVA_NIL, counts);
+}
+
+
+uint32_t
+kva_index_count_range(kva_index_t *ix, const kva_clock_t *clk,
+    uint32_t from, uint32_t to, kva_slot_count_t counts[KVA_MAX_SLOTS])
+{
     int           s;
     uint32_t      idx, age;
     uint64_t      bits;
     kva_entry_t  *e;
     kva_src_e     src;
 
-    memset(counts, 0, sizeof(kva_slot_count_t) * KVA_MAX_SLOTS);
+    if (to > ix->high_water) {
+        to = ix->high_water;
+    }
 
-    for (idx = 0; idx < ix->high_water; idx++) {
+    for (idx = from; idx < to; idx++) {
         e = &kva_entries(ix)[idx];
         age = clk->now - e->stamp;
 
@@ -496,4 +523,6 @@ kva_index_count(kva_index_t *ix, const kva_clock_t *clk,
             }
         }
     }
+
+    return to > from ? to : ix->high_water;
 }

@@ -23,6 +23,13 @@
 #define KVA_MAX_SLOTS       64
 #define KVA_NIL             0xffffffffu
 
+/*
+ * Whole-index scans (clears, snapshots, status counts) go in chunks of this
+ * many entries so that a caller can release its lock in between: about
+ * 0.25 ms of work a chunk, whatever the index size.
+ */
+#define KVA_SCAN_CHUNK      65536
+
 
 typedef enum {
     KVA_SRC_EVENT = 0,
@@ -49,6 +56,7 @@ typedef struct {
     uint32_t            free_head;
     uint32_t            hand;           /* eviction sampling position */
     uint32_t            pad;
+    uint64_t            secret;         /* keys the bucket choice */
     uint64_t            evictions;
     uint64_t            inserts;
     /* uint32_t buckets[nbuckets]; kva_entry_t entries[capacity]; */
@@ -83,8 +91,13 @@ typedef struct {
 size_t kva_index_region_size(uint32_t capacity);
 uint32_t kva_index_capacity_for(size_t region_size);
 
-/* returns NULL when the region cannot hold a single bucket and entry */
-kva_index_t *kva_index_init(void *region, size_t region_size);
+/*
+ * Returns NULL when the region cannot hold a single bucket and entry.
+ * The secret keys the bucket choice: a random value per index, so that
+ * nobody outside can pick keys that pile into one bucket.
+ */
+kva_index_t *kva_index_init(void *region, size_t region_size,
+    uint64_t secret);
 int kva_index_valid(const kva_index_t *ix, size_t region_size);
 
 /*
@@ -123,9 +136,20 @@ void kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
 /* forgets what srcs say about the slots in mask (whole-index scan) */
 void kva_index_drop_slots(kva_index_t *ix, uint64_t mask, unsigned srcs);
 
+/*
+ * The same over the entries [from, to) only; to is clamped to the entries
+ * in use.  Returns where the next chunk starts, ix->high_water when done.
+ */
+uint32_t kva_index_drop_range(kva_index_t *ix, uint64_t mask, unsigned srcs,
+    uint32_t from, uint32_t to);
+
 /* per-slot entry counts for status pages (whole-index scan) */
 void kva_index_count(kva_index_t *ix, const kva_clock_t *clk,
     kva_slot_count_t counts[KVA_MAX_SLOTS]);
+
+/* adds the counts of entries [from, to) to counts; returns as drop_range */
+uint32_t kva_index_count_range(kva_index_t *ix, const kva_clock_t *clk,
+    uint32_t from, uint32_t to, kva_slot_count_t counts[KVA_MAX_SLOTS]);
 
 
 #endif /* _KVA_INDEX_H_INCLUDED_ */

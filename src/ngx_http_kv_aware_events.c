@@ -25,6 +25,12 @@
  */
 #define NGX_HTTP_KV_AWARE_SCAN_BUDGET   4000000
 
+/*
+ * Hashes applied under one hold of the zone lock: an add or a delete
+ * costs 50 to 150 ns, so a chunk keeps routing waiting under 0.5 ms.
+ */
+#define NGX_HTTP_KV_AWARE_HASH_CHUNK    2048
+
 
 static void ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, kva_batch_t *b);
@@ -34,7 +40,9 @@ static void ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot);
 static void ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_reject_e why, const char *detail, size_t len);
-static ngx_uint_t ngx_http_kv_aware_scans(kva_batch_t *b);
+static ngx_uint_t ngx_http_kv_aware_scans(kva_batch_t *b, size_t *first);
+static void ngx_http_kv_aware_apply_hashes(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot, kva_batch_t *b, size_t first);
 static void ngx_http_kv_aware_tick(ngx_event_t *ev);
 
 
@@ -135,7 +143,7 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
         return;
     }
 
-    scan = ngx_http_kv_aware_scans(&b) * kcf->sh->index->high_water;
+    scan = ngx_http_kv_aware_scans(&b, NULL) * kcf->sh->index->high_water;
 
     /* the first scan of a second always passes, or a big index never syncs */
     if (scan && ecf->scanned >= NGX_HTTP_KV_AWARE_SCAN_BUDGET) {
@@ -162,17 +170,29 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
 }
 
 
-/* how many whole-index scans applying the batch takes */
+/*
+ * How many whole-index scans applying the batch takes: one at most, since
+ * a clear wipes what came before it in the message.  *first is the event
+ * to apply from: the one after the last clear.
+ */
 static ngx_uint_t
-ngx_http_kv_aware_scans(kva_batch_t *b)
+ngx_http_kv_aware_scans(kva_batch_t *b, size_t *first)
 {
-    size_t      i;
+    size_t      i, from;
     ngx_uint_t  n;
 
     n = (b->snapshot == KVA_SNAP_FULL || b->snapshot == KVA_SNAP_BEGIN);
+    from = 0;
 
     for (i = 0; i < b->nevents; i++) {
-        n += (b->events[i].type == KVA_EV_CLEARED);
+        if (b->events[i].type == KVA_EV_CLEARED) {
+            n = 1;
+            from = i + 1;
+        }
+    }
+
+    if (first) {
+        *first = from;
     }
 
     return n;
@@ -183,11 +203,9 @@ static void
 ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
     kva_batch_t *b)
 {
-    size_t                     i, hashes;
+    size_t                     i, first, hashes;
     uint64_t                   bit;
     ngx_uint_t                 in_sequence;
-    kva_ev_t                  *ev;
-    kva_clock_t                clk;
     ngx_http_kv_aware_slot_t  *sl;
 
     sl = &kcf->sh->slots[slot];
@@ -216,42 +234,22 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
         sl->ev_has_load = 1;
     }
 
-    ngx_http_kv_aware_clock(kcf, &clk);
+    if (ngx_http_kv_aware_scans(b, &first)) {
+        /*
+         * A clear forgets guesses too; a snapshot replaces only what the
+         * server said before.
+         */
+        ngx_http_kv_aware_drop_slots(kcf, bit,
+                                     first ? KVA_BITS_ALL : KVA_BIT_EVENT);
+    }
+
+    ngx_http_kv_aware_apply_hashes(kcf, slot, b, first);
 
     hashes = 0;
 
-    ngx_shmtx_lock(&kcf->shpool->mutex);
-
-    if (b->snapshot == KVA_SNAP_FULL || b->snapshot == KVA_SNAP_BEGIN) {
-        /* a snapshot replaces all the server said before */
-        kva_index_drop_slots(kcf->sh->index, bit, KVA_BIT_EVENT);
-    }
-
     for (i = 0; i < b->nevents; i++) {
-        ev = &b->events[i];
-
-        switch (ev->type) {
-
-        case KVA_EV_STORED:
-            kva_index_add(kcf->sh->index, ev->hashes, ev->nhashes, slot,
-                          KVA_BIT_EVENT, &clk);
-            break;
-
-        case KVA_EV_REMOVED:
-            /* gone from the server: guesses about it are wrong too */
-            kva_index_del(kcf->sh->index, ev->hashes, ev->nhashes, slot,
-                          KVA_BITS_ALL);
-            break;
-
-        case KVA_EV_CLEARED:
-            kva_index_drop_slots(kcf->sh->index, bit, KVA_BITS_ALL);
-            break;
-        }
-
-        hashes += ev->nhashes;
+        hashes += b->events[i].nhashes;
     }
-
-    ngx_shmtx_unlock(&kcf->shpool->mutex);
 
     (void) ngx_atomic_fetch_add(&sl->ev_messages, 1);
     (void) ngx_atomic_fetch_add(&sl->ev_hashes, hashes);
@@ -309,11 +307,59 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
 }
 
 
+/*
+ * Stored and removed hashes from events[first] on, under the zone lock a
+ * chunk at a time: a message as large as max_hashes allows still keeps
+ * routing waiting for no more than one chunk.
+ */
+static void
+ngx_http_kv_aware_apply_hashes(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot, kva_batch_t *b, size_t first)
+{
+    size_t        i, off, n, held;
+    kva_ev_t     *ev;
+    kva_clock_t   clk;
+
+    ngx_http_kv_aware_clock(kcf, &clk);
+
+    held = 0;
+
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+
+    for (i = first; i < b->nevents; i++) {
+        ev = &b->events[i];
+
+        for (off = 0; off < ev->nhashes; off += n) {
+            if (held >= NGX_HTTP_KV_AWARE_HASH_CHUNK) {
+                ngx_shmtx_unlock(&kcf->shpool->mutex);
+                held = 0;
+                ngx_shmtx_lock(&kcf->shpool->mutex);
+            }
+
+            n = ngx_min(ev->nhashes - off,
+                        NGX_HTTP_KV_AWARE_HASH_CHUNK - held);
+            held += n;
+
+            if (ev->type == KVA_EV_STORED) {
+                kva_index_add(kcf->sh->index, ev->hashes + off, n, slot,
+                              KVA_BIT_EVENT, &clk);
+
+            } else if (ev->type == KVA_EV_REMOVED) {
+                /* gone from the server: guesses about it are wrong too */
+                kva_index_del(kcf->sh->index, ev->hashes + off, n, slot,
+                              KVA_BITS_ALL);
+            }
+        }
+    }
+
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
+}
+
+
 static void
 ngx_http_kv_aware_set_ev_state(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, ngx_uint_t state)
 {
-    ngx_atomic_uint_t          precise, bit;
     ngx_http_kv_aware_slot_t  *sl;
 
     sl = &kcf->sh->slots[slot];
@@ -328,18 +374,8 @@ ngx_http_kv_aware_set_ev_state(ngx_http_kv_aware_srv_conf_t *kcf,
 
     sl->ev_state = state;
 
-    bit = (ngx_atomic_uint_t) 1 << slot;
-    precise = kcf->sh->precise;
-
-    if (state == NGX_HTTP_KV_AWARE_EV_FRESH) {
-        precise |= bit;
-
-    } else {
-        precise &= ~bit;
-    }
-
-    /* only this worker writes the mask; readers see either value */
-    kcf->sh->precise = precise;
+    ngx_http_kv_aware_set_precise(kcf->sh, 1ULL << slot,
+                                  state == NGX_HTTP_KV_AWARE_EV_FRESH);
 }
 
 

@@ -221,6 +221,10 @@ const char *ngx_http_kv_aware_fallback_name(
     ngx_http_kv_aware_fallback_e fallback);
 void ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf,
     kva_clock_t *clk);
+void ngx_http_kv_aware_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
+    uint64_t mask, unsigned srcs);
+void ngx_http_kv_aware_set_precise(ngx_http_kv_aware_shctx_t *sh,
+    uint64_t mask, ngx_uint_t on);
 ngx_uint_t ngx_http_kv_aware_slot_by_name(ngx_http_kv_aware_shctx_t *sh,
     u_char *name, size_t len);
 

@@ -74,8 +74,10 @@ ngx_http_kv_aware_status_handler(ngx_http_request_t *r)
                                               ngx_http_kv_aware_module);
 
         if (kcf->shm_zone) {
-            size += NGX_HTTP_KV_AWARE_STATUS_UPSTREAM
-                    + 2 * uscfp[i]->host.len
+            /* escaped, a byte can take six: \u00XX */
+            size += NGX_HTTP_KV_AWARE_STATUS_UPSTREAM + uscfp[i]->host.len
+                    + ngx_escape_json(NULL, uscfp[i]->host.data,
+                                      uscfp[i]->host.len)
                     + kcf->peer_names->nelts
                       * NGX_HTTP_KV_AWARE_STATUS_SERVER;
         }
@@ -136,6 +138,7 @@ static u_char *
 ngx_http_kv_aware_status_upstream(u_char *p,
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_str_t *name)
 {
+    uint32_t                     from;
     ngx_str_t                   *names;
     ngx_uint_t                   i, s, state;
     kva_clock_t                  clk;
@@ -149,10 +152,26 @@ ngx_http_kv_aware_status_upstream(u_char *p,
 
     ngx_http_kv_aware_clock(kcf, &clk);
 
-    /* a whole-index scan: fine for a status page, never on requests */
-    ngx_shmtx_lock(&kcf->shpool->mutex);
-    kva_index_count(ix, &clk, counts);
-    ngx_shmtx_unlock(&kcf->shpool->mutex);
+    /*
+     * A whole-index scan, a chunk per hold of the lock: however often the
+     * page is asked for, routing waits for one chunk at most.
+     */
+    ngx_memzero(counts, sizeof(counts));
+    from = 0;
+
+    for ( ;; ) {
+        ngx_shmtx_lock(&kcf->shpool->mutex);
+
+        if (from >= ix->high_water) {
+            ngx_shmtx_unlock(&kcf->shpool->mutex);
+            break;
+        }
+
+        from = kva_index_count_range(ix, &clk, from, from + KVA_SCAN_CHUNK,
+                                     counts);
+
+        ngx_shmtx_unlock(&kcf->shpool->mutex);
+    }
 
     *p++ = '"';
     p = (u_char *) ngx_escape_json(p, name->data, name->len);

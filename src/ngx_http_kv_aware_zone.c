@@ -9,11 +9,16 @@
 
 #include "ngx_http_kv_aware_module.h"
 
+#if (NGX_LINUX)
+#include <sys/random.h>
+#endif
+
 
 static ngx_int_t ngx_http_kv_aware_create_sh(ngx_shm_zone_t *shm_zone,
     ngx_http_kv_aware_srv_conf_t *kcf);
 static ngx_int_t ngx_http_kv_aware_assign_slots(
     ngx_http_kv_aware_srv_conf_t *kcf);
+static uint64_t ngx_http_kv_aware_secret(void);
 
 
 ngx_int_t
@@ -45,9 +50,20 @@ ngx_http_kv_aware_init_zone(ngx_shm_zone_t *shm_zone, void *data)
                           "changed, index reset", &kcf->upstream);
         }
 
-        (void) kva_index_init(kcf->sh->index, kcf->sh->index_size);
+        /*
+         * Workers of the old cycle still route under the lock: a reset
+         * under their feet could leave them linking an entry into the
+         * fresh index, and a cycle in a chain.
+         */
+        ngx_shmtx_lock(&kcf->shpool->mutex);
+
+        (void) kva_index_init(kcf->sh->index, kcf->sh->index_size,
+                              ngx_http_kv_aware_secret());
         ngx_memzero(kcf->sh->slots, sizeof(kcf->sh->slots));
+        kcf->sh->precise = 0;
         kcf->sh->block_size = kcf->block_size;
+
+        ngx_shmtx_unlock(&kcf->shpool->mutex);
     }
 
     /*
@@ -113,7 +129,8 @@ ngx_http_kv_aware_create_sh(ngx_shm_zone_t *shm_zone,
         return NGX_ERROR;
     }
 
-    kcf->sh->index = kva_index_init(region, size);
+    kcf->sh->index = kva_index_init(region, size,
+                                    ngx_http_kv_aware_secret());
     if (kcf->sh->index == NULL) {
         return NGX_ERROR;
     }
@@ -183,9 +200,9 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
     }
 
     if (stale) {
-        ngx_shmtx_lock(&kcf->shpool->mutex);
-        kva_index_drop_slots(kcf->sh->index, stale, KVA_BITS_ALL);
-        ngx_shmtx_unlock(&kcf->shpool->mutex);
+        /* a newcomer in the slot has published nothing: not precise */
+        ngx_http_kv_aware_set_precise(kcf->sh, stale, 0);
+        ngx_http_kv_aware_drop_slots(kcf, stale, KVA_BITS_ALL);
     }
 
     /* newcomers take free slots; init_upstream allowed at most 64 */
@@ -203,6 +220,85 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * Forgets what srcs say about the slots in mask, a chunk of the index at a
+ * time under the lock: routing waits for one chunk at most, whatever the
+ * index size.  Entries added meanwhile are newer knowledge, which a clear
+ * must not take back anyway.
+ */
+void
+ngx_http_kv_aware_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
+    uint64_t mask, unsigned srcs)
+{
+    uint32_t      from;
+    kva_index_t  *ix;
+
+    ix = kcf->sh->index;
+    from = 0;
+
+    for ( ;; ) {
+        ngx_shmtx_lock(&kcf->shpool->mutex);
+
+        if (from >= ix->high_water) {
+            ngx_shmtx_unlock(&kcf->shpool->mutex);
+            return;
+        }
+
+        from = kva_index_drop_range(ix, mask, srcs, from,
+                                    from + KVA_SCAN_CHUNK);
+
+        ngx_shmtx_unlock(&kcf->shpool->mutex);
+    }
+}
+
+
+/*
+ * Sets (on) or clears the bits of mask in the mask of precise slots.
+ * Two subscribers may overlap while a reload hands over, and the master
+ * writes it on reload: a plain read-modify-write could lose an update.
+ */
+void
+ngx_http_kv_aware_set_precise(ngx_http_kv_aware_shctx_t *sh, uint64_t mask,
+    ngx_uint_t on)
+{
+    ngx_atomic_uint_t  old, new;
+
+    do {
+        old = sh->precise;
+        new = on ? (old | (ngx_atomic_uint_t) mask)
+                 : (old & ~(ngx_atomic_uint_t) mask);
+
+        if (new == old) {
+            return;
+        }
+
+    } while (!ngx_atomic_cmp_set(&sh->precise, old, new));
+}
+
+
+/* a per-index random value: what keys the bucket choice must not be known */
+static uint64_t
+ngx_http_kv_aware_secret(void)
+{
+    uint64_t  secret;
+
+#if (NGX_LINUX)
+    if (getrandom(&secret, sizeof(secret), GRND_NONBLOCK)
+        == (ssize_t) sizeof(secret))
+    {
+        return secret;
+    }
+#endif
+
+    /* not as good, still unknown to anybody outside this host */
+    secret = ((uint64_t) ngx_random() << 33) ^ ((uint64_t) ngx_random() << 11)
+             ^ (uint64_t) ngx_pid ^ ((uint64_t) ngx_time() << 20)
+             ^ (uint64_t) (uintptr_t) &secret;
+
+    return secret;
 }
 
 

@@ -49,10 +49,10 @@ main(void)
     ok((size - sizeof(kva_index_t)) / 10000 <= 48,
        "at most 48 bytes per entry, buckets included (%zu)",
        (size - sizeof(kva_index_t)) / 10000);
-    ok(kva_index_init(malloc(16), 16) == NULL, "a tiny region is refused");
+    ok(kva_index_init(malloc(16), 16, 1) == NULL, "a tiny region is refused");
 
     region = malloc(size);
-    ix = kva_index_init(region, size);
+    ix = kva_index_init(region, size, 0x9e3779b97f4a7c15ULL);
     ok(ix != NULL && kva_index_valid(ix, size), "index initialised");
 
     chain(a, 64, 1);
@@ -123,7 +123,7 @@ main(void)
     cap = 1000;
     size = kva_index_region_size(cap);
     region = malloc(size);
-    ix = kva_index_init(region, size);
+    ix = kva_index_init(region, size, 0x9e3779b97f4a7c15ULL);
     clk.now = 1;
     clk.ttl_learned = 1u << 30;
 
@@ -178,7 +178,7 @@ main(void)
     free(region);
     size = kva_index_region_size(40000);
     region = malloc(size);
-    ix = kva_index_init(region, size);
+    ix = kva_index_init(region, size, 0x9e3779b97f4a7c15ULL);
     chain(c, 40000, 9);
     kva_index_add(ix, c, 40000, 0, KVA_BIT_LEARNED, &clk);
     kva_index_match(ix, c, 40000, 1, &clk, depth);
