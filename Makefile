@@ -4,6 +4,7 @@
 #   make module  build/ngx_http_kv_aware_module.so against Debian's nginx
 #   make test    unit tests of the core, then the nginx integration tests
 #   make demo    nginx + the module in front of kvsim servers, narrated
+#   make soak    ten minutes of faults around nginx under load
 #   make bench   routing cost in process, then through nginx with wrk
 #   make bench-events, make bench-e2e   the event path; all policies on kvsim
 
@@ -31,7 +32,7 @@ PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
               gnuplot-nox perl curl python3 procps
 
 .PHONY: all deps module unit tools test demo bench bench-events bench-e2e \
-        clean
+        soak clean
 
 all: module
 
@@ -76,6 +77,13 @@ tools: $(TOOLS)
 # prove runs the unit test binaries (TAP) and the Perl tests in one go
 test: deps module unit tools
 	prove -I t/lib $(UNIT_TESTS) -r t/
+
+# the fault soak for ten minutes (make test runs two): reloads, Redis and a
+# server killed, a hostile publisher, while kvload runs through nginx
+SOAK_SECONDS ?= 600
+
+soak: deps module tools
+	KVA_SOAK_SECONDS=$(SOAK_SECONDS) prove -v -I t/lib t/95-soak.t
 
 demo: deps module tools
 	perl tools/demo.pl

@@ -593,6 +593,8 @@ kvl_on_done(kvl_http_req_t *hr)
     {
         st->errors++;
         st->timeouts += (hr->error == KVL_HTTP_ETIMEOUT);
+        st->http_5xx += (hr->status >= 500);
+        st->cut += (hr->status == 200);
 
         if (ctx.errlog++ < KVL_MAX_ERRLOG) {
             fprintf(stderr, "kvload: request failed: %s, HTTP %d%s\n",
@@ -747,7 +749,8 @@ kvl_results(void)
         st = &ctx.stages[i];
         kvl_stage_summarize(st, ctx.scale, &s);
 
-        o = json_pack("{s:s, s:s, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:f,"
+        o = json_pack("{s:s, s:s, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I,"
+                      " s:I, s:f,"
                       " s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:I, s:I,"
                       " s:f, s:f, s:I, s:{}}",
                       "label", ctx.label, "workload", ctx.workload,
@@ -756,6 +759,8 @@ kvl_results(void)
                       "completed", (json_int_t) st->completed,
                       "errors", (json_int_t) st->errors,
                       "timeouts", (json_int_t) st->timeouts,
+                      "http_5xx", (json_int_t) st->http_5xx,
+                      "cut", (json_int_t) st->cut,
                       "dropped", (json_int_t) st->dropped,
                       "achieved_qps", s.achieved_qps,
                       "ttft_p50", s.ttft_p50, "ttft_p90", s.ttft_p90,

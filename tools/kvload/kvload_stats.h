@@ -37,6 +37,8 @@ typedef struct {
     uint64_t        completed;
     uint64_t        errors;             /* non-200, resets, timeouts */
     uint64_t        timeouts;
+    uint64_t        http_5xx;           /* the proxy or a server said no */
+    uint64_t        cut;                /* 200, then the stream broke */
     uint64_t        dropped;            /* over the in-flight cap */
     uint64_t        inflight;
 
