@@ -155,7 +155,7 @@ bench(const char *name, size_t size, int type)
     memset(&body, 0, sizeof(body));
     gen_body(&body, size, type);
 
-    out_cap = body.len + 64;
+    out_cap = body.len + KVA_PROMPT_OUT_SLACK;
     out = malloc(out_cap);
 
     if (out == NULL) {

@@ -79,7 +79,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
     double            *t, t0, med, p99;
     uint8_t           *out;
     uint32_t           depth[KVA_MAX_SLOTS], j, *found;
-    uint64_t          *hashes, s, seed, filler[1024], mask;
+    uint64_t          *hashes, s, filler[1024], mask;
     unsigned           k;
     kva_why_e          why;
     kva_clock_t        clk = { 100, 1u << 30, 100, 0 };
@@ -89,9 +89,11 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
     kva_score_conf_t   conf = { 2.0, 32, 1.5 };
 
     body = make_body(tokens, escapes, &len);
-    out = malloc(len + 64);
-    hashes = malloc((len / BLOCK_SIZE + 1) * sizeof(uint64_t));
-    found = malloc((len / BLOCK_SIZE + 1) * sizeof(uint32_t));
+    out = malloc(len + KVA_PROMPT_OUT_SLACK);
+    hashes = malloc((kva_hash_body_max(len, BLOCK_SIZE) + 1)
+                    * sizeof(uint64_t));
+    found = malloc((kva_hash_body_max(len, BLOCK_SIZE) + 1)
+                   * sizeof(uint32_t));
 
     size = kva_index_region_size(entries + entries / 4 + 4096);
     region = malloc(size);
@@ -132,16 +134,13 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
     for (i = 0; i < iters + 10; i++) {
         t0 = (bench_now_ns() / 1e3);
 
-        if (kva_prompt_extract((uint8_t *) body, len, out, len + 64, &p)
+        if (kva_hash_body((uint8_t *) body, len, BLOCK_SIZE, out, hashes, &n,
+                          &p)
             != KVA_PROMPT_OK)
         {
             fprintf(stderr, "body rejected\n");
             exit(1);
         }
-
-        seed = kva_hash_seed(KVA_KEYSPACE_TEXT, p.model, p.model_len);
-        n = kva_hash_blocks(seed, out, p.out_len, BLOCK_SIZE, hashes,
-                            len / BLOCK_SIZE + 1);
 
         kva_index_match_found(ix, hashes, n, mask, &clk, depth, found);
 

@@ -48,3 +48,28 @@ kva_hash_blocks(uint64_t seed, const uint8_t *data, size_t len,
 
     return n;
 }
+
+
+kva_prompt_rc_e
+kva_hash_body(const uint8_t *body, size_t body_len, size_t block_size,
+    uint8_t *scratch, uint64_t *hashes, size_t *nblocks, kva_prompt_t *p)
+{
+    uint64_t         seed;
+    kva_prompt_rc_e  rc;
+
+    *nblocks = 0;
+
+    rc = kva_prompt_extract(body, body_len, scratch,
+                            body_len + KVA_PROMPT_OUT_SLACK, p);
+
+    if (rc != KVA_PROMPT_OK || hashes == NULL) {
+        return rc;
+    }
+
+    seed = kva_hash_seed(KVA_KEYSPACE_TEXT, p->model, p->model_len);
+
+    *nblocks = kva_hash_blocks(seed, p->out, p->out_len, block_size, hashes,
+                               kva_hash_body_max(body_len, block_size));
+
+    return KVA_PROMPT_OK;
+}

@@ -15,6 +15,12 @@
 #define KVA_PROMPT_MODEL_MAX   256      /* longer model names: first bytes */
 #define KVA_PROMPT_MAX_DEPTH   64       /* nesting deeper than this: error */
 
+/*
+ * The canonical form of a text prompt is never longer than the body plus
+ * this (the separators the framing adds to what the JSON quoting removed).
+ */
+#define KVA_PROMPT_OUT_SLACK   64
+
 /* separators in the canonical form; never produced by the framing itself */
 #define KVA_SEP_ROLE           0x1f     /* after a message role */
 #define KVA_SEP_MESSAGE        0x1e     /* after a message, a prompt string */
@@ -55,7 +61,7 @@ typedef struct {
  * Validates the whole body as JSON (RFC 8259, UTF-8) and writes the canonical
  * prompt into out[0 .. out_cap).  When out fills up, the rest is validated
  * but not written and p->truncated is set: a prefix is all routing needs.
- * out_cap of len + 64 never truncates text prompts.  out may be NULL when
+ * out_cap of len + KVA_PROMPT_OUT_SLACK never truncates text prompts.  out may be NULL when
  * out_cap is 0: validation only.
  *
  * Canonical form, strings decoded:

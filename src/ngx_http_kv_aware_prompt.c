@@ -12,9 +12,6 @@
 #include "kva_prompt.h"
 
 
-/* the scanner's canonical form is never longer than the body plus this */
-#define NGX_HTTP_KV_AWARE_OUT_SLACK  64
-
 
 static off_t ngx_http_kv_aware_body_size(ngx_chain_t *bufs,
     ngx_buf_t **only);
@@ -48,9 +45,8 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx)
 {
     off_t                      len;
-    size_t                     max_blocks;
+    size_t                     max_blocks, nblocks;
     u_char                    *body, *out;
-    uint64_t                   seed;
     ngx_buf_t                 *b;
     kva_prompt_t               prompt;
     kva_prompt_rc_e            rc;
@@ -94,14 +90,26 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
         }
     }
 
-    out = ngx_pnalloc(r->pool, len + NGX_HTTP_KV_AWARE_OUT_SLACK);
-    if (out == NULL) {
+    max_blocks = kva_hash_body_max((size_t) len, kcf->block_size);
+
+    out = ngx_pnalloc(r->pool, len + KVA_PROMPT_OUT_SLACK);
+
+    if (max_blocks) {
+        ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
+        ctx->found = ngx_palloc(r->pool, max_blocks * sizeof(uint32_t));
+    }
+
+    if (out == NULL
+        || (max_blocks && (ctx->hashes == NULL || ctx->found == NULL)))
+    {
         ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
         return NGX_DECLINED;
     }
 
-    rc = kva_prompt_extract(body, len, out, len + NGX_HTTP_KV_AWARE_OUT_SLACK,
-                            &prompt);
+    rc = kva_hash_body(body, len, kcf->block_size, out, ctx->hashes,
+                       &nblocks, &prompt);
+
+    ngx_pfree(r->pool, out);
 
     if (b == NULL || body != b->pos) {
         ngx_pfree(r->pool, body);
@@ -138,31 +146,10 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "kv_aware: routing by load, request body: %s",
                       kva_prompt_strerror(rc));
-        ngx_pfree(r->pool, out);
         return NGX_DECLINED;
     }
 
-    max_blocks = prompt.out_len / kcf->block_size;
-
-    if (max_blocks) {
-        ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
-        ctx->found = ngx_palloc(r->pool, max_blocks * sizeof(uint32_t));
-
-        if (ctx->hashes == NULL || ctx->found == NULL) {
-            ngx_pfree(r->pool, out);
-            ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
-            return NGX_DECLINED;
-        }
-
-        seed = kva_hash_seed(KVA_KEYSPACE_TEXT, prompt.model,
-                             prompt.model_len);
-
-        ctx->nblocks = (uint32_t) kva_hash_blocks(seed, out, prompt.out_len,
-                                                  kcf->block_size,
-                                                  ctx->hashes, max_blocks);
-    }
-
-    ngx_pfree(r->pool, out);
+    ctx->nblocks = (uint32_t) nblocks;
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "kv_aware: prompt of %uz bytes, %uD blocks%s",

@@ -27,7 +27,7 @@ $(BUILD)/kvsim: $(KVSIM_SRCS) $(KVSIM_HDRS) $(KVSIM_CORE) \
 
 # the pure model only: no libevent, no Redis
 $(KVSIM_TESTS): $(BUILD)/unit/%: t/unit/%.c $(KVSIM_MODEL) $(KVSIM_HDRS) \
-                src/kva_hash.c src/kva_hash.h
+                src/kva_hash.c src/kva_hash.h src/kva_prompt.c
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) $(KVSIM_CFLAGS) -Itools/kvsim -o $@ $< \
-	    $(KVSIM_MODEL) src/kva_hash.c -lxxhash
+	    $(KVSIM_MODEL) src/kva_hash.c src/kva_prompt.c -lxxhash

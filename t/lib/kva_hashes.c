@@ -24,7 +24,7 @@ main(int argc, char **argv)
 {
     size_t            len, cap, n, i, bs, max;
     uint8_t          *body, *out;
-    uint64_t         *hashes, seed;
+    uint64_t         *hashes;
     kva_prompt_t      p;
     kva_prompt_rc_e   rc;
 
@@ -57,26 +57,20 @@ main(int argc, char **argv)
         return 1;
     }
 
-    out = malloc(len + 64);
-    if (out == NULL) {
+    max = kva_hash_body_max(len, bs);
+    out = malloc(len + KVA_PROMPT_OUT_SLACK);
+    hashes = malloc((max + 1) * sizeof(uint64_t));
+
+    if (out == NULL || hashes == NULL) {
         return 1;
     }
 
-    rc = kva_prompt_extract(body, len, out, len + 64, &p);
+    rc = kva_hash_body(body, len, bs, out, hashes, &n, &p);
 
     if (rc != KVA_PROMPT_OK) {
         fprintf(stderr, "kva_hashes: %s\n", kva_prompt_strerror(rc));
         return 2;
     }
-
-    max = p.out_len / bs + 1;
-    hashes = malloc(max * sizeof(uint64_t));
-    if (hashes == NULL) {
-        return 1;
-    }
-
-    seed = kva_hash_seed(KVA_KEYSPACE_TEXT, p.model, p.model_len);
-    n = kva_hash_blocks(seed, p.out, p.out_len, bs, hashes, max);
 
     for (i = 0; i < n; i++) {
         printf("%016" PRIx64 "\n", hashes[i]);

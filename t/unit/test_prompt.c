@@ -54,7 +54,7 @@ expect_ok(const char *name, const uint8_t *body, size_t len,
 
     memset(&out, 0, sizeof(out));
 
-    good = (run(body, len, len + 64, &p, &rc, &out) == 0)
+    good = (run(body, len, len + KVA_PROMPT_OUT_SLACK, &p, &rc, &out) == 0)
            && rc == KVA_PROMPT_OK && p.kind == kind && !p.truncated
            && p.out == out.p && p.out_len == want_len
            && memcmp(out.p, want, want_len) == 0;
@@ -85,7 +85,8 @@ expect_rc(const char *name, const uint8_t *body, size_t len,
 
     memset(&out, 0, sizeof(out));
 
-    good = (run(body, len, len + 64, &p, &rc, &out) == 0) && rc == want
+    good = (run(body, len, len + KVA_PROMPT_OUT_SLACK, &p, &rc, &out) == 0)
+           && rc == want
            && (rc == KVA_PROMPT_OK || p.out_len == 0);
 
     /* validation alone must agree */

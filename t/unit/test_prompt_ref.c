@@ -384,7 +384,7 @@ check_body(group_t *g, unsigned i, const buf_t *body, buf_t *scratch)
     memset(&p, 0, sizeof(p));
 
     g->total++;
-    cap = body->len + 64;
+    cap = body->len + KVA_PROMPT_OUT_SLACK;
 
     ref_run(body->p, body->len, &ref);
 
@@ -459,7 +459,8 @@ check_prefix(group_t *g, unsigned i, const buf_t *body, buf_t *scratch)
 
     memset(&full, 0, sizeof(full));
 
-    if (run(body->p, body->len, body->len + 64, &p, &rc, &full) != 0
+    if (run(body->p, body->len, body->len + KVA_PROMPT_OUT_SLACK, &p, &rc,
+            &full) != 0
         || rc != KVA_PROMPT_OK || p.out_len == 0)
     {
         free(full.p);

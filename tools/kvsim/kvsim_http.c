@@ -408,7 +408,7 @@ kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
     size_t            len, nh, bs, mlen;
     uint8_t          *body, *out;
     const uint8_t    *model;
-    uint64_t          seed;
+    uint64_t         *hashes;
     kvs_req_t        *r;
     kvs_seq_t        *seq;
     kva_prompt_t      p;
@@ -419,18 +419,27 @@ kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
     in = evhttp_request_get_input_buffer(req);
     len = evbuffer_get_length(in);
     body = evbuffer_pullup(in, -1);
-    out = malloc(len + 64);
 
-    if ((body == NULL && len) || out == NULL) {
+    bs = 4 * (size_t) srv->sim->conf.block_tokens;
+    nh = kva_hash_body_max(len, bs);
+
+    out = malloc(len + KVA_PROMPT_OUT_SLACK);
+    hashes = malloc((nh + 1) * sizeof(uint64_t));
+
+    if ((body == NULL && len) || out == NULL || hashes == NULL) {
         free(out);
+        free(hashes);
         kvs_error(srv, req, 503, "out of memory");
         return;
     }
 
-    prc = kva_prompt_extract(body, len, out, len + 64, &p);
+    /* the module's own definition, so that our events match its lookups */
+    prc = kva_hash_body(body, len, bs, out, hashes, &nh, &p);
+
+    free(out);
 
     if (prc != KVA_PROMPT_OK) {
-        free(out);
+        free(hashes);
         snprintf(msg, sizeof(msg), "invalid request body: %s",
                  kva_prompt_strerror(prc));
         kvs_error(srv, req, 400, msg);
@@ -442,11 +451,8 @@ kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
     kvs_scan_options((char *) body, (char *) body + len, &stream,
                      &max_tokens);
 
-    bs = 4 * (size_t) srv->sim->conf.block_tokens;
-    nh = p.out_len / bs;
-
     if (max_tokens < 1 || max_tokens > KVS_MAX_TOKENS) {
-        free(out);
+        free(hashes);
         kvs_error(srv, req, 400, "max_tokens out of range");
         return;
     }
@@ -460,15 +466,10 @@ kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
         mlen = p.model_len;
     }
 
-    seed = kva_hash_seed(KVA_KEYSPACE_TEXT, p.model, p.model_len);
-    seq = kvs_seq_new((p.out_len + 3) / 4, max_tokens, NULL, nh);
+    seq = kvs_seq_new((p.out_len + 3) / 4, max_tokens, hashes, nh);
     r = malloc(sizeof(kvs_req_t) + 6 * mlen + 1);
 
-    if (seq) {
-        kva_hash_blocks(seed, out, p.out_len, bs, seq->hashes, nh);
-    }
-
-    free(out);
+    free(hashes);
 
     if (seq == NULL || r == NULL) {
         free(r);
