@@ -58,6 +58,8 @@ static ngx_uint_t ngx_http_kv_aware_over_budget(
 static void ngx_http_kv_aware_degrade(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot);
 static void ngx_http_kv_aware_handover_handler(ngx_event_t *ev);
+static ngx_uint_t ngx_http_kv_aware_applier(
+    ngx_http_kv_aware_srv_conf_t *kcf);
 
 
 static const char  *ngx_http_kv_aware_reject_names[] = {
@@ -107,6 +109,10 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_events_conf_t  *ecf;
 
     ecf = kcf->events;
+
+    if (!ngx_http_kv_aware_applier(kcf)) {
+        return;
+    }
 
     /* a flood is cut off before it costs a parse */
     if (ngx_current_msec - ecf->rate_start >= 1000) {
@@ -168,17 +174,16 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
 
     sl = &kcf->sh->slots[slot];
 
+    sl = &kcf->sh->slots[slot];
+
     /*
-     * While a reload hands the subscription over, the old and the new
-     * subscriber both get what is published: what one applied, the other
-     * must not take for a gap.
+     * Once the old subscriber has let go, the new one may still get a
+     * message that the old one applied: a repeat, not a gap.
      */
-    if (sl->ev_has_seq && b.seq <= sl->ev_seq
+    if (ecf->took_over && sl->ev_has_seq && b.seq <= sl->ev_seq
         && sl->ev_seq_gen != kcf->generation
-        && (ngx_exiting
-            || (ecf->took_over
-                && ngx_current_msec - ecf->took_over
-                   < NGX_HTTP_KV_AWARE_HANDOVER + ecf->connect_timeout)))
+        && ngx_current_msec - ecf->took_over
+           < ecf->connect_timeout + 2 * NGX_HTTP_KV_AWARE_HANDOVER)
     {
         kva_batch_free(&b);
         return;
@@ -553,7 +558,8 @@ ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
 /*
  * Redis is back and subscribed: what we knew may have gaps, unless the
  * subscriber of the cycle before is still subscribed (a reload): then
- * nothing was missed, and it lets go now that we are here.
+ * nothing was missed, it goes on applying until it lets go, and we take
+ * over from there.
  */
 void
 ngx_http_kv_aware_events_subscribed(ngx_http_kv_aware_srv_conf_t *kcf)
@@ -568,16 +574,16 @@ ngx_http_kv_aware_events_subscribed(ngx_http_kv_aware_srv_conf_t *kcf)
         sh->sub_gen = kcf->generation;
     }
 
-    sh->sub_live = kcf->generation;
-
     if (live && live < kcf->generation && kcf->events->took_over == 0) {
         kcf->events->took_over = ngx_current_msec;
 
         ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
-                      "kv_aware: upstream \"%V\" took the subscription "
+                      "kv_aware: upstream \"%V\" takes the subscription "
                       "over from the previous configuration", &kcf->upstream);
         return;
     }
+
+    sh->sub_live = kcf->generation;
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
         if (kcf->sh->slots[s].name_len && kcf->sh->slots[s].ev_has_seq) {
@@ -657,6 +663,42 @@ ngx_http_kv_aware_tick(ngx_event_t *ev)
 
 
 /*
+ * Whether this subscriber applies what it gets.  On a reload the old
+ * cycle's subscriber goes on applying until it lets go (or dies: the
+ * new one waits a bounded time), so that each message is applied once
+ * and in order; the new one then takes over.
+ */
+static ngx_uint_t
+ngx_http_kv_aware_applier(ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    ngx_uint_t                        live;
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ecf = kcf->events;
+    live = kcf->sh->sub_live;
+
+    if (live == kcf->generation) {
+        return 1;
+    }
+
+    if (kcf->generation < kcf->sh->sub_gen) {
+        return 0;       /* an old subscriber past its handover */
+    }
+
+    if (live && live < kcf->generation && ecf->took_over
+        && ngx_current_msec - ecf->took_over
+           < ecf->connect_timeout + NGX_HTTP_KV_AWARE_HANDOVER)
+    {
+        return 0;       /* the old one still applies */
+    }
+
+    (void) ngx_atomic_cmp_set(&kcf->sh->sub_live, live, kcf->generation);
+
+    return kcf->sh->sub_live == kcf->generation;
+}
+
+
+/*
  * The worker is exiting (a reload or a quit).  On a reload, the old
  * subscription stays until the new cycle's subscriber is in, so that no
  * event published meanwhile is lost; NGX_DECLINED: let go now.
@@ -674,7 +716,6 @@ ngx_http_kv_aware_events_handover(ngx_http_kv_aware_srv_conf_t *kcf)
 
     if (ecf->handover_start
         || kcf->sh->generation == kcf->generation    /* a quit */
-        || kcf->sh->sub_gen > kcf->generation
         || kcf->sh->sub_live != kcf->generation)
     {
         return NGX_DECLINED;
@@ -700,19 +741,15 @@ ngx_http_kv_aware_handover_handler(ngx_event_t *ev)
      * Once the new subscriber is in, one more tick lets what Redis sent
      * us before it subscribed come in; then the old one lets go.
      */
-    if (kcf->sh->sub_gen > kcf->generation) {
-        if (!ecf->handover_last) {
-            ecf->handover_last = 1;
+    if (kcf->sh->sub_live == kcf->generation
+        && ngx_current_msec - ecf->handover_start
+           < ecf->connect_timeout + NGX_HTTP_KV_AWARE_HANDOVER)
+    {
+        if (kcf->sh->sub_gen <= kcf->generation || !ecf->handover_last) {
+            ecf->handover_last = (kcf->sh->sub_gen > kcf->generation);
             ngx_add_timer(ev, NGX_HTTP_KV_AWARE_HANDOVER_TICK);
             return;
         }
-
-    } else if (kcf->sh->sub_live == kcf->generation
-               && ngx_current_msec - ecf->handover_start
-                  < ecf->connect_timeout + NGX_HTTP_KV_AWARE_HANDOVER)
-    {
-        ngx_add_timer(ev, NGX_HTTP_KV_AWARE_HANDOVER_TICK);
-        return;
     }
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ev->log, 0,

@@ -108,7 +108,7 @@ typedef struct {
     size_t                          block_size;   /* hashes depend on it */
     ngx_uint_t                      generation;   /* bumped on each reload */
     ngx_atomic_t                    sub_gen;      /* newest subscriber's */
-    ngx_atomic_t                    sub_live;     /* its subscription is up */
+    ngx_atomic_t                    sub_live;     /* the one that applies */
     ngx_atomic_t                    requests;
     ngx_atomic_t                    fallbacks;
 
