@@ -174,8 +174,6 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
 
     sl = &kcf->sh->slots[slot];
 
-    sl = &kcf->sh->slots[slot];
-
     /*
      * Once the old subscriber has let go, the new one may still get a
      * message that the old one applied: a repeat, not a gap.
