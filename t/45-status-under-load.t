@@ -80,7 +80,7 @@ waitpid($kid, 0);
 
 is(scalar @load, 40, '40 requests routed to b2 while status is polled');
 my ($b50, $l50, $lmax) = map { $_ * 1000 } $base[20], $load[20], $load[-1];
-diag(sprintf 'one status page %.1f ms; requests: median %.1f ms alone, '
+note(sprintf 'one status page %.1f ms; requests: median %.1f ms alone, '
      . '%.1f ms (max %.1f) under status', $status_ms, $b50, $l50, $lmax);
 cmp_ok($l50, '<', $b50 + 25, 'the median request is not delayed');
 cmp_ok($lmax, '<', 250, 'nor is the slowest');
