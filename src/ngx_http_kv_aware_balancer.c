@@ -37,6 +37,8 @@ static void ngx_http_kv_aware_free_peer(ngx_peer_connection_t *pc,
     void *data, ngx_uint_t state);
 static ngx_uint_t ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     ngx_http_kv_aware_pick_t *picks, ngx_uint_t n, ngx_log_t *log);
+static ngx_int_t ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
+    ngx_http_kv_aware_peer_data_t *kp);
 
 
 ngx_int_t
@@ -69,6 +71,7 @@ ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
     }
 
     kcf->nprimary = peers->number;
+    kcf->npeers = n;
 
     kcf->peer_names = ngx_array_create(cf->pool, n, sizeof(ngx_str_t));
     if (kcf->peer_names == NULL) {
@@ -183,6 +186,12 @@ ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc, void *data)
 
     ngx_http_upstream_rr_peers_wlock(peers);
 
+    if (base + peers->number > kp->kcf->npeers) {
+        /* peers added at run time ("server ... resolve") have no slot */
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return ngx_http_kv_aware_round_robin(pc, kp);
+    }
+
     n = 0;
 
     for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
@@ -280,6 +289,34 @@ failed:
     pc->name = peers->name;
 
     return NGX_BUSY;
+}
+
+
+/*
+ * The peer list holds more servers than slot_of has entries for: round
+ * robin's own choice, so that nothing is read past the table.  Full
+ * support of servers that come and go at run time is still to come.
+ */
+static ngx_int_t
+ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
+    ngx_http_kv_aware_peer_data_t *kp)
+{
+    ngx_http_kv_aware_srv_conf_t  *kcf;
+
+    kcf = kp->kcf;
+
+    if (ngx_current_msec - kcf->logged_peer >= 60000
+        || kcf->logged_peer == 0)
+    {
+        kcf->logged_peer = ngx_current_msec;
+
+        ngx_log_error(NGX_LOG_WARN, pc->log, 0,
+                      "kv_aware: upstream \"%V\" has more servers than "
+                      "at configuration time, routing by round-robin",
+                      &kcf->upstream);
+    }
+
+    return ngx_http_upstream_get_round_robin_peer(pc, &kp->rrp);
 }
 
 

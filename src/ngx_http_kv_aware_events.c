@@ -31,6 +31,14 @@
  */
 #define NGX_HTTP_KV_AWARE_HASH_CHUNK    2048
 
+/*
+ * A reload hands the subscription over: the old cycle's subscriber stays
+ * until the new one has subscribed (at most connect_timeout plus this),
+ * and for this long both may see a message the other applied.
+ */
+#define NGX_HTTP_KV_AWARE_HANDOVER      1000
+#define NGX_HTTP_KV_AWARE_HANDOVER_TICK 50
+
 
 static void ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, kva_batch_t *b);
@@ -44,6 +52,14 @@ static ngx_uint_t ngx_http_kv_aware_scans(kva_batch_t *b, size_t *first);
 static void ngx_http_kv_aware_apply_hashes(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, kva_batch_t *b, size_t first);
 static void ngx_http_kv_aware_tick(ngx_event_t *ev);
+static ngx_uint_t ngx_http_kv_aware_over_budget(
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot, size_t len,
+    kva_batch_t *b);
+static void ngx_http_kv_aware_degrade(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot);
+static void ngx_http_kv_aware_handover_handler(ngx_event_t *ev);
+static ngx_uint_t ngx_http_kv_aware_applier(
+    ngx_http_kv_aware_srv_conf_t *kcf);
 
 
 static const char  *ngx_http_kv_aware_reject_names[] = {
@@ -52,7 +68,7 @@ static const char  *ngx_http_kv_aware_reject_names[] = {
     "unsupported version",
     "over a size limit",
     "unknown server",
-    "over max_rate"
+    "flood"
 };
 
 
@@ -69,6 +85,11 @@ ngx_http_kv_aware_events_start(ngx_cycle_t *cycle,
     ecf->tick.log = cycle->log;
     ecf->tick.cancelable = 1;
 
+    /* not cancelable: it keeps an exiting worker until the handover */
+    ecf->handover.handler = ngx_http_kv_aware_handover_handler;
+    ecf->handover.data = kcf;
+    ecf->handover.log = cycle->log;
+
     ngx_add_timer(&ecf->tick, NGX_HTTP_KV_AWARE_TICK);
 
     return ngx_http_kv_aware_redis_start(cycle, kcf);
@@ -82,28 +103,36 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
     char                              err[128];
     ngx_uint_t                        slot, scan;
     kva_batch_t                       b;
+    ngx_http_kv_aware_slot_t         *sl;
     kva_event_rc_e                    rc;
     kva_event_limits_t                lim;
     ngx_http_kv_aware_events_conf_t  *ecf;
 
     ecf = kcf->events;
 
+    if (!ngx_http_kv_aware_applier(kcf)) {
+        return;
+    }
+
     /* a flood is cut off before it costs a parse */
     if (ngx_current_msec - ecf->rate_start >= 1000) {
         ecf->rate_start = ngx_current_msec;
         ecf->rate_count = 0;
         ecf->scanned = 0;
+        ngx_memzero(ecf->srv_bytes, sizeof(ecf->srv_bytes));
+        ngx_memzero(ecf->srv_hashes, sizeof(ecf->srv_hashes));
     }
 
     if (++ecf->rate_count > ecf->max_rate) {
-        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD, NULL, 0);
+        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD,
+                                 "over max_rate",
+                                 sizeof("over max_rate") - 1);
         return;
     }
 
     lim.max_message = ecf->max_message;
     lim.max_hashes = ecf->max_hashes;
-    /* an event without hashes still costs a step: same cap as hashes */
-    lim.max_events = ecf->max_hashes;
+    lim.max_events = ecf->max_events;
 
     rc = kva_event_decode((char *) data, len, &lim, &b, err, sizeof(err));
 
@@ -143,6 +172,26 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
         return;
     }
 
+    sl = &kcf->sh->slots[slot];
+
+    /*
+     * Once the old subscriber has let go, the new one may still get a
+     * message that the old one applied: a repeat, not a gap.
+     */
+    if (ecf->took_over && sl->ev_has_seq && b.seq <= sl->ev_seq
+        && sl->ev_seq_gen != kcf->generation
+        && ngx_current_msec - ecf->took_over
+           < ecf->connect_timeout + 2 * NGX_HTTP_KV_AWARE_HANDOVER)
+    {
+        kva_batch_free(&b);
+        return;
+    }
+
+    if (ngx_http_kv_aware_over_budget(kcf, slot, len, &b)) {
+        kva_batch_free(&b);
+        return;
+    }
+
     scan = ngx_http_kv_aware_scans(&b, NULL) * kcf->sh->index->high_water;
 
     /* the first scan of a second always passes, or a big index never syncs */
@@ -155,9 +204,7 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
                                  "too many index clears a second",
                                  sizeof("too many index clears a second")
                                  - 1);
-        kcf->sh->slots[slot].ev_synced = 0;
-        ngx_http_kv_aware_set_ev_state(kcf, slot,
-                                       NGX_HTTP_KV_AWARE_EV_DEGRADED);
+        ngx_http_kv_aware_degrade(kcf, slot);
         kva_batch_free(&b);
         return;
     }
@@ -167,6 +214,60 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_apply(kcf, slot, &b);
 
     kva_batch_free(&b);
+}
+
+
+/*
+ * A server's own budgets a second, in bytes and in hashes: max_rate
+ * counts messages whatever they cost, so one publisher could still take
+ * the subscribing worker and the zone lock for itself.  Past a budget
+ * the message is refused as a flood; the server has then lost events, so
+ * it is degraded until a snapshot (asked for by the tick) brings it back.
+ */
+static ngx_uint_t
+ngx_http_kv_aware_over_budget(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot, size_t len, kva_batch_t *b)
+{
+    size_t                            i, hashes;
+    const char                       *what;
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ecf = kcf->events;
+
+    hashes = 0;
+
+    for (i = 0; i < b->nevents; i++) {
+        hashes += b->events[i].nhashes;
+    }
+
+    /* refused messages count too: a flooding server stays cut off */
+    ecf->srv_bytes[slot] += len;
+    ecf->srv_hashes[slot] += hashes;
+
+    if (ecf->srv_bytes[slot] > ecf->server_bytes) {
+        what = "server_bytes";
+
+    } else if (ecf->srv_hashes[slot] > ecf->server_hashes) {
+        what = "server_hashes";
+
+    } else {
+        return 0;
+    }
+
+    ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD, what,
+                             ngx_strlen(what));
+    ngx_http_kv_aware_degrade(kcf, slot);
+
+    return 1;
+}
+
+
+/* a message of the server was dropped: its event entries are not trusted */
+static void
+ngx_http_kv_aware_degrade(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot)
+{
+    kcf->sh->slots[slot].ev_synced = 0;
+    ngx_http_kv_aware_set_ev_state(kcf, slot, NGX_HTTP_KV_AWARE_EV_DEGRADED);
 }
 
 
@@ -224,6 +325,7 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
     }
 
     sl->ev_seq = b->seq;
+    sl->ev_seq_gen = kcf->generation;
     sl->ev_has_seq = 1;
     sl->ev_heard = ngx_current_msec;
 
@@ -259,16 +361,29 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
     switch (b->snapshot) {
 
     case KVA_SNAP_FULL:
-    case KVA_SNAP_END:
         sl->ev_synced = 1;
         ngx_http_kv_aware_set_ev_state(kcf, slot, NGX_HTTP_KV_AWARE_EV_FRESH);
         return;
 
     case KVA_SNAP_BEGIN:
-    case KVA_SNAP_MORE:
         ngx_http_kv_aware_set_ev_state(kcf, slot,
                                        NGX_HTTP_KV_AWARE_EV_SYNCING);
         return;
+
+    case KVA_SNAP_MORE:
+    case KVA_SNAP_END:
+        /* a snapshot with a part missing is no snapshot */
+        if (in_sequence && sl->ev_state == NGX_HTTP_KV_AWARE_EV_SYNCING) {
+            if (b->snapshot == KVA_SNAP_END) {
+                sl->ev_synced = 1;
+                ngx_http_kv_aware_set_ev_state(kcf, slot,
+                                               NGX_HTTP_KV_AWARE_EV_FRESH);
+            }
+
+            return;
+        }
+
+        break;
 
     default:
         break;
@@ -438,11 +553,35 @@ ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
 }
 
 
-/* Redis is back and subscribed: what we knew may have gaps */
+/*
+ * Redis is back and subscribed: what we knew may have gaps, unless the
+ * subscriber of the cycle before is still subscribed (a reload): then
+ * nothing was missed, it goes on applying until it lets go, and we take
+ * over from there.
+ */
 void
 ngx_http_kv_aware_events_subscribed(ngx_http_kv_aware_srv_conf_t *kcf)
 {
-    ngx_uint_t  s;
+    ngx_uint_t                  s, live;
+    ngx_http_kv_aware_shctx_t  *sh;
+
+    sh = kcf->sh;
+    live = sh->sub_live;
+
+    if (sh->sub_gen < kcf->generation) {
+        sh->sub_gen = kcf->generation;
+    }
+
+    if (live && live < kcf->generation && kcf->events->took_over == 0) {
+        kcf->events->took_over = ngx_current_msec;
+
+        ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
+                      "kv_aware: upstream \"%V\" takes the subscription "
+                      "over from the previous configuration", &kcf->upstream);
+        return;
+    }
+
+    sh->sub_live = kcf->generation;
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
         if (kcf->sh->slots[s].name_len && kcf->sh->slots[s].ev_has_seq) {
@@ -461,6 +600,13 @@ void
 ngx_http_kv_aware_events_lost(ngx_http_kv_aware_srv_conf_t *kcf)
 {
     ngx_uint_t  s;
+
+    (void) ngx_atomic_cmp_set(&kcf->sh->sub_live, kcf->generation, 0);
+
+    if (kcf->sh->sub_gen > kcf->generation) {
+        /* a newer subscriber has it all: not ours to judge any more */
+        return;
+    }
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
         if (kcf->sh->slots[s].ev_has_seq) {
@@ -511,4 +657,102 @@ ngx_http_kv_aware_tick(ngx_event_t *ev)
     if (!(ngx_exiting || ngx_quit || ngx_terminate)) {
         ngx_add_timer(ev, NGX_HTTP_KV_AWARE_TICK);
     }
+}
+
+
+/*
+ * Whether this subscriber applies what it gets.  On a reload the old
+ * cycle's subscriber goes on applying until it lets go (or dies: the
+ * new one waits a bounded time), so that each message is applied once
+ * and in order; the new one then takes over.
+ */
+static ngx_uint_t
+ngx_http_kv_aware_applier(ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    ngx_uint_t                        live;
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ecf = kcf->events;
+    live = kcf->sh->sub_live;
+
+    if (live == kcf->generation) {
+        return 1;
+    }
+
+    if (kcf->generation < kcf->sh->sub_gen) {
+        return 0;       /* an old subscriber past its handover */
+    }
+
+    if (live && live < kcf->generation && ecf->took_over
+        && ngx_current_msec - ecf->took_over
+           < ecf->connect_timeout + NGX_HTTP_KV_AWARE_HANDOVER)
+    {
+        return 0;       /* the old one still applies */
+    }
+
+    (void) ngx_atomic_cmp_set(&kcf->sh->sub_live, live, kcf->generation);
+
+    return kcf->sh->sub_live == kcf->generation;
+}
+
+
+/*
+ * The worker is exiting (a reload or a quit).  On a reload, the old
+ * subscription stays until the new cycle's subscriber is in, so that no
+ * event published meanwhile is lost; NGX_DECLINED: let go now.
+ */
+ngx_int_t
+ngx_http_kv_aware_events_handover(ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ecf = kcf->events;
+
+    if (ecf->handover.timer_set) {
+        return NGX_OK;
+    }
+
+    if (ecf->handover_start
+        || kcf->sh->generation == kcf->generation    /* a quit */
+        || kcf->sh->sub_live != kcf->generation)
+    {
+        return NGX_DECLINED;
+    }
+
+    ecf->handover_start = ngx_current_msec;
+    ngx_add_timer(&ecf->handover, NGX_HTTP_KV_AWARE_HANDOVER_TICK);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_kv_aware_handover_handler(ngx_event_t *ev)
+{
+    ngx_http_kv_aware_srv_conf_t *kcf = ev->data;
+
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ecf = kcf->events;
+
+    /*
+     * Once the new subscriber is in, one more tick lets what Redis sent
+     * us before it subscribed come in; then the old one lets go.
+     */
+    if (kcf->sh->sub_live == kcf->generation
+        && ngx_current_msec - ecf->handover_start
+           < ecf->connect_timeout + NGX_HTTP_KV_AWARE_HANDOVER)
+    {
+        if (kcf->sh->sub_gen <= kcf->generation || !ecf->handover_last) {
+            ecf->handover_last = (kcf->sh->sub_gen > kcf->generation);
+            ngx_add_timer(ev, NGX_HTTP_KV_AWARE_HANDOVER_TICK);
+            return;
+        }
+    }
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ev->log, 0,
+                   "kv_aware: upstream \"%V\" lets the subscription go",
+                   &kcf->upstream);
+
+    ngx_http_kv_aware_redis_stop(kcf);
 }

@@ -356,9 +356,12 @@ ngx_http_kv_aware_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     ecf->read_timeout = 5000;
     ecf->heartbeat = 10000;
     ecf->spec_ttl = 10000;
-    ecf->max_message = 4 * 1024 * 1024;
-    ecf->max_hashes = 65536;
+    ecf->max_message = 1024 * 1024;
+    ecf->max_hashes = 16384;
+    ecf->max_events = 4096;
     ecf->max_rate = 20000;
+    ecf->server_bytes = 8 * 1024 * 1024;
+    ecf->server_hashes = 1000000;
 
     value = cf->args->elts;
 
@@ -390,6 +393,15 @@ ngx_http_kv_aware_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (ecf->user.len && ecf->password.len == 0) {
         return "has user= without password=";
+    }
+
+    /* a budget a single message can exceed would refuse it every time */
+    if (ecf->server_bytes < ecf->max_message) {
+        return "has server_bytes= below max_message=";
+    }
+
+    if (ecf->server_hashes < ecf->max_hashes) {
+        return "has server_hashes= below max_hashes=";
     }
 
     if (ecf->resync_channel.len == 0) {
@@ -520,6 +532,17 @@ ngx_http_kv_aware_events_parse(ngx_conf_t *cf,
         return NGX_CONF_OK;
     }
 
+    if (name->len == 10 && ngx_strncmp(name->data, "max_events", 10) == 0) {
+        n = ngx_atoi(v->data, v->len);
+
+        if (n == NGX_ERROR || n < 1) {
+            goto invalid;
+        }
+
+        ecf->max_events = n;
+        return NGX_CONF_OK;
+    }
+
     if (name->len == 8 && ngx_strncmp(name->data, "max_rate", 8) == 0) {
         n = ngx_atoi(v->data, v->len);
 
@@ -528,6 +551,30 @@ ngx_http_kv_aware_events_parse(ngx_conf_t *cf,
         }
 
         ecf->max_rate = n;
+        return NGX_CONF_OK;
+    }
+
+    if (name->len == 12 && ngx_strncmp(name->data, "server_bytes", 12) == 0)
+    {
+        size = ngx_parse_size(v);
+
+        if (size == (size_t) NGX_ERROR || size < 1024) {
+            goto invalid;
+        }
+
+        ecf->server_bytes = size;
+        return NGX_CONF_OK;
+    }
+
+    if (name->len == 13 && ngx_strncmp(name->data, "server_hashes", 13) == 0)
+    {
+        n = ngx_atoi(v->data, v->len);
+
+        if (n == NGX_ERROR || n < 1) {
+            goto invalid;
+        }
+
+        ecf->server_hashes = n;
         return NGX_CONF_OK;
     }
 

@@ -86,6 +86,7 @@ typedef struct {
     ngx_atomic_t                    ev_messages;
     ngx_atomic_t                    ev_hashes;
     ngx_atomic_t                    ev_gaps;
+    ngx_uint_t                      ev_seq_gen;   /* subscriber of ev_seq */
     ngx_uint_t                      ev_has_load;
     uint32_t                        ev_waiting;
     uint32_t                        ev_running;
@@ -106,6 +107,8 @@ typedef enum {
 typedef struct {
     size_t                          block_size;   /* hashes depend on it */
     ngx_uint_t                      generation;   /* bumped on each reload */
+    ngx_atomic_t                    sub_gen;      /* newest subscriber's */
+    ngx_atomic_t                    sub_live;     /* the one that applies */
     ngx_atomic_t                    requests;
     ngx_atomic_t                    fallbacks;
 
@@ -145,14 +148,23 @@ typedef struct {
     ngx_msec_t                      spec_ttl;
     size_t                          max_message;
     ngx_uint_t                      max_hashes;
+    ngx_uint_t                      max_events;
     ngx_uint_t                      max_rate;     /* messages per second */
+    size_t                          server_bytes; /* a second, per server */
+    ngx_uint_t                      server_hashes;
 
     /* the subscribing worker's own state */
     ngx_http_kv_aware_redis_t      *redis;
     ngx_event_t                     tick;
+    ngx_event_t                     handover;     /* old cycle, exiting */
+    ngx_msec_t                      handover_start;
+    ngx_uint_t                      handover_last; /* the tick after */
+    ngx_msec_t                      took_over;    /* from a live older */
     ngx_msec_t                      rate_start;
     ngx_uint_t                      rate_count;
     ngx_uint_t                      scanned;      /* entries, this window */
+    size_t                          srv_bytes[KVA_MAX_SLOTS];
+    ngx_uint_t                      srv_hashes[KVA_MAX_SLOTS];
     ngx_msec_t                      logged[NGX_HTTP_KV_AWARE_REJ_LAST];
 } ngx_http_kv_aware_events_conf_t;
 
@@ -173,7 +185,10 @@ typedef struct {
     ngx_str_t                       upstream;     /* for log messages */
     ngx_array_t                    *peer_names;   /* ngx_str_t, primary 1st */
     ngx_uint_t                      nprimary;
+    ngx_uint_t                      npeers;       /* entries of slot_of */
     u_char                         *slot_of;      /* peer number -> slot */
+    ngx_uint_t                      generation;   /* this cycle's, >= 1 */
+    ngx_msec_t                      logged_peer;  /* peer beyond slot_of */
 } ngx_http_kv_aware_srv_conf_t;
 
 
@@ -208,6 +223,8 @@ void ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
     u_char *data, size_t len);
 void ngx_http_kv_aware_events_subscribed(ngx_http_kv_aware_srv_conf_t *kcf);
 void ngx_http_kv_aware_events_lost(ngx_http_kv_aware_srv_conf_t *kcf);
+ngx_int_t ngx_http_kv_aware_events_handover(
+    ngx_http_kv_aware_srv_conf_t *kcf);
 ngx_int_t ngx_http_kv_aware_events_start(ngx_cycle_t *cycle,
     ngx_http_kv_aware_srv_conf_t *kcf);
 

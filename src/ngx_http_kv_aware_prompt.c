@@ -235,7 +235,13 @@ ngx_http_kv_aware_read_body(ngx_http_request_t *r, size_t len,
 
         size = (size_t) (b->file_last - b->file_pos);
 
-        /* a local temp file the client body module just wrote */
+        /*
+         * A synchronous read, as nginx's own ngx_output_chain() reads the
+         * same temp file when proxy sends it on with aio off: the file is
+         * local, this worker has just written it (so it is in the page
+         * cache), and max_body bounds the read.  Threads or aio would add
+         * a second wait to every long prompt for no gain.
+         */
         n = ngx_read_file(b->file, p, size, b->file_pos);
 
         if (n != (ssize_t) size) {

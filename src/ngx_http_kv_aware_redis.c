@@ -157,6 +157,12 @@ ngx_http_kv_aware_redis_stop(ngx_http_kv_aware_srv_conf_t *kcf)
         ngx_del_timer(&kcf->events->tick);
     }
 
+    if (kcf->events->handover.timer_set) {
+        ngx_del_timer(&kcf->events->handover);
+    }
+
+    (void) ngx_atomic_cmp_set(&kcf->sh->sub_live, kcf->generation, 0);
+
     /* the shared redis_state now belongs to the worker that took over */
 }
 
@@ -317,6 +323,14 @@ ngx_http_kv_aware_on_connect(const redisAsyncContext *ac, int status)
     }
 
     link->connected = 1;
+
+    /*
+     * The subscriber starts over from the shortest backoff once it has
+     * subscribed; the publisher has nothing more to wait for than this.
+     */
+    if (!link->subscriber) {
+        link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
+    }
 
     if (link->watch.timer_set) {
         ngx_del_timer(&link->watch);
@@ -543,7 +557,9 @@ ngx_http_kv_aware_read_handler(ngx_event_t *ev)
     ngx_connection_t          *c = ev->data;
     ngx_http_kv_aware_link_t  *link = c->data;
 
-    if (c->close) {
+    if (c->close && !link->redis->stopping
+        && ngx_http_kv_aware_events_handover(link->redis->kcf) != NGX_OK)
+    {
         /* graceful shutdown: leave the channel to the new workers now */
         ngx_http_kv_aware_redis_stop(link->redis->kcf);
         return;

@@ -88,7 +88,8 @@ ngx_http_kv_aware_status_handler(ngx_http_request_t *r)
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    p = ngx_cpymem(b->last, "{\"upstreams\":{", sizeof("{\"upstreams\":{") - 1);
+    p = ngx_cpymem(b->last, "{\"upstreams\":{",
+                   sizeof("{\"upstreams\":{") - 1);
     first = 1;
 
     for (i = 0; i < umcf->upstreams.nelts; i++) {

@@ -18,6 +18,9 @@ static ngx_int_t ngx_http_kv_aware_create_sh(ngx_shm_zone_t *shm_zone,
     ngx_http_kv_aware_srv_conf_t *kcf);
 static ngx_int_t ngx_http_kv_aware_assign_slots(
     ngx_http_kv_aware_srv_conf_t *kcf);
+static ngx_uint_t ngx_http_kv_aware_load_table(
+    ngx_http_kv_aware_shctx_t *sh, ngx_http_kv_aware_load_t *current);
+static ngx_uint_t ngx_http_kv_aware_in_flight(ngx_http_kv_aware_load_t *load);
 static uint64_t ngx_http_kv_aware_secret(void);
 
 
@@ -66,13 +69,10 @@ ngx_http_kv_aware_init_zone(ngx_shm_zone_t *shm_zone, void *data)
         ngx_shmtx_unlock(&kcf->shpool->mutex);
     }
 
-    /*
-     * Workers of the old cycle still return their in-flight load to the
-     * table they charged; this cycle starts a clean one.
-     */
-    g = ++kcf->sh->generation % NGX_HTTP_KV_AWARE_GENERATIONS;
+    kcf->generation = ++kcf->sh->generation;
+
+    g = ngx_http_kv_aware_load_table(kcf->sh, okcf ? okcf->load : NULL);
     kcf->load = kcf->sh->load[g];
-    ngx_memzero(kcf->load, sizeof(kcf->sh->load[g]));
 
     return ngx_http_kv_aware_assign_slots(kcf);
 }
@@ -142,6 +142,65 @@ ngx_http_kv_aware_create_sh(ngx_shm_zone_t *shm_zone,
                   &kcf->upstream, kcf->sh->index->capacity);
 
     return NGX_OK;
+}
+
+
+/*
+ * Workers of older cycles still return their in-flight load to the table
+ * they charged, for as long as their longest stream lasts: a table is
+ * zeroed only when nothing is in flight there, or those workers would
+ * drive its counts below zero.  The old cycle's own table is never taken
+ * (its workers may still be starting requests); of the others, the one
+ * with the least work in flight.  When every table still drains, this
+ * cycle shares the least busy one as it is: its counts stay exact, and the
+ * load they show is real, only charged by another cycle.
+ */
+static ngx_uint_t
+ngx_http_kv_aware_load_table(ngx_http_kv_aware_shctx_t *sh,
+    ngx_http_kv_aware_load_t *current)
+{
+    ngx_uint_t  g, best, n, least;
+
+    best = NGX_HTTP_KV_AWARE_GENERATIONS;
+    least = (ngx_uint_t) -1;
+
+    for (g = 0; g < NGX_HTTP_KV_AWARE_GENERATIONS; g++) {
+        if (sh->load[g] == current) {
+            continue;
+        }
+
+        n = ngx_http_kv_aware_in_flight(sh->load[g]);
+
+        if (n < least) {
+            least = n;
+            best = g;
+        }
+    }
+
+    if (least == 0) {
+        /* anything left is a count a crashed worker never gave back */
+        ngx_memzero(sh->load[best], sizeof(sh->load[best]));
+    }
+
+    return best;
+}
+
+
+/* requests in flight on a table; a count below zero is work too */
+static ngx_uint_t
+ngx_http_kv_aware_in_flight(ngx_http_kv_aware_load_t *load)
+{
+    ngx_uint_t        s, n;
+    ngx_atomic_int_t  reqs;
+
+    n = 0;
+
+    for (s = 0; s < KVA_MAX_SLOTS; s++) {
+        reqs = (ngx_atomic_int_t) load[s].reqs;
+        n += (reqs < 0) ? (ngx_uint_t) -reqs : (ngx_uint_t) reqs;
+    }
+
+    return n;
 }
 
 

@@ -23,8 +23,11 @@ my $env = Test::KvAware->new(backends => 3, redis => 1, workers => 1,
                              log_level => 'info');
 my @A = map { addr($env, $_) } 1 .. 3;
 
-$env->conf(http_config => upstream_conf(kv_aware => 'index_size=64m',
-                                        events => 'max_rate=100000'),
+# bench-size messages of one server: the per-server budgets out of the way
+$env->conf(http_config => upstream_conf(
+               kv_aware => 'index_size=64m',
+               events => 'max_rate=100000 max_message=4m max_hashes=65536 '
+                         . 'server_bytes=512m server_hashes=100000000'),
            config => $LOCATIONS);
 $env->start_nginx or BAIL_OUT('nginx did not start');
 ok(wait_status($env, 5, sub { $_[0]{redis}{state} eq 'up' }), 'subscribed');

@@ -17,7 +17,7 @@ package Test::KvAware;
 #   $env->conf(main_config =>, http_config =>, config =>, module =>,
 #              workers =>, log_level =>)      # $TEST_NGINX_* expanded
 #   ($ok, $out) = $env->test_config;          # nginx -t
-#   $env->start_nginx(quiet => 0) / reload(quiet => 0) / stop_nginx
+#   $env->start_nginx(quiet => 0) / reload(quiet => 0, keep_old => 0) / stop_nginx
 #                                             # one ok() each unless quiet
 #   $env->nginx_pid, worker_pids, last_error, prefix, port
 #   $r = $env->request($method, $uri, $body, \%headers)
@@ -421,7 +421,8 @@ sub reload {
                 $err = "reload rejected";
                 return 1;
             }
-            return 0 if grep { _alive($_) } keys %old;
+            # keep_old => 1: old workers may go on serving long requests
+            return 0 if !$o{keep_old} && grep { _alive($_) } keys %old;
             my @new = grep { !$old{$_} } $self->worker_pids;
             return @new >= $want;
         });

@@ -1,0 +1,91 @@
+# kv_aware_status under load: the page counts every index entry, a chunk
+# per hold of the zone lock, so that however often it is asked for,
+# routing never waits for more than a chunk.  On a full index, a client
+# polling status back to back does not delay requests noticeably.
+
+use strict;
+use warnings;
+
+use POSIX ();
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use Test::KvAware ();
+use Test::KvAware::Events qw(
+    $LOCATIONS preflight block_hashes prompt chat addr upstream_conf status
+    wait_status publisher stored
+);
+
+preflight();
+
+my $env = Test::KvAware->new(backends => 3, redis => 1, workers => 2,
+                             log_level => 'notice');
+my @A = map { addr($env, $_) } 1 .. 3;
+
+$env->conf(http_config => upstream_conf(kv_aware => 'index_size=32m',
+                                        events => 'heartbeat=60s'),
+           config => $LOCATIONS);
+$env->start_nginx or BAIL_OUT('nginx did not start');
+ok(wait_status($env, 5, sub { $_[0]{redis}{state} eq 'up' }), 'subscribed');
+
+# fill the index, at most 320,000 hashes of a server a second
+my $pub = publisher($env);
+my $cap = status($env)->{index}{capacity};
+my ($m, $sent) = (0, 0);
+while ($sent < $cap && $m < 200) {
+    $m++;
+    my @h = map { sprintf '%016x', ($m << 32) + $_ } 1 .. 16000;
+    $pub->event($A[($m - 1) % 3], events => [stored(@h)]);
+    $sent += @h;
+    sleep 1.05 if $m % 60 == 0;
+}
+my $st = status($env);
+cmp_ok($st->{index}{used}, '>=', $cap * 0.95,
+       "index full: $st->{index}{used} of $cap");
+
+my $P = prompt('status-load', 8);
+$pub->event($A[1], events => [stored(block_hashes($P))]);
+
+sub timed {
+    my @t;
+    for (1 .. 40) {
+        my $t0 = time;
+        my $r = chat($env, $P);
+        push @t, time - $t0;
+        return () unless "$r->{status} $r->{backend}" eq '200 b2';
+    }
+    return sort { $a <=> $b } @t;
+}
+
+my @base = timed();
+is(scalar @base, 40, '40 requests routed to b2 without status');
+
+# a client polling status back to back: at most 400 hits, 10 s
+my $kid = fork // die "fork: $!";
+if ($kid == 0) {
+    $SIG{TERM} = 'DEFAULT';
+    my $t0 = time;
+    for (1 .. 400) {
+        $env->request(GET => '/kv_status');
+        last if time - $t0 > 10;
+    }
+    POSIX::_exit(0);
+}
+my $t0 = time;
+my $one = $env->request(GET => '/kv_status');
+my $status_ms = (time - $t0) * 1000;
+my @load = timed();
+kill 'TERM', $kid;
+waitpid($kid, 0);
+
+is(scalar @load, 40, '40 requests routed to b2 while status is polled');
+my ($b50, $l50, $lmax) = map { $_ * 1000 } $base[20], $load[20], $load[-1];
+note(sprintf 'one status page %.1f ms; requests: median %.1f ms alone, '
+     . '%.1f ms (max %.1f) under status', $status_ms, $b50, $l50, $lmax);
+cmp_ok($l50, '<', $b50 + 25, 'the median request is not delayed');
+cmp_ok($lmax, '<', 250, 'nor is the slowest');
+
+$env->stop_nginx;
+$env->check_logs_clean('status under load');
+
+done_testing;
