@@ -90,6 +90,7 @@ bench: deps module $(BENCHES)
 	$(BUILD)/bench_route
 	$(BUILD)/bench_prompt
 	$(BUILD)/bench_event
+	$(BUILD)/bench_event_cost
 	bash bench/wrk.sh
 
 # the Redis event path: hashes applied per second, publish-to-visible
