@@ -112,10 +112,14 @@ bench-events: deps module
 bench-e2e: deps module tools
 	bash bench/e2e/run.sh
 
-# the sanitizers and libFuzzer's main come with clang's runtime
-$(BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c $(CORE_SRCS) $(CORE_HDRS)
+# the sanitizers and libFuzzer's main come with clang's runtime; a target
+# needing more than the core names it in FUZZ_SRCS_<name>, FUZZ_LIBS_<name>
+.SECONDEXPANSION:
+$(BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c $(CORE_SRCS) $(CORE_HDRS) \
+        $$(FUZZ_SRCS_$$*)
 	@mkdir -p $(BUILD)/fuzz
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRCS) -ljansson -lxxhash
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRCS) $(FUZZ_SRCS_$*) \
+	    -ljansson -lxxhash $(FUZZ_LIBS_$*)
 
 fuzz-build: $(FUZZ_BINS)
 
