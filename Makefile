@@ -7,6 +7,7 @@
 #   make soak    ten minutes of faults around nginx under load
 #   make bench   routing cost in process, then through nginx with wrk
 #   make bench-events, make bench-e2e   the event path; all policies on kvsim
+#   make fuzz    each fuzz/fuzz_<name>.c for FUZZ_SECONDS under libFuzzer
 
 SHELL      := /bin/bash
 BUILD      := $(CURDIR)/build
@@ -29,10 +30,19 @@ TOOLS      :=
 
 PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
               libxxhash-dev libevent-dev redis-server redis-tools wrk \
-              gnuplot-nox perl curl python3 procps
+              gnuplot-nox perl curl python3 procps clang libclang-rt-14-dev
+
+# libFuzzer targets: fuzz/fuzz_<name>.c, seeds in fuzz/corpus/<name>/
+FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
+FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
+FUZZ_CC      := clang
+FUZZ_CFLAGS  := -g -O1 -fsanitize=fuzzer,address,undefined \
+                -fno-sanitize-recover=undefined -Wall -Wextra -Werror \
+                -Wno-unused-parameter -Isrc
+FUZZ_SECONDS ?= 60
 
 .PHONY: all deps module unit tools test demo bench bench-events bench-e2e \
-        soak clean
+        soak fuzz fuzz-build clean
 
 all: module
 
@@ -98,6 +108,7 @@ bench: deps module $(BENCHES)
 	$(BUILD)/bench_route
 	$(BUILD)/bench_prompt
 	$(BUILD)/bench_event
+	$(BUILD)/bench_event_cost
 	bash bench/wrk.sh
 
 # the Redis event path: hashes applied per second, publish-to-visible
@@ -108,6 +119,21 @@ bench-events: deps module
 # every balancing policy side by side on kvsim (about 6 minutes)
 bench-e2e: deps module tools
 	bash bench/e2e/run.sh
+
+# the sanitizers and libFuzzer's main come with clang's runtime; a target
+# needing more than the core names it in FUZZ_SRCS_<name>, FUZZ_LIBS_<name>
+.SECONDEXPANSION:
+$(BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c $(CORE_SRCS) $(CORE_HDRS) \
+        $$(FUZZ_SRCS_$$*)
+	@mkdir -p $(BUILD)/fuzz
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRCS) $(FUZZ_SRCS_$*) \
+	    -ljansson -lxxhash $(FUZZ_LIBS_$*)
+
+fuzz-build: $(FUZZ_BINS)
+
+# fails if any target crashes; the corpora grow in build/fuzz/corpus-*/
+fuzz: deps fuzz-build
+	bash fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 clean:
 	rm -rf $(BUILD)

@@ -16,6 +16,22 @@
 
 #define KVA_EVENT_SERVER_MAX   128
 
+/*
+ * The pre-scan's bounds (kva_event_decode() checks them before jansson
+ * builds anything).  The protocol nests 4 deep (message, events, event,
+ * hashes); 8 leaves room for a v1 extension that adds a small object to
+ * an event or to the load, and keeps jansson's recursion shallow.
+ */
+#define KVA_EVENT_DEPTH_MAX    8
+/* an event: itself, type, parent, hashes, and 4 unknown fields */
+#define KVA_EVENT_VALUES_PER_EVENT  8
+/* v, server, seq, snapshot, keyspace, events, load and its 3: 11, and room */
+#define KVA_EVENT_VALUES_ENVELOPE   64
+/* an event: its object and its hashes array */
+#define KVA_EVENT_CONTAINERS_PER_EVENT  2
+/* the message, events and load, and room */
+#define KVA_EVENT_CONTAINERS_ENVELOPE   16
+
 
 typedef enum {
     KVA_EV_STORED = 0,
@@ -62,11 +78,28 @@ typedef struct {
 } kva_batch_t;
 
 
+/*
+ * With max_hashes and max_events both set, a message may also hold at most
+ * max_hashes + KVA_EVENT_VALUES_PER_EVENT * max_events
+ * + KVA_EVENT_VALUES_ENVELOPE JSON values, and
+ * KVA_EVENT_CONTAINERS_PER_EVENT * max_events
+ * + KVA_EVENT_CONTAINERS_ENVELOPE objects and arrays, whatever fields they
+ * sit in: the cost of a message is bounded by what it may legitimately
+ * carry, not by its size in bytes.
+ */
 typedef struct {
     size_t              max_message;    /* bytes, 0: no limit */
     size_t              max_hashes;     /* over the whole message, 0: none */
     size_t              max_events;     /* 0: no limit */
 } kva_event_limits_t;
+
+
+/* what kva_event_shape() counts outside strings */
+typedef struct {
+    size_t              values;         /* every value, members' included */
+    size_t              containers;     /* objects and arrays */
+    size_t              depth;          /* the deepest nesting */
+} kva_event_shape_t;
 
 
 typedef enum {
@@ -88,6 +121,15 @@ kva_event_rc_e kva_event_decode(const char *msg, size_t len,
     size_t err_len);
 
 void kva_batch_free(kva_batch_t *b);
+
+/*
+ * The pre-scan: one pass over the bytes, no allocation.  Counts into s
+ * and stops at the first count over max (a field 0 in max: no bound);
+ * returns 0 if all counts are within max, -1 if not.  Exact for valid
+ * JSON; on invalid JSON the counts mean little, jansson rejects it next.
+ */
+int kva_event_shape(const char *msg, size_t len, const kva_event_shape_t *max,
+    kva_event_shape_t *s);
 
 /*
  * Encodes a batch (events, snapshot, load, heartbeat as set in b) into a

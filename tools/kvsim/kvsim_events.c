@@ -28,7 +28,7 @@ struct kvs_events_s {
     unsigned            warned:1;
     char                resync[256];
 
-    kva_ev_t           *evs;            /* KVS_MSG_HASHES + 1 */
+    kva_ev_t           *evs;            /* KVS_MSG_EVENTS */
     uint64_t           *hashes;         /* KVS_MSG_HASHES */
     uint64_t           *snap;           /* num_blocks */
 };
@@ -65,7 +65,7 @@ kvs_events_create(kvs_sim_t *sim)
     ev->sim = sim;
     snprintf(ev->resync, sizeof(ev->resync), "%s:resync", sim->conf.channel);
 
-    ev->evs = malloc((KVS_MSG_HASHES + 1) * sizeof(kva_ev_t));
+    ev->evs = malloc(KVS_MSG_EVENTS * sizeof(kva_ev_t));
     ev->hashes = malloc(KVS_MSG_HASHES * sizeof(uint64_t));
     ev->snap = malloc(sim->conf.num_blocks * sizeof(uint64_t));
     ev->retry = event_new(sim->base, -1, EV_PERSIST, kvs_retry_handler, ev);
@@ -173,6 +173,11 @@ kvs_flush(kvs_events_t *ev, kvs_server_t *srv)
                 || (op->type == KVS_OP_STORED
                     && op->parent != e->hashes[e->nhashes - 1]))
             {
+                /* unchained stores and removals take an event each */
+                if (nev == KVS_MSG_EVENTS) {
+                    break;
+                }
+
                 e = &ev->evs[nev++];
                 memset(e, 0, sizeof(kva_ev_t));
                 e->type = (op->type == KVS_OP_STORED) ? KVA_EV_STORED

@@ -13,7 +13,13 @@
 #include "kvsim.h"
 
 
+/*
+ * Within the receivers' proposed limits (max_hashes=4096, max_events=1024,
+ * max_message=256k): a full message is about 78 KB of hashes and 60 KB of
+ * event framing.
+ */
 #define KVS_MSG_HASHES      4096        /* hashes per message at most */
+#define KVS_MSG_EVENTS      1024        /* events per message at most */
 
 
 kvs_events_t *kvs_events_create(kvs_sim_t *sim);

@@ -1,0 +1,224 @@
+/*
+ * libFuzzer target: the event decoder (src/kva_event.c).
+ *
+ * Every input is decoded twice, without limits and with limits small
+ * enough for the fuzzer's inputs to reach them; a message valid under the
+ * limits must be valid without them and decode the same.  A valid batch is
+ * encoded, decoded again and compared field by field.  The input is also
+ * tried as a resync request, which must survive its own round trip.  Any
+ * disagreement aborts.
+ *
+ *   make build/fuzz/fuzz_event && build/fuzz/fuzz_event fuzz/corpus/event
+ */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kva_event.h"
+
+
+/* the pre-scan's bounds: 32 + 8 * 4 + 64 = 128 values, 24 containers */
+#define FZ_MAX_HASHES  32
+#define FZ_MAX_EVENTS  4
+
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void fz_check_batch(const kva_batch_t *b);
+static int fz_same(const kva_batch_t *a, const kva_batch_t *b);
+static void fz_round_trip(const kva_batch_t *b);
+static void fz_resync(const char *msg, size_t len);
+
+
+/* the invariants kva_event.h promises of a decoded batch */
+static void
+fz_check_batch(const kva_batch_t *b)
+{
+    size_t  i, total;
+
+    if (b->server_len == 0 || b->server_len >= KVA_EVENT_SERVER_MAX
+        || b->server[b->server_len] != '\0'
+        || memchr(b->server, '\0', b->server_len) != NULL
+        || b->seq > (1ULL << 53)
+        || b->snapshot > KVA_SNAP_END
+        || b->heartbeat != (b->nevents == 0 && b->snapshot == KVA_SNAP_NONE)
+        || !(b->kv_usage >= 0.0 && b->kv_usage <= 1.0)
+        || (b->nevents == 0) != (b->events == NULL)
+        || (b->hash_count == 0) != (b->hash_store == NULL))
+    {
+        abort();
+    }
+
+    total = 0;
+
+    for (i = 0; i < b->nevents; i++) {
+        if (b->events[i].type > KVA_EV_CLEARED) {
+            abort();
+        }
+
+        if (b->events[i].nhashes == 0) {
+            continue;
+        }
+
+        if (b->events[i].type == KVA_EV_CLEARED
+            || b->events[i].hashes != b->hash_store + total)
+        {
+            abort();
+        }
+
+        total += b->events[i].nhashes;
+    }
+
+    if (total != b->hash_count) {
+        abort();
+    }
+}
+
+
+static int
+fz_same(const kva_batch_t *a, const kva_batch_t *b)
+{
+    size_t           i;
+    const kva_ev_t  *x, *y;
+
+    if (a->server_len != b->server_len
+        || memcmp(a->server, b->server, a->server_len) != 0
+        || a->seq != b->seq || a->snapshot != b->snapshot
+        || a->heartbeat != b->heartbeat || a->has_load != b->has_load
+        || a->nevents != b->nevents || a->hash_count != b->hash_count)
+    {
+        return 0;
+    }
+
+    if (a->has_load
+        && (a->waiting != b->waiting || a->running != b->running
+            || a->kv_usage != b->kv_usage))
+    {
+        return 0;
+    }
+
+    for (i = 0; i < a->nevents; i++) {
+        x = &a->events[i];
+        y = &b->events[i];
+
+        if (x->type != y->type || x->nhashes != y->nhashes
+            || x->has_parent != y->has_parent
+            || (x->has_parent && x->parent != y->parent)
+            || (x->nhashes > 0
+                && memcmp(x->hashes, y->hashes,
+                          x->nhashes * sizeof(uint64_t)) != 0))
+        {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+/* what the encoder writes, the decoder reads back unchanged */
+static void
+fz_round_trip(const kva_batch_t *b)
+{
+    char            *msg, err[128];
+    size_t           len;
+    kva_batch_t      d;
+    kva_event_rc_e   rc;
+
+    msg = kva_event_encode(b, &len);
+
+    if (msg == NULL) {
+        /* only a malloc failure may say no to a decoded batch */
+        abort();
+    }
+
+    if (strlen(msg) != len) {
+        abort();
+    }
+
+    rc = kva_event_decode(msg, len, NULL, &d, err, sizeof(err));
+
+    if (rc != KVA_EVENT_OK || !fz_same(b, &d)) {
+        abort();
+    }
+
+    kva_batch_free(&d);
+    free(msg);
+}
+
+
+static void
+fz_resync(const char *msg, size_t len)
+{
+    char     server[KVA_EVENT_SERVER_MAX], again[KVA_EVENT_SERVER_MAX];
+    char    *out;
+    size_t   n, m, out_len;
+
+    if (kva_event_decode_resync(msg, len, server, sizeof(server), &n) != 0) {
+        return;
+    }
+
+    if (n == 0 || n >= sizeof(server) || server[n] != '\0') {
+        abort();
+    }
+
+    out = kva_event_encode_resync(server, n, &out_len);
+
+    if (out == NULL) {
+        abort();
+    }
+
+    if (kva_event_decode_resync(out, out_len, again, sizeof(again), &m) != 0
+        || m != n || memcmp(server, again, n) != 0)
+    {
+        abort();
+    }
+
+    free(out);
+}
+
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char                 err[128];
+    kva_batch_t          free_b, lim_b;
+    kva_event_rc_e       free_rc, lim_rc;
+    kva_event_limits_t   lim;
+
+    lim.max_message = 0;
+    lim.max_hashes = FZ_MAX_HASHES;
+    lim.max_events = FZ_MAX_EVENTS;
+
+    free_rc = kva_event_decode((const char *) data, size, NULL, &free_b,
+                               err, sizeof(err));
+    lim_rc = kva_event_decode((const char *) data, size, &lim, &lim_b,
+                              err, sizeof(err));
+
+    /* limits only ever turn a message away, as too big, whatever else */
+    if (lim_rc != free_rc && lim_rc != KVA_EVENT_TOO_BIG) {
+        abort();
+    }
+
+    if (free_rc == KVA_EVENT_OK) {
+        fz_check_batch(&free_b);
+        fz_round_trip(&free_b);
+    }
+
+    if (lim_rc == KVA_EVENT_OK) {
+        if (!fz_same(&free_b, &lim_b)
+            || lim_b.hash_count > FZ_MAX_HASHES
+            || lim_b.nevents > FZ_MAX_EVENTS)
+        {
+            abort();
+        }
+    }
+
+    kva_batch_free(&free_b);
+    kva_batch_free(&lim_b);
+
+    fz_resync((const char *) data, size);
+
+    return 0;
+}

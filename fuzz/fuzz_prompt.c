@@ -1,0 +1,208 @@
+/*
+ * libFuzzer target: the prompt scanner (src/kva_prompt.c).
+ *
+ * (1) Its verdict on validity agrees with jansson's, with the exceptions
+ *     t/unit/test_prompt_ref.c documents: bodies jansson rejects for
+ *     reasons RFC 8259 does not share are skipped, a raw NUL is invalid
+ *     whatever jansson says, and nesting past KVA_PROMPT_MAX_DEPTH is
+ *     TOO_DEEP.  Validation alone (no output buffer) agrees too.
+ * (2) A smaller output cap gives an exact prefix of the full output.
+ *
+ * Output buffers are sized exactly, so ASan sees a write past out_cap.
+ *
+ *   make build/fuzz/fuzz_prompt && build/fuzz/fuzz_prompt fuzz/corpus/prompt
+ */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "kva_prompt.h"
+
+
+/* out_cap of len + 64 never truncates text prompts (kva_prompt.h) */
+#define FZ_SLACK  64
+
+#define FZ_INVALID  0
+#define FZ_VALID    1
+#define FZ_SKIP     2
+
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static int fz_depth(json_t *v);
+static int fz_jansson(const uint8_t *data, size_t size, int *too_deep);
+static uint8_t *fz_extract(const uint8_t *data, size_t size, size_t cap,
+    kva_prompt_t *p, kva_prompt_rc_e *rc);
+static void fz_prefix(const uint8_t *data, size_t size, const uint8_t *full,
+    size_t full_len, size_t cap);
+
+
+static int
+fz_depth(json_t *v)
+{
+    int          d, max;
+    size_t       i;
+    json_t      *e;
+    const char  *key;
+
+    max = 0;
+
+    if (json_is_array(v)) {
+        json_array_foreach(v, i, e) {
+            d = fz_depth(e);
+            max = (d > max) ? d : max;
+        }
+
+        return max + 1;
+    }
+
+    if (json_is_object(v)) {
+        json_object_foreach(v, key, e) {
+            d = fz_depth(e);
+            max = (d > max) ? d : max;
+        }
+
+        return max + 1;
+    }
+
+    return 0;
+}
+
+
+/* jansson's verdict, with test_prompt_ref.c's exceptions */
+static int
+fz_jansson(const uint8_t *data, size_t size, int *too_deep)
+{
+    json_t        *root;
+    json_error_t   err;
+
+    *too_deep = 0;
+
+    /* jansson 2.14 drops a NUL right after a number or a literal */
+    if (memchr(data, 0, size) != NULL) {
+        return FZ_INVALID;
+    }
+
+    root = json_loadb((const char *) data, size,
+                      JSON_ALLOW_NUL | JSON_DECODE_ANY
+                      | JSON_REJECT_DUPLICATES, &err);
+
+    if (root == NULL) {
+        switch (json_error_code(&err)) {
+        case json_error_duplicate_key:      /* we let the first one win */
+        case json_error_numeric_overflow:   /* numbers are not ours to read */
+        case json_error_null_byte_in_key:
+        case json_error_out_of_memory:
+            return FZ_SKIP;
+        default:
+            return FZ_INVALID;
+        }
+    }
+
+    *too_deep = (fz_depth(root) > KVA_PROMPT_MAX_DEPTH);
+    json_decref(root);
+
+    return FZ_VALID;
+}
+
+
+/* the output in a buffer of exactly cap bytes (NULL and 0 stay so) */
+static uint8_t *
+fz_extract(const uint8_t *data, size_t size, size_t cap, kva_prompt_t *p,
+    kva_prompt_rc_e *rc)
+{
+    uint8_t  *out;
+
+    out = NULL;
+
+    if (cap > 0) {
+        out = malloc(cap);
+
+        if (out == NULL) {
+            abort();
+        }
+    }
+
+    memset(p, 0, sizeof(kva_prompt_t));
+    *rc = kva_prompt_extract(data, size, out, cap, p);
+
+    if (p->out_len > cap) {
+        abort();
+    }
+
+    return out;
+}
+
+
+static void
+fz_prefix(const uint8_t *data, size_t size, const uint8_t *full,
+    size_t full_len, size_t cap)
+{
+    uint8_t          *out;
+    kva_prompt_t      p;
+    kva_prompt_rc_e   rc;
+
+    out = fz_extract(data, size, cap, &p, &rc);
+
+    if (rc != KVA_PROMPT_OK || p.out_len != cap || !p.truncated
+        || (cap > 0 && memcmp(out, full, cap) != 0))
+    {
+        abort();
+    }
+
+    free(out);
+}
+
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    int               verdict, too_deep, accepted;
+    uint8_t          *full;
+    size_t            cap;
+    kva_prompt_t      p, v;
+    kva_prompt_rc_e   rc, vrc;
+
+    cap = size + FZ_SLACK;
+    full = fz_extract(data, size, cap, &p, &rc);
+
+    (void) fz_extract(data, size, 0, &v, &vrc);
+
+    if (vrc != rc) {
+        abort();
+    }
+
+    accepted = (rc == KVA_PROMPT_OK || rc == KVA_PROMPT_NO_PROMPT);
+    verdict = fz_jansson(data, size, &too_deep);
+
+    switch (verdict) {
+
+    case FZ_INVALID:
+        if (accepted) {
+            abort();
+        }
+
+        break;
+
+    case FZ_VALID:
+        if (too_deep ? rc != KVA_PROMPT_TOO_DEEP : !accepted) {
+            abort();
+        }
+
+        break;
+    }
+
+    /* out_cap 0 is validation only, which says nothing of truncation */
+    if (rc == KVA_PROMPT_OK && p.out_len > 1) {
+        fz_prefix(data, size, full, p.out_len, p.out_len - 1);
+        fz_prefix(data, size, full, p.out_len, p.out_len / 2);
+        fz_prefix(data, size, full, p.out_len, 1);
+    }
+
+    free(full);
+
+    return 0;
+}
