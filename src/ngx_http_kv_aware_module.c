@@ -356,9 +356,14 @@ ngx_http_kv_aware_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     ecf->read_timeout = 5000;
     ecf->heartbeat = 10000;
     ecf->spec_ttl = 10000;
-    ecf->max_message = 1024 * 1024;
-    ecf->max_hashes = 16384;
-    ecf->max_events = 4096;
+    /*
+     * Twice a busy engine step: 16k batched tokens are 1,024 blocks of 16
+     * stored and as many removed, one event a sequence of at most 1,024.
+     * The largest message they allow decodes in about 3 ms.
+     */
+    ecf->max_message = 512 * 1024;
+    ecf->max_hashes = 8192;
+    ecf->max_events = 1024;
     ecf->max_rate = 20000;
     ecf->server_bytes = 8 * 1024 * 1024;
     ecf->server_hashes = 1000000;
