@@ -30,6 +30,14 @@
  */
 #define KVA_SCAN_CHUNK      65536
 
+/*
+ * No chain grows past this many entries: an insert into a full chain
+ * evicts the chain's oldest entry, and every walk stops here, so one
+ * lookup costs at most this many probes whatever the keys.  Random keys
+ * at the index's load (2 to 4 per bucket) reach it about never.
+ */
+#define KVA_CHAIN_MAX       16
+
 
 typedef enum {
     KVA_SRC_EVENT = 0,
@@ -57,7 +65,9 @@ typedef struct {
     uint32_t            hand;           /* eviction sampling position */
     uint32_t            pad;
     uint64_t            secret;         /* keys the bucket choice */
-    uint64_t            evictions;
+    uint64_t            sip[2];         /* SipHash key, from the secret */
+    uint64_t            evictions;      /* LRU evictions, index full */
+    uint64_t            chain_evictions;    /* inserts into a full chain */
     uint64_t            inserts;
     /* uint32_t buckets[nbuckets]; kva_entry_t entries[capacity]; */
 } kva_index_t;
@@ -142,6 +152,18 @@ void kva_index_drop_slots(kva_index_t *ix, uint64_t mask, unsigned srcs);
  */
 uint32_t kva_index_drop_range(kva_index_t *ix, uint64_t mask, unsigned srcs,
     uint32_t from, uint32_t to);
+
+/*
+ * The index's invariants: chains without cycles, no longer than
+ * KVA_CHAIN_MAX, each entry in the bucket its key maps to; every entry in
+ * use linked exactly once; the free list without cycles and without linked
+ * entries; the counters agreeing.  Returns 0, or -1 with a reason in err.
+ * Reads the whole index: O(capacity + nbuckets), no memory of its own.
+ */
+int kva_index_check(const kva_index_t *ix, char *err, size_t err_len);
+
+/* the bucket a key maps to, for tests and benchmarks */
+uint32_t kva_index_bucket(const kva_index_t *ix, uint64_t key);
 
 /* per-slot entry counts for status pages (whole-index scan) */
 void kva_index_count(kva_index_t *ix, const kva_clock_t *clk,
