@@ -6,6 +6,7 @@
 #   make demo    nginx + the module in front of kvsim servers, narrated
 #   make bench   routing cost in process, then through nginx with wrk
 #   make bench-events, make bench-e2e   the event path; all policies on kvsim
+#   make bench-worst   the longest zone-lock holds adversarial input can cause
 
 SHELL      := /bin/bash
 BUILD      := $(CURDIR)/build
@@ -31,7 +32,7 @@ PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
               gnuplot-nox perl curl python3 procps
 
 .PHONY: all deps module unit tools test demo bench bench-events bench-e2e \
-        clean
+        bench-worst clean
 
 all: module
 
@@ -96,6 +97,10 @@ bench: deps module $(BENCHES)
 # latency, routing latency under an event stream (about a minute)
 bench-events: deps module
 	bash bench/bench_events.sh
+
+# worst-case lock holds: floods of colliding keys, the largest messages
+bench-worst: $(BUILD)/bench_worst
+	$(BUILD)/bench_worst
 
 # every balancing policy side by side on kvsim (about 6 minutes)
 bench-e2e: deps module tools

@@ -101,10 +101,25 @@ kva_sip(const uint64_t k[2], uint64_t m)
 }
 
 
+#ifndef KVA_BUCKET_HASH
+#define KVA_BUCKET_HASH 1
+#endif
+#if KVA_BUCKET_HASH == 3
+#include <xxhash.h>
+#endif
+
 uint32_t
 kva_index_bucket(const kva_index_t *ix, uint64_t key)
 {
+#if KVA_BUCKET_HASH == 1
     return (uint32_t) kva_sip(ix->sip, key) & (ix->nbuckets - 1);
+#elif KVA_BUCKET_HASH == 2
+    return (uint32_t) (((key ^ ix->sip[0]) * (ix->sip[1] | 1))
+                       >> (64 - __builtin_ctz(ix->nbuckets)));
+#else
+    return (uint32_t) XXH3_64bits_withSeed(&key, 8, ix->secret)
+           & (ix->nbuckets - 1);
+#endif
 }
 
 
