@@ -29,6 +29,7 @@
  * 0.25 ms of work a chunk, whatever the index size.
  */
 #define KVA_SCAN_CHUNK      65536
+#define KVA_SCAN_RELEASES   4096
 
 /*
  * No chain grows past this many entries: an insert into a full chain
@@ -148,7 +149,8 @@ void kva_index_drop_slots(kva_index_t *ix, uint64_t mask, unsigned srcs);
 
 /*
  * The same over the entries [from, to) only; to is clamped to the entries
- * in use.  Returns where the next chunk starts, ix->high_water when done.
+ * in use.  Returns where the next chunk starts, ix->high_water when done;
+ * that is before to once KVA_SCAN_RELEASES entries have been freed.
  */
 uint32_t kva_index_drop_range(kva_index_t *ix, uint64_t mask, unsigned srcs,
     uint32_t from, uint32_t to);

@@ -494,6 +494,27 @@ main(void)
 
     ok(sound(ix, "full"), "a full index is sound");
 
+    /* a clear frees a bounded number of entries per call */
+    {
+        void       *copy = malloc(size);
+        uint32_t    from, calls;
+
+        memcpy(copy, region, size);
+        from = kva_index_drop_range(copy, 1, KVA_BITS_ALL, 0, KVA_NIL);
+        ok(from == KVA_SCAN_RELEASES, "a chunk stops after %u frees (%u)",
+           KVA_SCAN_RELEASES, from);
+
+        for (calls = 1; from < ((kva_index_t *) copy)->high_water; calls++) {
+            from = kva_index_drop_range(copy, 1, KVA_BITS_ALL, from,
+                                        KVA_NIL);
+        }
+
+        ok(((kva_index_t *) copy)->used == 0 && calls == 10
+           && sound(copy, "cleared"), "and the next ones go on (%u calls)",
+           calls);
+        free(copy);
+    }
+
     /* the index is position independent: a copy elsewhere still works */
     {
         void  *copy = malloc(size);
