@@ -10,6 +10,7 @@ use strict;
 use warnings;
 
 use Test::More;
+use File::Temp ();
 use Time::HiRes qw(time sleep);
 
 use Test::KvAware ();
@@ -78,7 +79,117 @@ $r = chat($env, $P);
 cmp_ok(time - $t0, '<', 1, 'another message of them and a request: fast');
 is($r->{backend}, 'b2', 'routing unchanged');
 
+# The prompt side: a client cannot pick hashes, but it can search for
+# block texts whose hashes end in chosen bits (2^20 tries a block), and
+# each such block then walked the planted chain.  40 of them must cost
+# what 40 blocks do.  (This part does not tell the old code apart: a chain
+# planted by one message lies in consecutive entries, which the CPU
+# prefetches, and 40 walks of it took 7 ms; chains grown over time are
+# scattered, and there a walk of 41k entries took 22 ms.)
+my $body = collider_body(40, 0xabcde);
+my @bh = block_hashes($body);
+my $hits = grep { (hex(substr $_, -5)) == 0xabcde } @bh;
+cmp_ok($hits, '>=', 40, "a prompt with $hits blocks in the planted bucket");
+
+my ($slow, $fail) = (0, 0);
+for my $i (1 .. 3) {
+    $t0 = time;
+    $r = chat($env, $body);
+    my $t = time - $t0;
+    $slow = $t if $t > $slow;
+    $fail++ unless $r->{status} == 200 && $r->{blocks} == @bh;
+}
+is($fail, 0, 'routed, all blocks counted');
+cmp_ok($slow * 1000, '<', 300,
+       sprintf 'the slowest of 3 took %.0f ms', $slow * 1000);
+
 $env->stop_nginx;
 $env->check_logs_clean('hash flood');
+
+
+# A chat body of $n blocks past its start whose hashes all end in the 20
+# bits $low, found by a small C search against the module's own hashing.
+sub collider_body {
+    my ($n, $low) = @_;
+    my $dir = File::Temp::tempdir('kvacoll-XXXXXX', TMPDIR => 1,
+                                  CLEANUP => 1);
+    open my $fh, '>', "$dir/coll.c" or die;
+    print {$fh} <<'C';
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+#include "kva_hash.h"
+#include "kva_prompt.h"
+
+/* argv: block_size nblocks low20; prints the system text */
+int
+main(int argc, char **argv)
+{
+    char          body[65536], text[32768], blk[128];
+    size_t        bs, n, i, len, off, k;
+    uint8_t       out[65536];
+    uint64_t      h, low, nonce;
+    kva_prompt_t  p;
+
+    bs = strtoul(argv[1], NULL, 10);
+    n = strtoul(argv[2], NULL, 10);
+    low = strtoull(argv[3], NULL, 0);
+
+    /* where the system text starts in the hashed bytes */
+    memset(text, 'q', bs * 2);
+    text[bs * 2] = '\0';
+    len = snprintf(body, sizeof(body), "{\"model\":\"m\",\"messages\":["
+                   "{\"role\":\"system\",\"content\":\"%s\"}]}", text);
+    if (kva_prompt_extract((uint8_t *) body, len, out, sizeof(out), &p)
+        != KVA_PROMPT_OK)
+    {
+        return 1;
+    }
+    off = (uint8_t *) memmem(p.out, p.out_len, text, bs * 2) - p.out;
+
+    /* pad to the next block boundary, then search block after block */
+    k = (bs - off % bs) % bs;
+    memset(text, 'p', k);
+    memcpy(out, p.out, off);
+    memcpy(out + off, text, k);
+    h = kva_hash_seed(KVA_KEYSPACE_TEXT, p.model, p.model_len);
+    kva_hash_blocks(h, out, off + k, bs, &h, 1);
+    if (off + k >= bs) {
+        uint64_t  hs[64];
+        size_t    m = kva_hash_blocks(kva_hash_seed(KVA_KEYSPACE_TEXT,
+                                      p.model, p.model_len), out, off + k,
+                                      bs, hs, 64);
+        h = hs[m - 1];
+    }
+
+    for (i = 0; i < n; i++) {
+        for (nonce = 0; ; nonce++) {
+            snprintf(blk, sizeof(blk), "block %03zu nonce %016llx ", i,
+                     (unsigned long long) nonce);
+            memset(blk + strlen(blk), 'z', bs - strlen(blk));
+            if ((XXH3_64bits_withSeed(blk, bs, h) & 0xfffff) == low) {
+                break;
+            }
+        }
+        h = XXH3_64bits_withSeed(blk, bs, h);
+        memcpy(text + k, blk, bs);
+        k += bs;
+    }
+
+    fwrite(text, 1, k, stdout);
+    return 0;
+}
+C
+    close $fh;
+    my $out = qx{gcc -O2 -Isrc -o $dir/coll $dir/coll.c src/kva_prompt.c \\
+                 src/kva_hash.c -lxxhash 2>&1};
+    die "cannot build the collision search:\n$out" if $?;
+    my $text = qx{$dir/coll $Test::KvAware::Events::BS $n $low};
+    die 'collision search failed' if $? || !length $text;
+    return $JSON->encode({ model => 'm', messages => [
+        { role => 'system', content => $text } ] });
+}
 
 done_testing;
