@@ -9,6 +9,12 @@
  * collide, fill chains to the cap, and a capacity of 16 to 271 entries
  * keeps eviction busy.  After every operation kva_index_check must pass,
  * and a few facts that are cheap to know must hold.
+ *
+ * One more operation damages the index as a worker killed with the lock
+ * held could, and worse (an entry allocated but not linked, links and
+ * bucket heads pointing anywhere, an entry in use on the free list).  From
+ * then on nothing is checked but that every operation returns: the
+ * sanitizers and libFuzzer's -timeout catch a bad read or a loop.
  */
 
 #include <stdint.h>
@@ -53,10 +59,17 @@ fz_mix(uint64_t x)
 }
 
 
+static int  fz_damaged;
+
+
 static void
 fz_check(kva_index_t *ix, const char *op)
 {
     char  err[128];
+
+    if (fz_damaged) {
+        return;
+    }
 
     if (kva_index_check(ix, err, sizeof(err)) != 0) {
         fprintf(stderr, "kva_index_check after %s: %s\n", op, err);
@@ -67,6 +80,66 @@ fz_check(kva_index_t *ix, const char *op)
         fprintf(stderr, "used %u > capacity %u after %s\n", ix->used,
                 ix->capacity, op);
         abort();
+    }
+}
+
+
+static void
+fz_damage(kva_index_t *ix, fz_in_t *in, const uint64_t *tab)
+{
+    uint32_t      *buckets, idx, v;
+    kva_entry_t   *entries, *e;
+
+    buckets = (uint32_t *) (ix + 1);
+    entries = (kva_entry_t *) (buckets + ix->nbuckets);
+    v = fz_byte(in);
+    v = v << 8 | fz_byte(in);
+    fz_damaged = 1;
+
+    switch (fz_byte(in) % 5) {
+
+    case 0:
+        /* allocated, key set, maybe half linked, never linked */
+        if (ix->high_water < ix->capacity) {
+            e = &entries[ix->high_water++];
+            ix->used++;
+            memset(e, 0, sizeof(kva_entry_t));
+            e->key = tab[v % NKEYS];
+            e->bits[v % 3] = (v & 0x100) ? 1 : 0;
+            e->next = buckets[kva_index_bucket(ix, e->key)];
+        }
+        break;
+
+    case 1:
+        /* taken off the free list, lost */
+        if (ix->free_head < ix->high_water) {
+            ix->free_head = entries[ix->free_head].next;
+            ix->used++;
+        }
+        break;
+
+    case 2:
+        /* a link to anywhere: another entry (a cycle), or out of range */
+        if (ix->high_water) {
+            idx = v % ix->high_water;
+            entries[idx].next = (v & 1) ? (v >> 1) % (ix->high_water + 2)
+                                        : 0xfffffff0u;
+        }
+        break;
+
+    case 3:
+        buckets[v % ix->nbuckets] = (v & 1) ? (v >> 1) % (ix->capacity + 2)
+                                            : KVA_NIL - 1;
+        break;
+
+    default:
+        /* an entry in use pushed on the free list as well */
+        if (ix->high_water) {
+            idx = v % ix->high_water;
+            entries[idx].next = ix->free_head;
+            ix->free_head = idx;
+        }
+        break;
     }
 }
 
@@ -102,6 +175,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     in.p = data;
     in.left = size;
+    fz_damaged = 0;
 
     cap = 16 + fz_byte(&in);
     secret = fz_mix(fz_byte(&in));
@@ -134,7 +208,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     while (in.left) {
         op = fz_byte(&in);
 
-        switch (op % 9) {
+        switch (op % 10) {
 
         case 0:
             /* a stored event: each key then visible to a precise lookup */
@@ -146,7 +220,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             kva_index_add(ix, k, n, slot, srcs, &clk);
             fz_check(ix, "add");
 
-            if ((srcs & KVA_BIT_EVENT) && (clk.precise >> slot & 1)
+            if (!fz_damaged && (srcs & KVA_BIT_EVENT)
+                && (clk.precise >> slot & 1)
                 && evicted == ix->evictions + ix->chain_evictions)
             {
                 for (i = 0; i < n; i++) {
@@ -192,7 +267,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             kva_index_del(ix, k, n, slot, srcs);
             fz_check(ix, "del");
 
-            if (srcs == KVA_BITS_ALL) {
+            if (!fz_damaged && srcs == KVA_BITS_ALL) {
                 for (i = 0; i < n; i++) {
                     kva_index_match(ix, &k[i], 1, 1ULL << slot, &clk, depth);
 
@@ -232,7 +307,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
 
             /* an entry holds at most 8 slots' event bits here */
-            if (n > ix->used * 8) {
+            if (!fz_damaged && n > ix->used * 8) {
                 abort();
             }
 
@@ -247,9 +322,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             clk.precise = fz_byte(&in) | ~0xffULL;
             break;
 
-        default:
+        case 8:
             clk.ttl_learned = fz_byte(&in);
             clk.ttl_spec = fz_byte(&in) % 32;
+            break;
+
+        default:
+            fz_damage(ix, &in, tab);
             break;
         }
     }
