@@ -64,9 +64,9 @@ typedef struct {
     uint32_t            high_water;     /* entries handed out at least once */
     uint32_t            free_head;
     uint32_t            hand;           /* eviction sampling position */
-    uint32_t            pad;
+    uint32_t            bucket_shift;   /* 64 - log2(nbuckets) */
     uint64_t            secret;         /* keys the bucket choice */
-    uint64_t            sip[2];         /* SipHash key, from the secret */
+    uint64_t            bucket_key[2];  /* derived from the secret */
     uint64_t            evictions;      /* LRU evictions, index full */
     uint64_t            chain_evictions;    /* inserts into a full chain */
     uint64_t            inserts;
