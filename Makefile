@@ -8,6 +8,7 @@
 #   make bench   routing cost in process, then through nginx with wrk
 #   make bench-events, make bench-e2e   the event path; all policies on kvsim
 #   make fuzz    each fuzz/fuzz_<name>.c for FUZZ_SECONDS under libFuzzer
+#   make bench-worst   the longest zone-lock holds adversarial input can cause
 
 SHELL      := /bin/bash
 BUILD      := $(CURDIR)/build
@@ -42,7 +43,7 @@ FUZZ_CFLAGS  := -g -O1 -fsanitize=fuzzer,address,undefined \
 FUZZ_SECONDS ?= 60
 
 .PHONY: all deps module unit tools test demo bench bench-events bench-e2e \
-        soak fuzz fuzz-build clean
+        soak fuzz fuzz-build bench-worst clean
 
 all: module
 
@@ -115,6 +116,10 @@ bench: deps module $(BENCHES)
 # latency, routing latency under an event stream (about a minute)
 bench-events: deps module
 	bash bench/bench_events.sh
+
+# worst-case lock holds: floods of colliding keys, the largest messages
+bench-worst: $(BUILD)/bench_worst
+	$(BUILD)/bench_worst
 
 # every balancing policy side by side on kvsim (about 6 minutes)
 bench-e2e: deps module tools

@@ -29,6 +29,15 @@
  * 0.25 ms of work a chunk, whatever the index size.
  */
 #define KVA_SCAN_CHUNK      65536
+#define KVA_SCAN_RELEASES   4096
+
+/*
+ * No chain grows past this many entries: an insert into a full chain
+ * evicts the chain's oldest entry, and every walk stops here, so one
+ * lookup costs at most this many probes whatever the keys.  Random keys
+ * at the index's load (2 to 4 per bucket) reach it about never.
+ */
+#define KVA_CHAIN_MAX       16
 
 
 typedef enum {
@@ -55,9 +64,11 @@ typedef struct {
     uint32_t            high_water;     /* entries handed out at least once */
     uint32_t            free_head;
     uint32_t            hand;           /* eviction sampling position */
-    uint32_t            pad;
+    uint32_t            bucket_shift;   /* 64 - log2(nbuckets) */
     uint64_t            secret;         /* keys the bucket choice */
-    uint64_t            evictions;
+    uint64_t            bucket_key[2];  /* derived from the secret */
+    uint64_t            evictions;      /* LRU evictions, index full */
+    uint64_t            chain_evictions;    /* inserts into a full chain */
     uint64_t            inserts;
     /* uint32_t buckets[nbuckets]; kva_entry_t entries[capacity]; */
 } kva_index_t;
@@ -138,10 +149,23 @@ void kva_index_drop_slots(kva_index_t *ix, uint64_t mask, unsigned srcs);
 
 /*
  * The same over the entries [from, to) only; to is clamped to the entries
- * in use.  Returns where the next chunk starts, ix->high_water when done.
+ * in use.  Returns where the next chunk starts, ix->high_water when done;
+ * that is before to once KVA_SCAN_RELEASES entries have been freed.
  */
 uint32_t kva_index_drop_range(kva_index_t *ix, uint64_t mask, unsigned srcs,
     uint32_t from, uint32_t to);
+
+/*
+ * The index's invariants: chains without cycles, no longer than
+ * KVA_CHAIN_MAX, each entry in the bucket its key maps to; every entry in
+ * use linked exactly once; the free list without cycles and without linked
+ * entries; the counters agreeing.  Returns 0, or -1 with a reason in err.
+ * Reads the whole index: O(capacity + nbuckets), no memory of its own.
+ */
+int kva_index_check(const kva_index_t *ix, char *err, size_t err_len);
+
+/* the bucket a key maps to, for tests and benchmarks */
+uint32_t kva_index_bucket(const kva_index_t *ix, uint64_t key);
 
 /* per-slot entry counts for status pages (whole-index scan) */
 void kva_index_count(kva_index_t *ix, const kva_clock_t *clk,

@@ -9,11 +9,13 @@
 
 #define NGX_HTTP_KV_AWARE_STATUS_UPSTREAM  1024
 #define NGX_HTTP_KV_AWARE_STATUS_SERVER    768
+#define NGX_HTTP_KV_AWARE_STATUS_CHECK     128
 
 
 static ngx_int_t ngx_http_kv_aware_status_handler(ngx_http_request_t *r);
 static u_char *ngx_http_kv_aware_status_upstream(u_char *p,
-    ngx_http_kv_aware_srv_conf_t *kcf, ngx_str_t *name);
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_str_t *name, ngx_uint_t check);
+static ngx_uint_t ngx_http_kv_aware_status_check_arg(ngx_http_request_t *r);
 
 
 static const char  *ngx_http_kv_aware_ev_states[] = {
@@ -45,7 +47,7 @@ ngx_http_kv_aware_status_handler(ngx_http_request_t *r)
     u_char                         *p;
     ngx_int_t                       rc;
     ngx_buf_t                      *b;
-    ngx_uint_t                      i, first;
+    ngx_uint_t                      i, first, check;
     ngx_chain_t                     out;
     ngx_http_kv_aware_srv_conf_t   *kcf;
     ngx_http_upstream_srv_conf_t  **uscfp;
@@ -63,6 +65,8 @@ ngx_http_kv_aware_status_handler(ngx_http_request_t *r)
     umcf = ngx_http_get_module_main_conf(r, ngx_http_upstream_module);
     uscfp = umcf->upstreams.elts;
 
+    check = ngx_http_kv_aware_status_check_arg(r);
+
     size = sizeof("{\"upstreams\":{}}\n");
 
     for (i = 0; i < umcf->upstreams.nelts; i++) {
@@ -79,7 +83,8 @@ ngx_http_kv_aware_status_handler(ngx_http_request_t *r)
                     + ngx_escape_json(NULL, uscfp[i]->host.data,
                                       uscfp[i]->host.len)
                     + kcf->peer_names->nelts
-                      * NGX_HTTP_KV_AWARE_STATUS_SERVER;
+                      * NGX_HTTP_KV_AWARE_STATUS_SERVER
+                    + (check ? NGX_HTTP_KV_AWARE_STATUS_CHECK : 0);
         }
     }
 
@@ -109,7 +114,8 @@ ngx_http_kv_aware_status_handler(ngx_http_request_t *r)
         }
 
         first = 0;
-        p = ngx_http_kv_aware_status_upstream(p, kcf, &uscfp[i]->host);
+        p = ngx_http_kv_aware_status_upstream(p, kcf, &uscfp[i]->host,
+                                              check);
     }
 
     p = ngx_cpymem(p, "}}\n", 3);
@@ -135,10 +141,41 @@ ngx_http_kv_aware_status_handler(ngx_http_request_t *r)
 }
 
 
+/* "check" among the arguments, with or without a value */
+static ngx_uint_t
+ngx_http_kv_aware_status_check_arg(ngx_http_request_t *r)
+{
+    u_char  *p, *end, *arg;
+
+    p = r->args.data;
+    end = p + r->args.len;
+
+    while (p < end) {
+        arg = p;
+
+        while (p < end && *p != '&') {
+            p++;
+        }
+
+        if (p - arg >= 5 && ngx_strncmp(arg, "check", 5) == 0
+            && (p - arg == 5 || arg[5] == '='))
+        {
+            return 1;
+        }
+
+        p++;
+    }
+
+    return 0;
+}
+
+
 static u_char *
 ngx_http_kv_aware_status_upstream(u_char *p,
-    ngx_http_kv_aware_srv_conf_t *kcf, ngx_str_t *name)
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_str_t *name, ngx_uint_t check)
 {
+    int                          rc;
+    char                         err[NGX_HTTP_KV_AWARE_STATUS_CHECK / 2];
     uint32_t                     from;
     ngx_str_t                   *names;
     ngx_uint_t                   i, s, state;
@@ -179,9 +216,34 @@ ngx_http_kv_aware_status_upstream(u_char *p,
 
     p = ngx_sprintf(p, "\":{\"requests\":%uA,\"fallbacks\":%uA,"
                     "\"index\":{\"capacity\":%uD,\"used\":%uD,"
-                    "\"evictions\":%uL},",
+                    "\"evictions\":%uL,\"chain_evictions\":%uL",
                     sh->requests, sh->fallbacks, ix->capacity, ix->used,
-                    (uint64_t) ix->evictions);
+                    (uint64_t) ix->evictions,
+                    (uint64_t) ix->chain_evictions);
+
+    if (check) {
+        /*
+         * A diagnostic: one whole scan of the index under the lock (tens
+         * of milliseconds at a million entries), routing waits meanwhile.
+         */
+        ngx_shmtx_lock(&kcf->shpool->mutex);
+        rc = kva_index_check(ix, err, sizeof(err));
+        ngx_shmtx_unlock(&kcf->shpool->mutex);
+
+        p = ngx_cpymem(p, ",\"check\":\"", sizeof(",\"check\":\"") - 1);
+
+        if (rc == 0) {
+            p = ngx_cpymem(p, "ok", 2);
+
+        } else {
+            p = (u_char *) ngx_escape_json(p, (u_char *) err,
+                                           ngx_strlen(err));
+        }
+
+        *p++ = '"';
+    }
+
+    p = ngx_cpymem(p, "},", 2);
 
     if (kcf->events) {
         state = sh->redis_state;

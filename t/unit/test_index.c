@@ -2,6 +2,7 @@
  * Unit tests of the block index (src/kva_index.c).
  */
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,291 @@ chain(uint64_t *h, uint32_t n, uint64_t seed)
     for (i = 0; i < n; i++) {
         h[i] = mix(seed * 1000003 + i);
     }
+}
+
+
+static uint32_t *
+buckets_of(kva_index_t *ix)
+{
+    return (uint32_t *) (ix + 1);
+}
+
+
+static kva_entry_t *
+entries_of(kva_index_t *ix)
+{
+    return (kva_entry_t *) (buckets_of(ix) + ix->nbuckets);
+}
+
+
+static int
+sound(kva_index_t *ix, const char *what)
+{
+    char  err[128];
+
+    if (kva_index_check(ix, err, sizeof(err)) == 0) {
+        return 1;
+    }
+
+    printf("# %s: %s\n", what, err);
+
+    return 0;
+}
+
+
+/* n keys that the index puts into bucket b: what only the secret allows */
+static void
+keys_in_bucket(kva_index_t *ix, uint32_t b, uint64_t *k, uint32_t n,
+    uint64_t seed)
+{
+    uint32_t  i;
+    uint64_t  x;
+
+    for (i = 0, x = seed << 40; i < n; x++) {
+        if (kva_index_bucket(ix, mix(x)) == b) {
+            k[i++] = mix(x);
+        }
+    }
+}
+
+
+static kva_index_t *
+fresh(uint32_t cap, uint64_t secret)
+{
+    size_t  size;
+
+    size = kva_index_region_size(cap);
+
+    return kva_index_init(calloc(1, size), size, secret);
+}
+
+
+/* keys an attacker could make collide, and keys that do collide */
+static void
+test_flood(void)
+{
+    char          err[128];
+    uint32_t      i, depth[KVA_MAX_SLOTS], b, len, longest, idx, same;
+    uint64_t      k[4096];
+    kva_clock_t   clk = { 1000, 100, 10, ~0ULL };
+    kva_index_t  *ix, *ix2;
+    kva_entry_t  *entries;
+
+    ix = fresh(8192, 12345);
+    ix2 = fresh(8192, 67890);
+
+    /* keys with their low 20 bits equal: one bucket for the old index */
+    for (i = 0; i < 4096; i++) {
+        k[i] = (mix(i) << 20) | 0xabcde;
+    }
+
+    kva_index_add(ix, k, 4096, 0, KVA_BIT_EVENT, &clk);
+    ok(sound(ix, "low-bit flood"), "sound after a low-bit flood");
+
+    longest = 0;
+    entries = entries_of(ix);
+
+    for (b = 0; b < ix->nbuckets; b++) {
+        for (len = 0, idx = buckets_of(ix)[b]; idx != KVA_NIL;
+             idx = entries[idx].next)
+        {
+            len++;
+        }
+
+        longest = len > longest ? len : longest;
+    }
+
+    ok(longest <= 12 && ix->chain_evictions == 0,
+       "keys equal in their low bits spread: longest chain %u", longest);
+
+    kva_index_match(ix, k, 4096, 1, &clk, depth);
+    ok(depth[0] == 4096, "all of them found");
+
+    for (i = 0, same = 0; i < 4096; i++) {
+        same += kva_index_bucket(ix, k[i]) == kva_index_bucket(ix2, k[i]);
+    }
+
+    ok(same < 64, "another secret, other buckets (%u of 4096 the same)",
+       same);
+
+    /* keys that do share a bucket: the chain stops at the cap */
+    keys_in_bucket(ix2, 7, k, 100, 1);
+    kva_index_add(ix2, k, 100, 1, KVA_BIT_EVENT, &clk);
+
+    for (len = 0, idx = buckets_of(ix2)[7]; idx != KVA_NIL;
+         idx = entries_of(ix2)[idx].next)
+    {
+        len++;
+    }
+
+    ok(len == KVA_CHAIN_MAX && ix2->chain_evictions == 100 - KVA_CHAIN_MAX,
+       "a chain holds %u of 100 colliding keys, %llu evicted from it", len,
+       (unsigned long long) ix2->chain_evictions);
+    ok(sound(ix2, "capped chain"), "sound with a capped chain");
+
+    kva_index_match(ix2, k + 100 - KVA_CHAIN_MAX, KVA_CHAIN_MAX, 1 << 1,
+                    &clk, depth);
+    ok(depth[1] == KVA_CHAIN_MAX, "the newest of the chain are kept");
+    kva_index_match(ix2, k, 1, 1 << 1, &clk, depth);
+    ok(depth[1] == 0, "the oldest went");
+
+    /* a touched entry survives newer inserts into its chain */
+    clk.now++;
+    kva_index_add(ix2, k + 100 - KVA_CHAIN_MAX, 1, 1, KVA_BIT_EVENT, &clk);
+    keys_in_bucket(ix2, 7, k, 110, 1);
+    clk.now++;
+    kva_index_add(ix2, k + 100, 10, 1, KVA_BIT_EVENT, &clk);
+    kva_index_match(ix2, k + 100 - KVA_CHAIN_MAX, 1, 1 << 1, &clk, depth);
+    ok(depth[1] == 1, "the chain evicts its least recently used");
+
+    /* the check can fail: a key moved to another bucket */
+    entries_of(ix2)[buckets_of(ix2)[7]].key ^= 1;
+    ok(kva_index_check(ix2, err, sizeof(err)) == -1,
+       "check sees an entry in a foreign bucket: %s", err);
+
+    free(ix);
+    free(ix2);
+}
+
+
+/*
+ * What a worker killed with the lock held can leave behind, made by hand:
+ * every operation must go on without crashing or looping, and the index
+ * must heal as the entries concerned are evicted or dropped.
+ */
+static void
+test_crash_states(void)
+{
+    char          err[128];
+    uint32_t      i, depth[KVA_MAX_SLOTS], a, b, bk, n;
+    uint64_t      k[4096], cyc[3], fill[1024];
+    kva_clock_t   clk = { 1000, 1u << 30, 10, 1 };
+    kva_index_t  *ix;
+    kva_entry_t  *entries, *e;
+
+    /* 1. allocated, never linked, as a kill between alloc and link */
+    ix = fresh(1000, 99);
+    entries = entries_of(ix);
+    chain(k, 1000, 21);
+    kva_index_add(ix, k, 999, 0, KVA_BIT_LEARNED, &clk);
+    e = &entries[ix->high_water++];
+    ix->used++;
+    memset(e, 0, sizeof(*e));
+    e->key = mix(777);
+    e->next = buckets_of(ix)[kva_index_bucket(ix, e->key)];  /* half-built */
+
+    ok(kva_index_check(ix, err, sizeof(err)) == -1,
+       "check sees the unlinked entry: %s", err);
+
+    /* the index is full: adds evict, and the sampler meets the lost one */
+    for (i = 0; i < 3; i++) {
+        clk.now += 10;
+        chain(k, 1000, 22 + i);
+        kva_index_add(ix, k, 1000, 1, KVA_BIT_LEARNED, &clk);
+    }
+
+    ok(sound(ix, "unlinked"), "evictions went on and reclaimed it");
+    kva_index_match(ix, k, 1000, 1 << 1, &clk, depth);
+    ok(depth[1] == 1000, "the index works after it");
+
+    /* 2. unlinked, bits set (kill inside release): a clear frees it */
+    {
+        a = buckets_of(ix)[kva_index_bucket(ix, k[5])];
+        n = 0;
+
+        while (entries[a].key != k[5]) {
+            a = entries[a].next;
+        }
+
+        /* unlink k[5] by hand, leave its entry as it was */
+        bk = kva_index_bucket(ix, k[5]);
+
+        if (buckets_of(ix)[bk] == a) {
+            buckets_of(ix)[bk] = entries[a].next;
+
+        } else {
+            for (b = buckets_of(ix)[bk]; entries[b].next != a;
+                 b = entries[b].next)
+            {
+                n++;
+            }
+
+            entries[b].next = entries[a].next;
+        }
+    }
+
+    ok(kva_index_check(ix, err, sizeof(err)) == -1,
+       "check sees an entry in use, not linked: %s", err);
+    kva_index_match(ix, k, 1000, 1 << 1, &clk, depth);
+    ok(depth[1] == 5, "its block is missed");
+    kva_index_del(ix, k + 5, 1, 1, KVA_BIT_LEARNED);
+    kva_index_drop_slots(ix, 1 << 1, KVA_BITS_ALL);
+    ok(sound(ix, "unlinked in use") && ix->used == 0,
+       "a clear frees it with the rest");
+    free(ix);
+
+    /* 3. a cycle in a chain (the old unlocked reset could make one) */
+    ix = fresh(1000, 5);
+    entries = entries_of(ix);
+    keys_in_bucket(ix, 3, cyc, 3, 2);
+    kva_index_add(ix, cyc, 2, 0, KVA_BIT_EVENT, &clk);
+    a = buckets_of(ix)[3];
+    b = entries[a].next;
+    entries[b].next = a;
+
+    ok(kva_index_check(ix, err, sizeof(err)) == -1,
+       "check sees the cycle: %s", err);
+
+    kva_index_match(ix, cyc + 2, 1, 1, &clk, depth);
+    ok(depth[0] == 0, "a lookup through the cycle ends");
+    ok(sound(ix, "cycle"), "and cuts it");
+
+    entries[b].next = a;
+    kva_index_add(ix, cyc + 2, 1, 0, KVA_BIT_EVENT, &clk);
+    kva_index_del(ix, cyc, 1, 0, KVA_BIT_EVENT);
+    kva_index_match(ix, cyc + 1, 2, 1, &clk, depth);
+    ok(depth[0] == 2 && sound(ix, "cycle, add"),
+       "add and del through a cycle");
+
+    /* 4. links out of range: a bucket head and an entry's next */
+    buckets_of(ix)[9] = 0xfffffff0u;
+    entries[buckets_of(ix)[3]].next = 123456;
+    kva_index_match(ix, cyc + 1, 1, 1, &clk, depth);
+    keys_in_bucket(ix, 9, k, 1, 3);
+    kva_index_add(ix, k, 1, 0, KVA_BIT_EVENT, &clk);
+    kva_index_match(ix, k, 1, 1, &clk, depth);
+    ok(depth[0] == 1, "an entry added where a bad head was");
+    kva_index_drop_slots(ix, ~0ULL, KVA_BITS_ALL);
+    ok(sound(ix, "bad links") && ix->used == 0, "bad links cut, sound");
+
+    /* 5. a free list that loops back onto itself */
+    chain(fill, 1000, 31);
+    kva_index_add(ix, fill, 100, 0, KVA_BIT_EVENT, &clk);
+    kva_index_del(ix, fill, 2, 0, KVA_BIT_EVENT);
+    entries[entries[ix->free_head].next].next = ix->free_head;
+
+    ok(kva_index_check(ix, err, sizeof(err)) == -1,
+       "check sees the free-list cycle: %s", err);
+
+    for (i = 0; i < 5; i++) {
+        clk.now += 10;
+        chain(fill, 1000, 40 + i);
+        kva_index_add(ix, fill, 1000, 0, KVA_BIT_EVENT, &clk);
+    }
+
+    kva_index_match(ix, fill, 1000, 1, &clk, depth);
+    ok(depth[0] == 1000, "adds go on past a looping free list");
+    kva_index_drop_slots(ix, ~0ULL, KVA_BITS_ALL);
+    ok(ix->used == 0 && sound(ix, "free-list cycle"), "and it heals");
+
+    /* 6. counters off: check says so */
+    ix->used = 3;
+    ok(kva_index_check(ix, err, sizeof(err)) == -1, "check: %s", err);
+    ix->used = 0;
+    ix->high_water = ix->capacity + 1;
+    ok(kva_index_check(ix, err, sizeof(err)) == -1, "check: %s", err);
+
+    free(ix);
 }
 
 
@@ -141,6 +427,7 @@ main(void)
     }
 
     ok(ix->used <= cap, "used %u <= capacity %u", ix->used, cap);
+    ok(sound(ix, "evicting"), "sound after evictions");
     ok(ix->evictions > 0, "evicted %llu entries",
        (unsigned long long) ix->evictions);
 
@@ -205,6 +492,29 @@ main(void)
         ok(longest <= 16, "longest chain %u at full load", longest);
     }
 
+    ok(sound(ix, "full"), "a full index is sound");
+
+    /* a clear frees a bounded number of entries per call */
+    {
+        void       *copy = malloc(size);
+        uint32_t    from, calls;
+
+        memcpy(copy, region, size);
+        from = kva_index_drop_range(copy, 1, KVA_BITS_ALL, 0, KVA_NIL);
+        ok(from == KVA_SCAN_RELEASES, "a chunk stops after %u frees (%u)",
+           KVA_SCAN_RELEASES, from);
+
+        for (calls = 1; from < ((kva_index_t *) copy)->high_water; calls++) {
+            from = kva_index_drop_range(copy, 1, KVA_BITS_ALL, from,
+                                        KVA_NIL);
+        }
+
+        ok(((kva_index_t *) copy)->used == 0 && calls == 10
+           && sound(copy, "cleared"), "and the next ones go on (%u calls)",
+           calls);
+        free(copy);
+    }
+
     /* the index is position independent: a copy elsewhere still works */
     {
         void  *copy = malloc(size);
@@ -217,6 +527,9 @@ main(void)
     }
 
     free(region);
+
+    test_flood();
+    test_crash_states();
 
     return done_testing();
 }
