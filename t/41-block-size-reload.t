@@ -6,7 +6,9 @@
 # links an entry into a half-reset index.  Ten reloads alternate the block
 # size under traffic from four clients and a stream of large event
 # messages (the subscriber writes the index a long while): every request
-# succeeds, no worker dies, and routing still works afterwards.
+# succeeds, no worker dies, routing still works afterwards, and the index
+# passes kv_aware_status?check (an unlocked reset once left a cycle in a
+# chain, and a lookup then looped forever under the lock).
 
 use strict;
 use warnings;
@@ -83,6 +85,11 @@ my $r2 = chat($env, $P);
 is("$r2->{backend} $r2->{reason} $r2->{matched}",
    "$r1->{backend} affinity $r1->{blocks}", 'a repeated prompt has affinity');
 cmp_ok(status($env)->{index}{used}, '>', 0, 'the index is in use');
+
+# chains, free list and counters, verified over the whole index
+my $check = $env->request(GET => '/kv_status?check');
+is($check->{json} && $check->{json}{upstreams}{llm}{index}{check}, 'ok',
+   'the index is sound after the resets');
 
 $env->stop_nginx;
 $env->check_logs_clean('block_size reloads');
