@@ -29,6 +29,14 @@
  * 0.25 ms of work a chunk, whatever the index size.
  */
 #define KVA_SCAN_CHUNK      65536
+
+/*
+ * Hashes a caller adds or deletes under one hold of its lock.  In a full
+ * index each add evicts an entry, 0.5 to 1 us with the entry cold, so a
+ * long prompt (2,048 blocks at 128k tokens) or a large event message goes
+ * in pieces that keep others waiting about 0.25 ms at most.
+ */
+#define KVA_ADD_CHUNK       256
 #define KVA_SCAN_RELEASES   4096
 
 /*

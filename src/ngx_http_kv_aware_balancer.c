@@ -329,7 +329,8 @@ static ngx_uint_t
 ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     ngx_http_kv_aware_pick_t *picks, ngx_uint_t n, ngx_log_t *log)
 {
-    uint32_t                       depth[KVA_MAX_SLOTS], nblocks, matched;
+    uint32_t                       depth[KVA_MAX_SLOTS], nblocks, matched,
+                                   from, piece;
     uint64_t                       mask;
     ngx_int_t                      reqs, blocks;
     ngx_uint_t                     i, best, slot;
@@ -389,14 +390,23 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
 
     /*
      * Learned bits serve while the server's events cannot be trusted;
-     * speculative ones bridge the time until its events confirm.
+     * speculative ones bridge the time until its events confirm.  A long
+     * new prompt evicts an entry a block: it is recorded a piece per hold
+     * of the lock, so that other requests wait for one piece at most.
      */
-    if (nblocks) {
-        kva_index_add_found(kcf->sh->index, ctx->hashes, nblocks, slot,
+    for (from = 0; from < nblocks; from += piece) {
+        if (from) {
+            ngx_shmtx_unlock(&kcf->shpool->mutex);
+            ngx_shmtx_lock(&kcf->shpool->mutex);
+        }
+
+        piece = ngx_min(nblocks - from, KVA_ADD_CHUNK);
+
+        kva_index_add_found(kcf->sh->index, ctx->hashes + from, piece, slot,
                             (clk.precise & (1ULL << slot))
                             ? KVA_BIT_LEARNED | KVA_BIT_SPEC
                             : KVA_BIT_LEARNED,
-                            &clk, ctx->found);
+                            &clk, ctx->found + from);
     }
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);

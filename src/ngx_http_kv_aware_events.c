@@ -25,11 +25,6 @@
  */
 #define NGX_HTTP_KV_AWARE_SCAN_BUDGET   4000000
 
-/*
- * Hashes applied under one hold of the zone lock: an add or a delete
- * costs 50 to 150 ns, so a chunk keeps routing waiting under 0.5 ms.
- */
-#define NGX_HTTP_KV_AWARE_HASH_CHUNK    2048
 
 /*
  * A reload hands the subscription over: the old cycle's subscriber stays
@@ -445,14 +440,14 @@ ngx_http_kv_aware_apply_hashes(ngx_http_kv_aware_srv_conf_t *kcf,
         ev = &b->events[i];
 
         for (off = 0; off < ev->nhashes; off += n) {
-            if (held >= NGX_HTTP_KV_AWARE_HASH_CHUNK) {
+            if (held >= KVA_ADD_CHUNK) {
                 ngx_shmtx_unlock(&kcf->shpool->mutex);
                 held = 0;
                 ngx_shmtx_lock(&kcf->shpool->mutex);
             }
 
             n = ngx_min(ev->nhashes - off,
-                        NGX_HTTP_KV_AWARE_HASH_CHUNK - held);
+                        KVA_ADD_CHUNK - held);
             held += n;
 
             if (ev->type == KVA_EV_STORED) {

@@ -25,7 +25,9 @@ my $env = Test::KvAware->new(backends => 3, redis => 1, workers => 1,
                              log_level => 'info');
 my @A = map { addr($env, $_) } 1 .. 3;
 
-$env->conf(http_config => upstream_conf(kv_aware => 'index_size=32m'),
+# caps raised so that one message may carry the whole flood
+$env->conf(http_config => upstream_conf(kv_aware => 'index_size=32m',
+               events => 'max_message=4m max_hashes=65536'),
            config => $LOCATIONS);
 $env->start_nginx or BAIL_OUT('nginx did not start');
 ok(wait_status($env, 5, sub { $_[0]{redis}{state} eq 'up' }), 'subscribed');
