@@ -39,7 +39,7 @@ FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 FUZZ_CC      := clang
 FUZZ_CFLAGS  := -g -O1 -fsanitize=fuzzer,address,undefined \
                 -fno-sanitize-recover=undefined -Wall -Wextra -Werror \
-                -Wno-unused-parameter -Isrc
+                -Wno-unused-parameter -Isrc -It/unit
 FUZZ_SECONDS ?= 60
 
 .PHONY: all deps module unit tools test demo bench bench-events bench-e2e \
@@ -128,7 +128,7 @@ bench-e2e: deps module tools
 # the sanitizers and libFuzzer's main come with clang's runtime; a target
 # needing more than the core names it in FUZZ_SRCS_<name>, FUZZ_LIBS_<name>
 .SECONDEXPANSION:
-$(BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c $(CORE_SRCS) $(CORE_HDRS) \
+$(BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c $(CORE_SRCS) $(CORE_HDRS) t/unit/json_depth.h \
         $$(FUZZ_SRCS_$$*)
 	@mkdir -p $(BUILD)/fuzz
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRCS) $(FUZZ_SRCS_$*) \

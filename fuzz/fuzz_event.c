@@ -26,7 +26,6 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void fz_check_batch(const kva_batch_t *b);
-static int fz_same(const kva_batch_t *a, const kva_batch_t *b);
 static void fz_round_trip(const kva_batch_t *b);
 static void fz_resync(const char *msg, size_t len);
 
@@ -76,47 +75,6 @@ fz_check_batch(const kva_batch_t *b)
 }
 
 
-static int
-fz_same(const kva_batch_t *a, const kva_batch_t *b)
-{
-    size_t           i;
-    const kva_ev_t  *x, *y;
-
-    if (a->server_len != b->server_len
-        || memcmp(a->server, b->server, a->server_len) != 0
-        || a->seq != b->seq || a->snapshot != b->snapshot
-        || a->heartbeat != b->heartbeat || a->has_load != b->has_load
-        || a->nevents != b->nevents || a->hash_count != b->hash_count)
-    {
-        return 0;
-    }
-
-    if (a->has_load
-        && (a->waiting != b->waiting || a->running != b->running
-            || a->kv_usage != b->kv_usage))
-    {
-        return 0;
-    }
-
-    for (i = 0; i < a->nevents; i++) {
-        x = &a->events[i];
-        y = &b->events[i];
-
-        if (x->type != y->type || x->nhashes != y->nhashes
-            || x->has_parent != y->has_parent
-            || (x->has_parent && x->parent != y->parent)
-            || (x->nhashes > 0
-                && memcmp(x->hashes, y->hashes,
-                          x->nhashes * sizeof(uint64_t)) != 0))
-        {
-            return 0;
-        }
-    }
-
-    return 1;
-}
-
-
 /* what the encoder writes, the decoder reads back unchanged */
 static void
 fz_round_trip(const kva_batch_t *b)
@@ -139,7 +97,7 @@ fz_round_trip(const kva_batch_t *b)
 
     rc = kva_event_decode(msg, len, NULL, &d, err, sizeof(err));
 
-    if (rc != KVA_EVENT_OK || !fz_same(b, &d)) {
+    if (rc != KVA_EVENT_OK || !kva_batch_equal(b, &d)) {
         abort();
     }
 
@@ -207,7 +165,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     if (lim_rc == KVA_EVENT_OK) {
-        if (!fz_same(&free_b, &lim_b)
+        if (!kva_batch_equal(&free_b, &lim_b)
             || lim_b.hash_count > FZ_MAX_HASHES
             || lim_b.nevents > FZ_MAX_EVENTS)
         {

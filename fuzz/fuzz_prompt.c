@@ -19,6 +19,8 @@
 
 #include <jansson.h>
 
+#include "json_depth.h"
+
 #include "kva_prompt.h"
 
 
@@ -32,44 +34,11 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static int fz_depth(json_t *v);
 static int fz_jansson(const uint8_t *data, size_t size, int *too_deep);
 static uint8_t *fz_extract(const uint8_t *data, size_t size, size_t cap,
     kva_prompt_t *p, kva_prompt_rc_e *rc);
 static void fz_prefix(const uint8_t *data, size_t size, const uint8_t *full,
     size_t full_len, size_t cap);
-
-
-static int
-fz_depth(json_t *v)
-{
-    int          d, max;
-    size_t       i;
-    json_t      *e;
-    const char  *key;
-
-    max = 0;
-
-    if (json_is_array(v)) {
-        json_array_foreach(v, i, e) {
-            d = fz_depth(e);
-            max = (d > max) ? d : max;
-        }
-
-        return max + 1;
-    }
-
-    if (json_is_object(v)) {
-        json_object_foreach(v, key, e) {
-            d = fz_depth(e);
-            max = (d > max) ? d : max;
-        }
-
-        return max + 1;
-    }
-
-    return 0;
-}
 
 
 /* jansson's verdict, with test_prompt_ref.c's exceptions */
@@ -102,7 +71,7 @@ fz_jansson(const uint8_t *data, size_t size, int *too_deep)
         }
     }
 
-    *too_deep = (fz_depth(root) > KVA_PROMPT_MAX_DEPTH);
+    *too_deep = (json_depth(root) > KVA_PROMPT_MAX_DEPTH);
     json_decref(root);
 
     return FZ_VALID;

@@ -726,6 +726,48 @@ kva_batch_free(kva_batch_t *b)
  * (an unknown event type): publishing half of it would be worse.
  */
 
+
+int
+kva_batch_equal(const kva_batch_t *a, const kva_batch_t *b)
+{
+    size_t           i;
+    const kva_ev_t  *x, *y;
+
+    if (a->server_len != b->server_len
+        || memcmp(a->server, b->server, a->server_len) != 0
+        || a->seq != b->seq || a->snapshot != b->snapshot
+        || a->heartbeat != b->heartbeat || a->has_load != b->has_load
+        || a->nevents != b->nevents || a->hash_count != b->hash_count)
+    {
+        return 0;
+    }
+
+    if (a->has_load
+        && (a->waiting != b->waiting || a->running != b->running
+            || a->kv_usage != b->kv_usage))
+    {
+        return 0;
+    }
+
+    for (i = 0; i < a->nevents; i++) {
+        x = &a->events[i];
+        y = &b->events[i];
+
+        if (x->type != y->type || x->nhashes != y->nhashes
+            || x->has_parent != y->has_parent
+            || (x->has_parent && x->parent != y->parent)
+            || (x->nhashes > 0
+                && memcmp(x->hashes, y->hashes,
+                          x->nhashes * sizeof(uint64_t)) != 0))
+        {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
 char *
 kva_event_encode(const kva_batch_t *b, size_t *len)
 {

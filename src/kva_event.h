@@ -122,6 +122,9 @@ kva_event_rc_e kva_event_decode(const char *msg, size_t len,
 
 void kva_batch_free(kva_batch_t *b);
 
+/* 1 when the two batches say the same, field by field, else 0 */
+int kva_batch_equal(const kva_batch_t *a, const kva_batch_t *b);
+
 /*
  * The pre-scan: one pass over the bytes, no allocation.  Counts into s
  * and stops at the first count over max (a field 0 in max: no bound);

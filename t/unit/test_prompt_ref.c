@@ -19,6 +19,8 @@
 
 #include <jansson.h>
 
+#include "json_depth.h"
+
 #include "kva_prompt.h"
 #include "tap.h"
 #include "prompt_gen.h"
@@ -51,7 +53,6 @@ typedef struct {
 } group_t;
 
 
-static int json_depth(json_t *v);
 static void ref_string(buf_t *out, json_t *s);
 static void ref_message(buf_t *out, json_t *msg);
 static void ref_token(buf_t *out, json_t *v);
@@ -69,38 +70,6 @@ static void test_random(void);
 
 
 /* the reference: jansson's tree walked with the same rules */
-
-static int
-json_depth(json_t *v)
-{
-    int          d, max;
-    size_t       i;
-    json_t      *e;
-    const char  *key;
-
-    max = 0;
-
-    if (json_is_array(v)) {
-        json_array_foreach(v, i, e) {
-            d = json_depth(e);
-            max = (d > max) ? d : max;
-        }
-
-        return max + 1;
-    }
-
-    if (json_is_object(v)) {
-        json_object_foreach(v, key, e) {
-            d = json_depth(e);
-            max = (d > max) ? d : max;
-        }
-
-        return max + 1;
-    }
-
-    return 0;
-}
-
 
 static void
 ref_string(buf_t *out, json_t *s)
