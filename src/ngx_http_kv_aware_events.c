@@ -57,13 +57,16 @@ static ngx_uint_t ngx_http_kv_aware_applier(
     ngx_http_kv_aware_srv_conf_t *kcf);
 
 
-static const char  *ngx_http_kv_aware_reject_names[] = {
-    "malformed",
-    "bad field",
-    "unsupported version",
-    "over a size limit",
-    "unknown server",
-    "flood"
+const char  *ngx_http_kv_aware_ev_state_names[] = {
+    NGX_HTTP_KV_AWARE_EV_STATES(NGX_HTTP_KV_AWARE_KEY2)
+};
+
+const char  *ngx_http_kv_aware_reject_keys[] = {
+    NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_KEY3)
+};
+
+const char  *ngx_http_kv_aware_reject_texts[] = {
+    NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_TEXT3)
 };
 
 
@@ -543,7 +546,7 @@ ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
                   "kv_aware: upstream \"%V\" ignored an event message: "
                   "%s%s%*s (%uA so far)", &kcf->upstream,
-                  ngx_http_kv_aware_reject_names[why], len ? ": " : "",
+                  ngx_http_kv_aware_reject_texts[why], len ? ": " : "",
                   ngx_min(len, 128), detail ? detail : "", n);
 }
 

@@ -24,18 +24,35 @@
     ((uint32_t) ((ms) >> NGX_HTTP_KV_AWARE_TICK_SHIFT))
 
 
+/*
+ * Each enum of names is written once, as a list: X(id, key) or, with a
+ * log phrase, X(id, key, text).  The list makes the enum and the name
+ * tables, so that the logs, $kv_aware_reason and the status keys cannot
+ * drift apart from the values.
+ */
+#define NGX_HTTP_KV_AWARE_ENUM2(id, key)          NGX_HTTP_KV_AWARE_##id,
+#define NGX_HTTP_KV_AWARE_KEY2(id, key)           key,
+#define NGX_HTTP_KV_AWARE_ENUM3(id, key, text)    NGX_HTTP_KV_AWARE_##id,
+#define NGX_HTTP_KV_AWARE_KEY3(id, key, text)     key,
+#define NGX_HTTP_KV_AWARE_TEXT3(id, key, text)    text,
+
+
 /* why a request was routed by load alone, for $kv_aware_reason */
+#define NGX_HTTP_KV_AWARE_FALLBACKS(X)                                        \
+    X(ROUTED, "")                                                             \
+    X(NO_BODY, "no_body")                                                     \
+    X(UNBUFFERED, "unbuffered")                                               \
+    X(TOO_LARGE, "too_large")                                                 \
+    X(FILE_ERROR, "file_error")                                               \
+    X(NOT_JSON, "not_json")                                                   \
+    X(BAD_UTF8, "bad_utf8")                                                   \
+    X(TOO_DEEP, "too_deep")                                                   \
+    X(NO_PROMPT, "no_prompt")                                                 \
+    X(NO_MEMORY, "no_memory")
+
 typedef enum {
-    NGX_HTTP_KV_AWARE_ROUTED = 0,
-    NGX_HTTP_KV_AWARE_NO_BODY,
-    NGX_HTTP_KV_AWARE_UNBUFFERED,
-    NGX_HTTP_KV_AWARE_TOO_LARGE,
-    NGX_HTTP_KV_AWARE_FILE_ERROR,
-    NGX_HTTP_KV_AWARE_NOT_JSON,
-    NGX_HTTP_KV_AWARE_BAD_UTF8,
-    NGX_HTTP_KV_AWARE_TOO_DEEP,
-    NGX_HTTP_KV_AWARE_NO_PROMPT,
-    NGX_HTTP_KV_AWARE_NO_MEMORY
+    NGX_HTTP_KV_AWARE_FALLBACKS(NGX_HTTP_KV_AWARE_ENUM2)
+    NGX_HTTP_KV_AWARE_FALLBACK_LAST
 } ngx_http_kv_aware_fallback_e;
 
 
@@ -46,24 +63,35 @@ typedef struct {
 } ngx_http_kv_aware_load_t;
 
 
-/* what the module knows of a server's cache, from its events */
+/*
+ * What the module knows of a server's cache, from its events: never heard
+ * from (learned only), events in sequence (precise), a snapshot arriving,
+ * events lost (resync asked), silent past the heartbeat.
+ */
+#define NGX_HTTP_KV_AWARE_EV_STATES(X)                                        \
+    X(EV_NONE, "learned")                                                     \
+    X(EV_FRESH, "fresh")                                                      \
+    X(EV_SYNCING, "syncing")                                                  \
+    X(EV_DEGRADED, "degraded")                                                \
+    X(EV_STALE, "stale")
+
 typedef enum {
-    NGX_HTTP_KV_AWARE_EV_NONE = 0,      /* never heard from: learned only */
-    NGX_HTTP_KV_AWARE_EV_FRESH,         /* events in sequence: precise */
-    NGX_HTTP_KV_AWARE_EV_SYNCING,       /* a snapshot is arriving */
-    NGX_HTTP_KV_AWARE_EV_DEGRADED,      /* events lost: resync asked */
-    NGX_HTTP_KV_AWARE_EV_STALE          /* silent past the heartbeat */
+    NGX_HTTP_KV_AWARE_EV_STATES(NGX_HTTP_KV_AWARE_ENUM2)
+    NGX_HTTP_KV_AWARE_EV_LAST
 } ngx_http_kv_aware_ev_state_e;
 
 
-/* classes of rejected event messages, for the status page */
+/* classes of rejected event messages: status key, and what logs say */
+#define NGX_HTTP_KV_AWARE_REJECTS(X)                                          \
+    X(REJ_MALFORMED, "malformed", "malformed")                                \
+    X(REJ_BAD_FIELD, "bad_field", "bad field")                                \
+    X(REJ_VERSION, "version", "unsupported version")                          \
+    X(REJ_TOO_BIG, "too_big", "over a size limit")                            \
+    X(REJ_UNKNOWN_SERVER, "unknown_server", "unknown server")                 \
+    X(REJ_FLOOD, "flood", "flood")
+
 typedef enum {
-    NGX_HTTP_KV_AWARE_REJ_MALFORMED = 0,
-    NGX_HTTP_KV_AWARE_REJ_BAD_FIELD,
-    NGX_HTTP_KV_AWARE_REJ_VERSION,
-    NGX_HTTP_KV_AWARE_REJ_TOO_BIG,
-    NGX_HTTP_KV_AWARE_REJ_UNKNOWN_SERVER,
-    NGX_HTTP_KV_AWARE_REJ_FLOOD,
+    NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_ENUM3)
     NGX_HTTP_KV_AWARE_REJ_LAST
 } ngx_http_kv_aware_reject_e;
 
@@ -95,11 +123,15 @@ typedef struct {
 
 
 /* the Redis link, as the status page reports it */
+#define NGX_HTTP_KV_AWARE_REDIS_STATES(X)                                     \
+    X(REDIS_OFF, "off")                                                       \
+    X(REDIS_CONNECTING, "connecting")                                         \
+    X(REDIS_UP, "up")                                                         \
+    X(REDIS_DOWN, "down")
+
 typedef enum {
-    NGX_HTTP_KV_AWARE_REDIS_OFF = 0,
-    NGX_HTTP_KV_AWARE_REDIS_CONNECTING,
-    NGX_HTTP_KV_AWARE_REDIS_UP,
-    NGX_HTTP_KV_AWARE_REDIS_DOWN
+    NGX_HTTP_KV_AWARE_REDIS_STATES(NGX_HTTP_KV_AWARE_ENUM2)
+    NGX_HTTP_KV_AWARE_REDIS_LAST
 } ngx_http_kv_aware_redis_state_e;
 
 
@@ -206,6 +238,13 @@ typedef struct {
 
 extern ngx_module_t  ngx_http_kv_aware_module;
 
+/* indexed by the enums above */
+extern const char  *ngx_http_kv_aware_fallback_names[];
+extern const char  *ngx_http_kv_aware_ev_state_names[];
+extern const char  *ngx_http_kv_aware_reject_keys[];
+extern const char  *ngx_http_kv_aware_reject_texts[];
+extern const char  *ngx_http_kv_aware_redis_state_names[];
+
 
 ngx_int_t ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
     ngx_http_upstream_srv_conf_t *us);
@@ -234,8 +273,6 @@ ngx_int_t ngx_http_kv_aware_redis_start(ngx_cycle_t *cycle,
 void ngx_http_kv_aware_redis_stop(ngx_http_kv_aware_srv_conf_t *kcf);
 ngx_int_t ngx_http_kv_aware_redis_publish(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_str_t *channel, u_char *data, size_t len);
-const char *ngx_http_kv_aware_fallback_name(
-    ngx_http_kv_aware_fallback_e fallback);
 void ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf,
     kva_clock_t *clk);
 void ngx_http_kv_aware_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,

@@ -19,25 +19,9 @@ static u_char *ngx_http_kv_aware_read_body(ngx_http_request_t *r,
     size_t len, ngx_http_kv_aware_fallback_e *fallback);
 
 
-static const char  *ngx_http_kv_aware_fallbacks[] = {
-    "",
-    "no_body",
-    "unbuffered",
-    "too_large",
-    "file_error",
-    "not_json",
-    "bad_utf8",
-    "too_deep",
-    "no_prompt",
-    "no_memory"
+const char  *ngx_http_kv_aware_fallback_names[] = {
+    NGX_HTTP_KV_AWARE_FALLBACKS(NGX_HTTP_KV_AWARE_KEY2)
 };
-
-
-const char *
-ngx_http_kv_aware_fallback_name(ngx_http_kv_aware_fallback_e fallback)
-{
-    return ngx_http_kv_aware_fallbacks[fallback];
-}
 
 
 ngx_int_t

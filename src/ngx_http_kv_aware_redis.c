@@ -75,6 +75,11 @@ static void ngx_http_kv_aware_ev_cleanup(void *data);
 static void ngx_http_kv_aware_set_state(ngx_http_kv_aware_redis_t *rd);
 
 
+const char  *ngx_http_kv_aware_redis_state_names[] = {
+    NGX_HTTP_KV_AWARE_REDIS_STATES(NGX_HTTP_KV_AWARE_KEY2)
+};
+
+
 ngx_int_t
 ngx_http_kv_aware_redis_start(ngx_cycle_t *cycle,
     ngx_http_kv_aware_srv_conf_t *kcf)

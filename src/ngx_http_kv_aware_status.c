@@ -18,13 +18,6 @@ static u_char *ngx_http_kv_aware_status_upstream(u_char *p,
 static ngx_uint_t ngx_http_kv_aware_status_check_arg(ngx_http_request_t *r);
 
 
-static const char  *ngx_http_kv_aware_ev_states[] = {
-    "learned", "fresh", "syncing", "degraded", "stale"
-};
-
-static const char  *ngx_http_kv_aware_redis_states[] = {
-    "off", "connecting", "up", "down"
-};
 
 
 char *
@@ -178,7 +171,7 @@ ngx_http_kv_aware_status_upstream(u_char *p,
     char                         err[NGX_HTTP_KV_AWARE_STATUS_CHECK / 2];
     uint32_t                     from;
     ngx_str_t                   *names;
-    ngx_uint_t                   i, s, state;
+    ngx_uint_t                   i, s, state, why;
     kva_clock_t                  clk;
     kva_index_t                 *ix;
     kva_slot_count_t             counts[KVA_MAX_SLOTS];
@@ -251,19 +244,19 @@ ngx_http_kv_aware_status_upstream(u_char *p,
         p = ngx_sprintf(p, "\"redis\":{\"address\":\"%V\",\"state\":\"%s\","
                         "\"connects\":%uA,\"failures\":%uA},"
                         "\"events\":{\"messages\":%uA,\"hashes\":%uA,"
-                        "\"resyncs\":%uA,\"rejected\":{\"malformed\":%uA,"
-                        "\"bad_field\":%uA,\"version\":%uA,\"too_big\":%uA,"
-                        "\"unknown_server\":%uA,\"flood\":%uA}},",
+                        "\"resyncs\":%uA,\"rejected\":{",
                         &kcf->events->addr_text,
-                        ngx_http_kv_aware_redis_states[state],
+                        ngx_http_kv_aware_redis_state_names[state],
                         sh->redis_connects, sh->redis_failures,
-                        sh->ev_messages, sh->ev_hashes, sh->resyncs,
-                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_MALFORMED],
-                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_BAD_FIELD],
-                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_VERSION],
-                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_TOO_BIG],
-                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_UNKNOWN_SERVER],
-                        sh->ev_rejected[NGX_HTTP_KV_AWARE_REJ_FLOOD]);
+                        sh->ev_messages, sh->ev_hashes, sh->resyncs);
+
+        for (why = 0; why < NGX_HTTP_KV_AWARE_REJ_LAST; why++) {
+            p = ngx_sprintf(p, "%s\"%s\":%uA", why ? "," : "",
+                            ngx_http_kv_aware_reject_keys[why],
+                            sh->ev_rejected[why]);
+        }
+
+        p = ngx_cpymem(p, "}},", 3);
     }
 
     p = ngx_cpymem(p, "\"servers\":[", sizeof("\"servers\":[") - 1);
@@ -282,7 +275,7 @@ ngx_http_kv_aware_status_upstream(u_char *p,
                         "\"gaps\":%uA},",
                         i ? "," : "", &names[i],
                         i >= kcf->nprimary ? "true" : "false",
-                        ngx_http_kv_aware_ev_states[sl->ev_state],
+                        ngx_http_kv_aware_ev_state_names[sl->ev_state],
                         sl->ev_seq, counts[s].entries[KVA_SRC_EVENT],
                         counts[s].entries[KVA_SRC_LEARNED],
                         counts[s].entries[KVA_SRC_SPEC],

@@ -99,7 +99,7 @@ ngx_http_kv_aware_reason(ngx_http_request_t *r,
         v->data = (u_char *) why;
 
     } else {
-        why = ngx_http_kv_aware_fallback_name(ctx->fallback);
+        why = ngx_http_kv_aware_fallback_names[ctx->fallback];
 
         p = ngx_pnalloc(r->pool, sizeof("fallback:") - 1 + ngx_strlen(why));
         if (p == NULL) {
