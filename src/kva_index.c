@@ -251,15 +251,29 @@ kva_index_match_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     uint64_t mask, const kva_clock_t *clk, uint32_t depth[KVA_MAX_SLOTS],
     uint32_t *found)
 {
+    uint32_t  reached;
+
+    reached = kva_index_match_part(ix, hashes, 0, n, &mask, clk, depth,
+                                   found);
+
+    return kva_index_match_done(n, reached, mask, depth, found);
+}
+
+
+uint32_t
+kva_index_match_part(kva_index_t *ix, const uint64_t *hashes, uint32_t from,
+    uint32_t to, uint64_t *alive, const kva_clock_t *clk,
+    uint32_t depth[KVA_MAX_SLOTS], uint32_t *found)
+{
     int           slot;
-    uint32_t      i, j, idx, len;
-    uint64_t      alive, bits, gone;
+    uint32_t      i, idx, len;
+    uint64_t      live, bits, gone;
     kva_entry_t  *entries;
 
     entries = kva_entries(ix);
-    alive = mask;
+    live = *alive;
 
-    for (i = 0; i < n && alive; i++) {
+    for (i = from; i < to && live; i++) {
         idx = kva_find(ix, hashes[i], &len);
         bits = (idx == KVA_NIL) ? 0 : kva_fresh_bits(&entries[idx], clk);
 
@@ -268,7 +282,7 @@ kva_index_match_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
         }
 
         /* a slot that misses block i cannot use any later block */
-        gone = alive & ~bits;
+        gone = live & ~bits;
 
         while (gone) {
             slot = __builtin_ctzll(gone);
@@ -276,16 +290,29 @@ kva_index_match_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
             gone &= gone - 1;
         }
 
-        alive &= bits;
+        live &= bits;
     }
 
-    for (j = i; found && j < n; j++) {
+    *alive = live;
+
+    return i;
+}
+
+
+uint32_t
+kva_index_match_done(uint32_t n, uint32_t reached, uint64_t alive,
+    uint32_t depth[KVA_MAX_SLOTS], uint32_t *found)
+{
+    int       slot;
+    uint32_t  j;
+
+    for (j = reached; found && j < n; j++) {
         found[j] = KVA_NIL;
     }
 
     if (alive == 0) {
         /* depth of the last slots to drop out is their block number */
-        return i ? i - 1 : 0;
+        return reached ? reached - 1 : 0;
     }
 
     while (alive) {

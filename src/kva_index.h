@@ -148,6 +148,19 @@ void kva_index_add_found(kva_index_t *ix, const uint64_t *hashes,
     uint32_t n, unsigned slot, unsigned srcs, const kva_clock_t *clk,
     const uint32_t *found);
 
+/*
+ * match_found in pieces, for a caller that releases its lock in between:
+ * *alive starts as the mask and carries the slots still matching from
+ * piece to piece; blocks [from, to) are looked up while any is alive.
+ * Returns the block the piece stopped at.  kva_index_match_done() then
+ * completes depth[] and found[] and returns the deepest match.
+ */
+uint32_t kva_index_match_part(kva_index_t *ix, const uint64_t *hashes,
+    uint32_t from, uint32_t to, uint64_t *alive, const kva_clock_t *clk,
+    uint32_t depth[KVA_MAX_SLOTS], uint32_t *found);
+uint32_t kva_index_match_done(uint32_t n, uint32_t reached, uint64_t alive,
+    uint32_t depth[KVA_MAX_SLOTS], uint32_t *found);
+
 /* forgets what the sources in srcs say about slot for these hashes */
 void kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     unsigned slot, unsigned srcs);

@@ -356,10 +356,19 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
 
     ngx_shmtx_lock(&kcf->shpool->mutex);
 
-    if (nblocks) {
-        (void) kva_index_match_found(kcf->sh->index, ctx->hashes, nblocks,
-                                     mask, &clk, depth, ctx->found);
+    /* the lookup too goes a piece per hold of the lock */
+    for (from = 0; from < nblocks && mask; from = piece) {
+        if (from) {
+            ngx_shmtx_unlock(&kcf->shpool->mutex);
+            ngx_shmtx_lock(&kcf->shpool->mutex);
+        }
+
+        piece = kva_index_match_part(kcf->sh->index, ctx->hashes, from,
+                                     ngx_min(nblocks, from + KVA_ADD_CHUNK),
+                                     &mask, &clk, depth, ctx->found);
     }
+
+    (void) kva_index_match_done(nblocks, from, mask, depth, ctx->found);
 
     for (i = 0; i < n; i++) {
         slot = picks[i].slot;
