@@ -23,6 +23,7 @@ package Test::KvAware;
 #   $r = $env->request($method, $uri, $body, \%headers)
 #        # {status, headers (lc), body, json, elapsed, error}
 #   @r = $env->concurrent([[$method, $uri, $body, \%headers], ...])
+#   $h = $env->hold([...]); @r = $env->release($h)   # in flight meanwhile
 #   $env->raw_request($bytes), backend_request($i, $method, $uri, ...)
 #   $env->backend_stop($i), backend_start($i, mode => 'ok|fail|close'),
 #        backend_port($i), backend_pid($i)
@@ -329,9 +330,13 @@ EOF
 
 sub conf_text { $_[0]{conf_text} }
 
+# "-e stderr": what nginx logs before it has read error_log (a refused
+# "nginx -t" or "nginx -s reload") goes to the command's output, as with
+# Debian's nginx (--error-log-path=stderr).  A build from source would
+# write it to PREFIX/logs/error.log, the running server's log.
 sub _nginx_cmd {
     my ($self, @extra) = @_;
-    return ($NGINX, '-p', "$self->{prefix}/",
+    return ($NGINX, '-p', "$self->{prefix}/", '-e', 'stderr',
             '-c', "$self->{prefix}/conf/nginx.conf", @extra);
 }
 
@@ -725,6 +730,39 @@ sub concurrent {
     }
 
     return @res;
+}
+
+
+# Requests held in flight until the test lets them go:
+#   $h = $env->hold([[method, uri, body, \%headers], ...]);
+#   ...                       # they are in flight, in any order, meanwhile
+#   @responses = $env->release($h);
+# Sent at once by a forked child, each with "X-Hold: FILE": the backends
+# answer when release() creates FILE (or after 30 s).  No guess of how
+# long the checks in between take, on a fast machine or a slow one.
+sub hold {
+    my ($self, $reqs) = @_;
+    my $file = "$self->{prefix}/logs/hold-" . ++$self->{hold_seq};
+    my @held = map { [@$_[0 .. 2], { %{ $_->[3] || {} }, 'X-Hold' => $file },
+                      timeout => 40] } @$reqs;
+    my $pid = fork // croak "fork: $!";
+    if ($pid == 0) {
+        $SIG{$_} = 'DEFAULT' for qw(INT TERM);
+        open(STDOUT, '>', '/dev/null');     # never hold the TAP pipe
+        my @res = $self->concurrent(\@held, timeout => 45);
+        _write_file("$file.json", $JSON->encode(\@res));
+        POSIX::_exit(0);
+    }
+    return { pid => $pid, file => $file };
+}
+
+sub release {
+    my ($self, $h) = @_;
+    _write_file($h->{file}, '');
+    waitpid($h->{pid}, 0);              # bounded by the requests' timeout
+    my $res = eval { $JSON->decode(_slurp("$h->{file}.json") // '') };
+    croak "release: no responses from the held requests" unless $res;
+    return @$res;
 }
 
 
