@@ -30,6 +30,7 @@ package Test::KvAware;
 #   $env->redis_cli(@args), redis_stop, redis_start, redis_port
 #   $env->error_log([$offset]), error_log_offset, access_log,
 #        wait_for_log($pattern, $timeout, $offset), check_logs_clean($name)
+#   ($rc, $out) = $env->run_nginx(@args); $env->sanitizer_reports
 #
 # Block runner: run_blocks(no_module => 1) reads __DATA__ blocks
 # ("=== TEST n: name") with sections main_config, http_config, config,
@@ -152,6 +153,11 @@ sub cleanup {
     $self->{cleaned} = 1;
     local ($?, $@, $!);
     eval { $self->stop_nginx };
+    # a report that no check_logs_clean saw still fails the test file
+    if (my @san = $self->sanitizer_reports) {
+        Test::More::ok(0, "no sanitizer report ($self->{prefix})");
+        Test::More::diag(join "\n", @san);
+    }
     for my $i (1 .. $self->{nbackends}) {
         eval { $self->backend_stop($i) };
     }
@@ -340,11 +346,37 @@ sub _nginx_cmd {
             '-c', "$self->{prefix}/conf/nginx.conf", @extra);
 }
 
+# ($?, output) of nginx with this prefix and @args ("-t", "-s reload").
+# A sanitizer build (make test-asan) writes its reports to files
+# PREFIX/logs/sanitizer.PID, which check_logs_clean and cleanup look for:
+# the daemon's stderr is the error log only once it is configured, and
+# workers inherit the options from the master.
+sub run_nginx {
+    my ($self, @args) = @_;
+    my $log = "log_path=$self->{prefix}/logs/sanitizer";
+    local $ENV{ASAN_OPTIONS} = join ':', grep { length }
+                                   $ENV{ASAN_OPTIONS} // '', $log;
+    local $ENV{UBSAN_OPTIONS} = join ':', grep { length }
+                                    $ENV{UBSAN_OPTIONS} // '', $log;
+    return $self->_run_cmd([$self->_nginx_cmd(@args)]);
+}
+
+# The sanitizer reports not yet seen, as text: each one fails one check.
+sub sanitizer_reports {
+    my ($self) = @_;
+    my @new;
+    for my $f (sort glob "$self->{prefix}/logs/sanitizer.*") {
+        next if $self->{san_seen}{$f}++;
+        push @new, _tail(_slurp($f), 60);
+    }
+    return @new;
+}
+
 # ($ok, $output) of "nginx -t".
 sub test_config {
     my ($self) = @_;
     croak "conf() was not called" unless $self->{conf_text};
-    my ($rc, $out) = $self->_run_cmd([$self->_nginx_cmd('-t')]);
+    my ($rc, $out) = $self->run_nginx('-t');
     return ($rc == 0, $out);
 }
 
@@ -364,7 +396,7 @@ sub start_nginx {
     my $pidfile = "$self->{prefix}/logs/nginx.pid";
     unlink $pidfile;
 
-    my ($rc, $out) = $self->_run_cmd([$self->_nginx_cmd]);
+    my ($rc, $out) = $self->run_nginx;
     my $err;
 
     if ($rc != 0) {
@@ -414,7 +446,7 @@ sub reload {
     my $mark = $self->error_log_offset;
     my $want = $self->{conf_workers} =~ /^\d+$/ ? $self->{conf_workers} : 1;
 
-    my ($rc, $out) = $self->_run_cmd([$self->_nginx_cmd('-s', 'reload')]);
+    my ($rc, $out) = $self->run_nginx('-s', 'reload');
     my $err;
 
     if ($rc != 0) {
@@ -949,14 +981,18 @@ sub wait_for_log {
 my $BAD_LOG = qr/\[(?:alert|emerg|crit)\]|exited on signal
                  |AddressSanitizer|runtime\ error|LeakSanitizer/x;
 
-# One assertion: no alert/emerg/crit, no crashed worker, no sanitizer hit.
+# One assertion: no alert/emerg/crit, no crashed worker, no sanitizer hit
+# (in the error log or a report file).
 sub check_logs_clean {
     my ($self, $name) = @_;
     local $Test::Builder::Level = $Test::Builder::Level + 1;
     my @bad = grep { /$BAD_LOG/ } split /\n/, $self->error_log;
-    my $ok = Test::More::ok(!@bad, ($name // 'logs') . ' - error log clean');
+    my @san = $self->sanitizer_reports;
+    my $ok = Test::More::ok(!@bad && !@san,
+                            ($name // 'logs') . ' - error log clean');
     Test::More::diag(join "\n", 'bad error log lines:',
                      @bad[0 .. ($#bad < 19 ? $#bad : 19)]) if @bad;
+    Test::More::diag(join "\n", 'sanitizer reports:', @san) if @san;
     return $ok;
 }
 
