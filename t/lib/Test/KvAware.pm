@@ -189,6 +189,7 @@ sub _start_watchdog {
 
     if (my $ngx = _read_pid("$prefix/logs/nginx.pid")) {
         kill 'KILL', $ngx, _workers_of($ngx) if _alive($ngx);
+        kill 'KILL', -$ngx;             # orphaned workers: see stop_nginx
     }
     for my $f (glob "$prefix/logs/*.pgid") {
         my $pg = _read_pid($f) or next;
@@ -486,21 +487,27 @@ sub stop_nginx {
     my ($self) = @_;
     my $pid = delete $self->{nginx_pid}
            // _read_pid("$self->{prefix}/logs/nginx.pid");
-    return unless $pid && _alive($pid);
+    return unless $pid;
 
-    my @workers = _workers_of($pid);
-    kill 'QUIT', $pid;
+    if (_alive($pid)) {
+        my @workers = _workers_of($pid);
+        kill 'QUIT', $pid;
 
-    unless (wait_until(5, sub { !_alive($pid) })) {
-        Test::More::diag("nginx $pid did not quit in 5 s, killing it");
-        kill 'KILL', $pid, _workers_of($pid);
-        wait_until(2, sub { !_alive($pid) });
+        unless (wait_until(5, sub { !_alive($pid) })) {
+            Test::More::diag("nginx $pid did not quit in 5 s, killing it");
+            kill 'KILL', $pid, _workers_of($pid);
+            wait_until(2, sub { !_alive($pid) });
+        }
+
+        # a killed master leaves its workers behind
+        my @left = grep { _alive($_) } @workers;
+        kill 'KILL', @left if @left;
+        wait_until(2, sub { !grep { _alive($_) } @left });
     }
 
-    # a killed master leaves its workers behind
-    my @left = grep { _alive($_) } @workers;
-    kill 'KILL', @left if @left;
-    wait_until(2, sub { !grep { _alive($_) } @left });
+    # The daemon leads its own process group: workers orphaned by a master
+    # that crashed earlier (a sanitizer abort, say) are only found there.
+    kill 'KILL', -$pid;
 }
 
 sub nginx_pid {
