@@ -93,8 +93,9 @@ unit: $(UNIT_TESTS)
 
 tools: $(TOOLS)
 
-# Three stages, each fails make test; each ends with prove's summary, and
-# the last one printed is prove's.
+# Stages in this order, the first failure stops make test.  CI reads the
+# last summary printed, which must be prove's: a new stage goes before
+# test-asan.
 test: test-debian test-nginx test-asan
 
 # prove runs the unit test binaries (TAP) and the Perl tests in one go,
@@ -113,12 +114,13 @@ test-nginx: deps unit tools
 	    $(PROVE) -r t/
 
 # ASan and UBSan: the unit tests and kvsim rebuilt with them, and nginx
-# itself built with them from source (tools/build-nginx.sh --asan), rather
-# than a sanitized module preloaded into Debian's nginx: only then does
-# ASan see nginx's own allocations, and with NGX_DEBUG_PALLOC every pool
-# allocation is its own malloc, so an overflow of request or configuration
-# memory is caught instead of landing in the next object of the pool
-# block.  Reports of nginx land in each test's prefix and fail that test
+# itself built with them from source (tools/build-nginx.sh --asan) rather
+# than a sanitized module preloaded into Debian's nginx.  The module
+# allocates from nginx's pools; only with NGX_DEBUG_PALLOC is every pool
+# allocation its own malloc, so that an overflow of request or
+# configuration memory is caught instead of landing in the next object of
+# the pool block (and nginx's code, which the module drives, is checked
+# too).  Reports of nginx land in each test's prefix and fail that test
 # (t/lib/Test/KvAware.pm).
 test-asan: deps
 	@echo "== unit tests, integration tests: ASan/UBSan, nginx $(NGINX_VERSION)"
