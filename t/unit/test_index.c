@@ -34,7 +34,7 @@ chain(uint64_t *h, uint32_t n, uint64_t seed)
 int
 main(void)
 {
-    void              *region;
+    void              *region, *tiny;
     size_t             size;
     uint32_t           depth[KVA_MAX_SLOTS], deepest, i, cap;
     uint64_t           a[64], b[64], c[40000];
@@ -49,7 +49,9 @@ main(void)
     ok((size - sizeof(kva_index_t)) / 10000 <= 48,
        "at most 48 bytes per entry, buckets included (%zu)",
        (size - sizeof(kva_index_t)) / 10000);
-    ok(kva_index_init(malloc(16), 16) == NULL, "a tiny region is refused");
+    tiny = malloc(16);
+    ok(kva_index_init(tiny, 16) == NULL, "a tiny region is refused");
+    free(tiny);
 
     region = malloc(size);
     ix = kva_index_init(region, size);
