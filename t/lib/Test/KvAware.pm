@@ -371,7 +371,8 @@ sub sanitizer_reports {
     my @new;
     for my $f (sort glob "$self->{prefix}/logs/sanitizer.*") {
         next if $self->{san_seen}{$f}++;
-        push @new, _tail(_slurp($f), 60);
+        my @l = split /\n/, _slurp($f) // '';     # what, where, then who
+        push @new, join "\n", "$f:", @l[0 .. ($#l < 39 ? $#l : 39)];
     }
     return @new;
 }
