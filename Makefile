@@ -2,7 +2,10 @@
 #
 #   make deps    install what is missing from Debian's archive (apt-get)
 #   make module  build/ngx_http_kv_aware_module.so against Debian's nginx
-#   make test    unit tests of the core, then the nginx integration tests
+#   make test    unit tests, then the integration tests against Debian's
+#                nginx 1.22.1, nginx 1.30.4 built from ../shared/vendor/,
+#                and the same under ASan/UBSan (make test-asan)
+#   make test-nginx [NGINX_VERSION=1.31.4]   one nginx from source only
 #   make demo    nginx + the module in front of kvsim servers, narrated
 #   make soak    ten minutes of faults around nginx under load
 #   make bench   routing cost in process, then through nginx with wrk
@@ -17,7 +20,7 @@ MODULE     := $(BUILD)/ngx_http_kv_aware_module.so
 
 CC         ?= cc
 CFLAGS_CORE = -std=gnu99 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter \
-              -Wpointer-arith -Isrc
+              -Wpointer-arith -Isrc $(SAN_CFLAGS)
 
 CORE_SRCS  := src/kva_prompt.c src/kva_hash.c src/kva_index.c src/kva_score.c \
               src/kva_event.c
@@ -31,7 +34,8 @@ TOOLS      :=
 
 PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
               libxxhash-dev libevent-dev redis-server redis-tools wrk \
-              gnuplot-nox perl curl python3 procps clang libclang-rt-14-dev
+              gnuplot-nox perl curl python3 procps \
+              libpcre2-dev zlib1g-dev clang libclang-rt-14-dev
 
 # libFuzzer targets: fuzz/fuzz_<name>.c, seeds in fuzz/corpus/<name>/
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
@@ -42,8 +46,27 @@ FUZZ_CFLAGS  := -g -O1 -fsanitize=fuzzer,address,undefined \
                 -Wno-unused-parameter -Isrc -It/unit
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps module unit tools test demo bench bench-events bench-e2e \
-        soak fuzz fuzz-build bench-worst clean
+# nginx from source (tools/build-nginx.sh): the current stable by default
+NGINX_VERSION := 1.30.4
+NGINX_DIR   = $(BUILD)/nginx-$(NGINX_VERSION)
+PROVE      := prove -I t/lib
+
+# make test-asan: everything rebuilt with the sanitizers under build/asan/
+ASAN_BUILD := $(BUILD)/asan
+ASAN_NGINX := $(BUILD)/nginx-$(NGINX_VERSION)-asan
+# the unit tests and kvsim stop at the first UBSan report, so that they
+# fail; nginx goes on and its report files fail the test
+SAN        := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+              -fno-omit-frame-pointer
+# LeakSanitizer checks every process at exit, nginx's master and workers
+# included (the harness turns it off for "nginx -t" and "nginx -s", which
+# exit without freeing their configuration: nginx.c's init_cycle pool)
+ASAN_ENV   := ASAN_OPTIONS=detect_leaks=1 \
+              UBSAN_OPTIONS=print_stacktrace=1:suppressions=$(CURDIR)/t/sanitizers.supp
+
+.PHONY: all deps module unit tools test test-debian test-nginx test-asan \
+        demo bench bench-events bench-e2e soak fuzz fuzz-build bench-worst \
+        clean
 
 all: module
 
@@ -85,9 +108,46 @@ unit: $(UNIT_TESTS)
 
 tools: $(TOOLS)
 
-# prove runs the unit test binaries (TAP) and the Perl tests in one go
-test: deps module unit tools
-	prove -I t/lib $(UNIT_TESTS) -r t/
+# Stages in this order, the first failure stops make test.  CI reads the
+# last summary printed, which must be prove's: a new stage goes before
+# test-asan.
+test: test-debian test-nginx test-asan
+
+# prove runs the unit test binaries (TAP) and the Perl tests in one go,
+# against Debian's nginx 1.22.1; the fuzz targets (t/90) and the fault
+# soak (t/95, two minutes) run here, the soak again, shorter, under ASan
+test-debian: deps module unit tools
+	@echo "== unit tests, integration tests: Debian's nginx 1.22.1"
+	$(PROVE) $(UNIT_TESTS) -r t/
+
+# what most users run: the same integration tests against nginx.org's
+# stable (or NGINX_VERSION=1.31.4, mainline) built with the module
+test-nginx: deps unit tools
+	@echo "== integration tests: nginx $(NGINX_VERSION) from source"
+	bash tools/build-nginx.sh $(NGINX_VERSION)
+	KVA_FUZZ_SECONDS=0 KVA_SOAK_SECONDS=0 \
+	TEST_NGINX_BINARY=$(NGINX_DIR)/objs/nginx \
+	KV_AWARE_MODULE=$(NGINX_DIR)/objs/ngx_http_kv_aware_module.so \
+	    $(PROVE) -r t/
+
+# ASan and UBSan: the unit tests and kvsim rebuilt with them, and nginx
+# itself built with them from source (tools/build-nginx.sh --asan) rather
+# than a sanitized module preloaded into Debian's nginx.  The module
+# allocates from nginx's pools; only with NGX_DEBUG_PALLOC is every pool
+# allocation its own malloc, so that an overflow of request or
+# configuration memory is caught instead of landing in the next object of
+# the pool block (and nginx's code, which the module drives, is checked
+# too).  Reports of nginx land in each test's prefix and fail that test
+# (t/lib/Test/KvAware.pm).
+test-asan: deps
+	@echo "== unit tests, integration tests: ASan/UBSan, nginx $(NGINX_VERSION)"
+	$(MAKE) -s BUILD=$(ASAN_BUILD) CC=clang SAN_CFLAGS="$(SAN)" unit tools
+	bash tools/build-nginx.sh --asan $(NGINX_VERSION)
+	$(ASAN_ENV) KVA_FUZZ_SECONDS=0 KVA_SOAK_SECONDS=60 \
+	TEST_NGINX_BINARY=$(ASAN_NGINX)/objs/nginx \
+	KV_AWARE_MODULE=$(ASAN_NGINX)/objs/ngx_http_kv_aware_module.so \
+	KVSIM_BINARY=$(ASAN_BUILD)/kvsim KVLOAD_BINARY=$(ASAN_BUILD)/kvload \
+	    $(PROVE) $(UNIT_TESTS:$(BUILD)/%=$(ASAN_BUILD)/%) -r t/
 
 # the fault soak for ten minutes (make test runs two): reloads, Redis and a
 # server killed, a hostile publisher, while kvload runs through nginx

@@ -4,13 +4,13 @@
 #     holds any of them, so each goes by load ("load", matched 0) and the
 #     servers share them evenly; sending each again goes back to the server
 #     it first went to ("affinity", matched == blocks);
-#   * 9 distinct slow prefixes at once: the in-flight load spreads them.
+#   * 9 distinct prefixes in flight at once: the in-flight load spreads
+#     them.
 
 use strict;
 use warnings;
 
 use Test::More;
-use POSIX ();
 
 use Test::KvAware qw(skip_unless_module);
 use Test::KvAware::Chat qw(chat_body llm_upstream llm_location backend_of
@@ -28,8 +28,27 @@ sub prefix_body {
 my $HTTP = llm_upstream();
 my $LOCATION = llm_location();
 
+# Routing decisions so far: the debug log has one line per decision.
+sub decisions {
+    my ($env) = @_;
+    my @l = $env->error_log =~ /kv_aware: upstream "\w+" chose slot/g;
+    return scalar @l;
+}
 
-my $env = Test::KvAware->new(backends => 3, log_level => 'info');
+# Sends @reqs at once and keeps them in flight until all are routed, so
+# that each decision sees the others' load however slow the machine is.
+sub all_in_flight {
+    my ($env, @reqs) = @_;
+    my $before = decisions($env);
+    my $h = $env->hold(\@reqs);
+    ok(Test::KvAware::wait_until(30,
+           sub { decisions($env) >= $before + @reqs }),
+       scalar(@reqs) . ' requests routed while all in flight');
+    return $env->release($h);
+}
+
+
+my $env = Test::KvAware->new(backends => 3, log_level => 'debug');
 $env->conf(http_config => $HTTP, config => $LOCATION);
 $env->start_nginx or BAIL_OUT('nginx does not start');
 
@@ -70,21 +89,19 @@ subtest '40 new prefixes: by load, evenly' => sub {
        40, 'new user turn: same server, affinity, 0 < matched < blocks');
 };
 
-subtest '9 new slow prefixes at once: spread by in-flight load' => sub {
+subtest '9 new prefixes in flight at once: spread by in-flight load' => sub {
     my @reqs = map {
         [POST => '/v1/chat/completions', prefix_body(100 + $_),
-         { 'Content-Type' => 'application/json', 'X-Delay-Ms' => 1000 }]
+         { 'Content-Type' => 'application/json' }]
     } 1 .. 9;
-    my @res = $env->concurrent(\@reqs);
+    my @res = all_in_flight($env, @reqs);
     my @r = map { summary($res[$_], $reqs[$_][2]) } 0 .. 8;
 
     is(scalar(grep { $_->{status} == 200 && $_->{md5ok} } @r), 9,
        'all 200, body intact');
     my %by = %{ count_by(backend => @r) };
-    # each new prefix costs the same everywhere, the in-flight load decides:
-    # 3/3/3 when all 9 overlap (they wait 1 s each); >= 2 each leaves room
-    # for a child that connects late
-    is(scalar(grep { $_ >= 2 } values %by), 3, 'each server took >= 2 of 9')
+    # each new prefix costs the same everywhere, the in-flight load decides
+    is(scalar(grep { $_ == 3 } values %by), 3, 'each server took 3 of 9')
         or diag fmt(\%by);
 };
 
@@ -100,11 +117,6 @@ subtest 'new prefixes avoid the busy server even if least routed' => sub {
     $e->conf(http_config => $HTTP, config => $LOCATION);
     $e->start_nginx or return;
 
-    my $chosen = sub {
-        my @l = $e->error_log =~ /kv_aware: upstream "llm" chose slot/g;
-        scalar @l;
-    };
-
     # prefix A five times on one server, prefix B five times on another:
     # the third server has been routed nothing
     my @a = map { send_body($e, prefix_body(201)) } 1 .. 5;
@@ -113,20 +125,11 @@ subtest 'new prefixes avoid the busy server even if least routed' => sub {
     is(scalar(keys %used), 2, 'A and B on two servers') or return;
     my ($idle) = grep { !$used{$_} } qw(b1 b2 b3);
 
-    # three slow requests of prefix R in the background: R is new, so the
-    # first goes to the least routed server ($idle), the others follow it
-    my $out = $e->prefix . '/logs/bg.json';
-    my $pid = fork // die "fork: $!";
-    if ($pid == 0) {
-        my @r = $e->concurrent([ map {
-            [POST => '/v1/chat/completions', prefix_body(203, "r$_"),
-             { 'X-Delay-Ms' => 3000 }] } 1 .. 3 ]);
-        open(my $fh, '>', $out);
-        print {$fh} join ' ', map { backend_of($_) } @r;
-        close $fh;
-        POSIX::_exit(0);
-    }
-    ok(Test::KvAware::wait_until(5, sub { $chosen->() >= 13 }),
+    # three requests of prefix R held in flight: R is new, so the first
+    # goes to the least routed server ($idle), the others follow it
+    my $h = $e->hold([ map {
+        [POST => '/v1/chat/completions', prefix_body(203, "r$_")] } 1 .. 3 ]);
+    ok(Test::KvAware::wait_until(30, sub { decisions($e) >= 13 }),
        '3 background requests routed');
 
     # now six new prefixes, one after the other, while R is in flight
@@ -136,9 +139,8 @@ subtest 'new prefixes avoid the busy server even if least routed' => sub {
        "none of the 6 on the busy, least routed server $idle")
         or diag join ' ', map { $_->{backend} } @s;
 
-    waitpid($pid, 0);
-    my $bg = do { open(my $fh, '<', $out) or die $!; local $/; <$fh> };
-    is($bg, "$idle $idle $idle", "the 3 slow requests were on $idle");
+    my $bg = join ' ', map { backend_of($_) } $e->release($h);
+    is($bg, "$idle $idle $idle", "the 3 held requests were on $idle");
 
     $e->stop_nginx;
     $e->check_logs_clean('busy');
@@ -150,7 +152,7 @@ subtest 'new prefixes avoid the busy server even if least routed' => sub {
 # arithmetic: each new request charges 1 + its blocks, divided by the
 # weight's share); without weights it would be 4:4
 subtest 'weight=3 vs weight=1: concurrent new prefixes about 3:1' => sub {
-    my $e = Test::KvAware->new(backends => 2, log_level => 'info');
+    my $e = Test::KvAware->new(backends => 2, log_level => 'debug');
     $e->conf(http_config => <<'EOF', config => $LOCATION);
     upstream llm {
         kv_aware block_size=64;
@@ -161,17 +163,14 @@ EOF
     $e->start_nginx or return;
 
     my @reqs = map {
-        [POST => '/v1/chat/completions', prefix_body(300 + $_),
-         { 'X-Delay-Ms' => 1000 }]
-    } 1 .. 8;
-    my @res = $e->concurrent(\@reqs);
+        [POST => '/v1/chat/completions', prefix_body(300 + $_)] } 1 .. 8;
+    my @res = all_in_flight($e, @reqs);
     my @r = map { summary($res[$_], $reqs[$_][2]) } 0 .. 7;
     is(scalar(grep { $_->{status} == 200 && $_->{reason} eq 'load' } @r), 8,
        'all 200, reason load');
     my %by = (b1 => 0, b2 => 0);
     $by{ $_->{backend} }++ for @r;
-    cmp_ok($by{b1}, '>=', 5, 'weight=3 server took >= 5 of 8') or diag fmt(\%by);
-    cmp_ok($by{b2}, '>=', 1, 'weight=1 server took >= 1') or diag fmt(\%by);
+    is(fmt(\%by), 'b1=6 b2=2', 'weight=3 server took 6 of 8');
 
     $e->stop_nginx;
     $e->check_logs_clean('weight');

@@ -14,7 +14,7 @@ use Time::HiRes qw(sleep);
 
 use Test::KvAware qw(skip_unless_module wait_until);
 
-my $KVSIM   = 'build/kvsim';
+my $KVSIM   = $ENV{KVSIM_BINARY} || 'build/kvsim';
 my $SERVERS = 3;
 
 skip_unless_module();

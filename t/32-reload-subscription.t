@@ -104,9 +104,7 @@ subtest 'an old worker busy with a slow request lets go at once' => sub {
         POSIX::_exit(scalar(grep { $_->{status} == 200 } @r) == 8 ? 0 : 1);
     }
     sleep 0.5;
-    my ($rc, $out) = $env->_run_cmd([$Test::KvAware::NGINX, '-p',
-        $env->prefix . '/', '-c', $env->prefix . '/conf/nginx.conf',
-        '-s', 'reload']);
+    my ($rc, $out) = $env->run_nginx('-s', 'reload');
     is($rc, 0, 'nginx -s reload') or diag $out;
     my $pid = wait_until(2, sub {
         my $p = one_subscriber();

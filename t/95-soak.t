@@ -26,13 +26,15 @@ use Time::HiRes qw(time sleep);
 use Test::KvAware qw(wait_until);
 use Test::KvAware::Events qw(preflight publisher stored cleared status);
 
-my $KVSIM   = 'build/kvsim';
-my $KVLOAD  = 'build/kvload';
+my $KVSIM   = $ENV{KVSIM_BINARY} || 'build/kvsim';
+my $KVLOAD  = $ENV{KVLOAD_BINARY} || 'build/kvload';
 my $SECONDS = $ENV{KVA_SOAK_SECONDS} || 120;
 my $SCALE   = 50;
 my $RSS_MAX = 256 * 1024;               # kB, any nginx process
 
 preflight();
+plan skip_all => 'KVA_SOAK_SECONDS=0: the soak runs in another stage'
+    if ($ENV{KVA_SOAK_SECONDS} // '') eq '0';
 plan skip_all => "$KVSIM and $KVLOAD not built (make tools)"
     unless -x $KVSIM && -x $KVLOAD;
 

@@ -10,7 +10,9 @@
 # where md5 is over the exact body bytes received (Content-Length or
 # chunked).  Mode fail answers 502 with the same JSON; mode close reads the
 # request and closes without answering.  Request header "X-Delay-Ms: N"
-# sleeps N ms before answering (or closing).  SIGUSR1 toggles ok <-> fail
+# sleeps N ms before answering (or closing); "X-Hold: PATH" holds the
+# answer until the file PATH exists (at most 30 s), so that a test decides
+# when a request ends instead of guessing how long it needs.  SIGUSR1 toggles ok <-> fail
 # (any other mode -> ok).  SIGTERM/SIGINT: kill the children and exit.
 #
 # One forked child per connection (at most 200 alive), persistent
@@ -137,6 +139,11 @@ sub serve_connection {
         if ($req->{delay_ms}) {
             Time::HiRes::sleep($req->{delay_ms} / 1000);
         }
+        if (defined $req->{hold}) {
+            my $deadline = time + $IO_TIMEOUT;
+            Time::HiRes::sleep(0.01)
+                until -e $req->{hold} || time > $deadline;
+        }
 
         return if $mode eq 'close';
 
@@ -220,6 +227,7 @@ sub read_request {
         body      => $body,
         keepalive => $keepalive,
         delay_ms  => $delay || 0,
+        hold      => $h{'x-hold'},
     };
 }
 

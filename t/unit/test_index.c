@@ -320,7 +320,7 @@ test_crash_states(void)
 int
 main(void)
 {
-    void              *region;
+    void              *region, *tiny;
     size_t             size;
     uint32_t           depth[KVA_MAX_SLOTS], deepest, i, cap;
     uint64_t           a[64], b[64], c[40000];
@@ -335,7 +335,9 @@ main(void)
     ok((size - sizeof(kva_index_t)) / 10000 <= 48,
        "at most 48 bytes per entry, buckets included (%zu)",
        (size - sizeof(kva_index_t)) / 10000);
-    ok(kva_index_init(malloc(16), 16, 1) == NULL, "a tiny region is refused");
+    tiny = malloc(16);
+    ok(kva_index_init(tiny, 16, 1) == NULL, "a tiny region is refused");
+    free(tiny);
 
     region = malloc(size);
     ix = kva_index_init(region, size, 0x9e3779b97f4a7c15ULL);

@@ -23,12 +23,14 @@ package Test::KvAware;
 #   $r = $env->request($method, $uri, $body, \%headers)
 #        # {status, headers (lc), body, json, elapsed, error}
 #   @r = $env->concurrent([[$method, $uri, $body, \%headers], ...])
+#   $h = $env->hold([...]); @r = $env->release($h)   # in flight meanwhile
 #   $env->raw_request($bytes), backend_request($i, $method, $uri, ...)
 #   $env->backend_stop($i), backend_start($i, mode => 'ok|fail|close'),
 #        backend_port($i), backend_pid($i)
 #   $env->redis_cli(@args), redis_stop, redis_start, redis_port
 #   $env->error_log([$offset]), error_log_offset, access_log,
 #        wait_for_log($pattern, $timeout, $offset), check_logs_clean($name)
+#   ($rc, $out) = $env->run_nginx(@args); $env->sanitizer_reports
 #
 # Block runner: run_blocks(no_module => 1) reads __DATA__ blocks
 # ("=== TEST n: name") with sections main_config, http_config, config,
@@ -151,6 +153,11 @@ sub cleanup {
     $self->{cleaned} = 1;
     local ($?, $@, $!);
     eval { $self->stop_nginx };
+    # a report that no check_logs_clean saw still fails the test file
+    if (my @san = $self->sanitizer_reports) {
+        Test::More::ok(0, "no sanitizer report ($self->{prefix})");
+        Test::More::diag(join "\n", @san);
+    }
     for my $i (1 .. $self->{nbackends}) {
         eval { $self->backend_stop($i) };
     }
@@ -182,6 +189,7 @@ sub _start_watchdog {
 
     if (my $ngx = _read_pid("$prefix/logs/nginx.pid")) {
         kill 'KILL', $ngx, _workers_of($ngx) if _alive($ngx);
+        kill 'KILL', -$ngx;             # orphaned workers: see stop_nginx
     }
     for my $f (glob "$prefix/logs/*.pgid") {
         my $pg = _read_pid($f) or next;
@@ -329,17 +337,51 @@ EOF
 
 sub conf_text { $_[0]{conf_text} }
 
+# "-e stderr": what nginx logs before it has read error_log (a refused
+# "nginx -t" or "nginx -s reload") goes to the command's output, as with
+# Debian's nginx (--error-log-path=stderr).  A build from source would
+# write it to PREFIX/logs/error.log, the running server's log.
 sub _nginx_cmd {
     my ($self, @extra) = @_;
-    return ($NGINX, '-p', "$self->{prefix}/",
+    return ($NGINX, '-p', "$self->{prefix}/", '-e', 'stderr',
             '-c', "$self->{prefix}/conf/nginx.conf", @extra);
+}
+
+# ($?, output) of nginx with this prefix and @args ("-t", "-s reload").
+# A sanitizer build (make test-asan) writes its reports to files
+# PREFIX/logs/sanitizer.PID, which check_logs_clean and cleanup look for:
+# the daemon's stderr is the error log only once it is configured, and
+# workers inherit the options from the master.
+sub run_nginx {
+    my ($self, @args) = @_;
+    my $log = "log_path=$self->{prefix}/logs/sanitizer";
+    # "nginx -t" and "nginx -s" exit without freeing the configuration
+    # they read (nginx.c's init_cycle): no leak check for them
+    my $leaks = grep({ /^-[ts]$/ } @args) ? 'detect_leaks=0' : '';
+    local $ENV{ASAN_OPTIONS} = join ':', grep { length }
+                                   $ENV{ASAN_OPTIONS} // '', $log, $leaks;
+    local $ENV{UBSAN_OPTIONS} = join ':', grep { length }
+                                    $ENV{UBSAN_OPTIONS} // '', $log;
+    return $self->_run_cmd([$self->_nginx_cmd(@args)]);
+}
+
+# The sanitizer reports not yet seen, as text: each one fails one check.
+sub sanitizer_reports {
+    my ($self) = @_;
+    my @new;
+    for my $f (sort glob "$self->{prefix}/logs/sanitizer.*") {
+        next if $self->{san_seen}{$f}++;
+        my @l = split /\n/, _slurp($f) // '';     # what, where, then who
+        push @new, join "\n", "$f:", @l[0 .. ($#l < 39 ? $#l : 39)];
+    }
+    return @new;
 }
 
 # ($ok, $output) of "nginx -t".
 sub test_config {
     my ($self) = @_;
     croak "conf() was not called" unless $self->{conf_text};
-    my ($rc, $out) = $self->_run_cmd([$self->_nginx_cmd('-t')]);
+    my ($rc, $out) = $self->run_nginx('-t');
     return ($rc == 0, $out);
 }
 
@@ -359,7 +401,7 @@ sub start_nginx {
     my $pidfile = "$self->{prefix}/logs/nginx.pid";
     unlink $pidfile;
 
-    my ($rc, $out) = $self->_run_cmd([$self->_nginx_cmd]);
+    my ($rc, $out) = $self->run_nginx;
     my $err;
 
     if ($rc != 0) {
@@ -409,7 +451,7 @@ sub reload {
     my $mark = $self->error_log_offset;
     my $want = $self->{conf_workers} =~ /^\d+$/ ? $self->{conf_workers} : 1;
 
-    my ($rc, $out) = $self->_run_cmd([$self->_nginx_cmd('-s', 'reload')]);
+    my ($rc, $out) = $self->run_nginx('-s', 'reload');
     my $err;
 
     if ($rc != 0) {
@@ -450,21 +492,27 @@ sub stop_nginx {
     my ($self) = @_;
     my $pid = delete $self->{nginx_pid}
            // _read_pid("$self->{prefix}/logs/nginx.pid");
-    return unless $pid && _alive($pid);
+    return unless $pid;
 
-    my @workers = _workers_of($pid);
-    kill 'QUIT', $pid;
+    if (_alive($pid)) {
+        my @workers = _workers_of($pid);
+        kill 'QUIT', $pid;
 
-    unless (wait_until(5, sub { !_alive($pid) })) {
-        Test::More::diag("nginx $pid did not quit in 5 s, killing it");
-        kill 'KILL', $pid, _workers_of($pid);
-        wait_until(2, sub { !_alive($pid) });
+        unless (wait_until(5, sub { !_alive($pid) })) {
+            Test::More::diag("nginx $pid did not quit in 5 s, killing it");
+            kill 'KILL', $pid, _workers_of($pid);
+            wait_until(2, sub { !_alive($pid) });
+        }
+
+        # a killed master leaves its workers behind
+        my @left = grep { _alive($_) } @workers;
+        kill 'KILL', @left if @left;
+        wait_until(2, sub { !grep { _alive($_) } @left });
     }
 
-    # a killed master leaves its workers behind
-    my @left = grep { _alive($_) } @workers;
-    kill 'KILL', @left if @left;
-    wait_until(2, sub { !grep { _alive($_) } @left });
+    # The daemon leads its own process group: workers orphaned by a master
+    # that crashed earlier (a sanitizer abort, say) are only found there.
+    kill 'KILL', -$pid;
 }
 
 sub nginx_pid {
@@ -729,6 +777,39 @@ sub concurrent {
 }
 
 
+# Requests held in flight until the test lets them go:
+#   $h = $env->hold([[method, uri, body, \%headers], ...]);
+#   ...                       # they are in flight, in any order, meanwhile
+#   @responses = $env->release($h);
+# Sent at once by a forked child, each with "X-Hold: FILE": the backends
+# answer when release() creates FILE (or after 30 s).  No guess of how
+# long the checks in between take, on a fast machine or a slow one.
+sub hold {
+    my ($self, $reqs) = @_;
+    my $file = "$self->{prefix}/logs/hold-" . ++$self->{hold_seq};
+    my @held = map { [@$_[0 .. 2], { %{ $_->[3] || {} }, 'X-Hold' => $file },
+                      timeout => 40] } @$reqs;
+    my $pid = fork // croak "fork: $!";
+    if ($pid == 0) {
+        $SIG{$_} = 'DEFAULT' for qw(INT TERM);
+        open(STDOUT, '>', '/dev/null');     # never hold the TAP pipe
+        my @res = $self->concurrent(\@held, timeout => 45);
+        _write_file("$file.json", $JSON->encode(\@res));
+        POSIX::_exit(0);
+    }
+    return { pid => $pid, file => $file };
+}
+
+sub release {
+    my ($self, $h) = @_;
+    _write_file($h->{file}, '');
+    waitpid($h->{pid}, 0);              # bounded by the requests' timeout
+    my $res = eval { $JSON->decode(_slurp("$h->{file}.json") // '') };
+    croak "release: no responses from the held requests" unless $res;
+    return @$res;
+}
+
+
 # ---------------------------------------------------------------------------
 # backends and redis
 
@@ -912,14 +993,18 @@ sub wait_for_log {
 my $BAD_LOG = qr/\[(?:alert|emerg|crit)\]|exited on signal
                  |AddressSanitizer|runtime\ error|LeakSanitizer/x;
 
-# One assertion: no alert/emerg/crit, no crashed worker, no sanitizer hit.
+# One assertion: no alert/emerg/crit, no crashed worker, no sanitizer hit
+# (in the error log or a report file).
 sub check_logs_clean {
     my ($self, $name) = @_;
     local $Test::Builder::Level = $Test::Builder::Level + 1;
     my @bad = grep { /$BAD_LOG/ } split /\n/, $self->error_log;
-    my $ok = Test::More::ok(!@bad, ($name // 'logs') . ' - error log clean');
+    my @san = $self->sanitizer_reports;
+    my $ok = Test::More::ok(!@bad && !@san,
+                            ($name // 'logs') . ' - error log clean');
     Test::More::diag(join "\n", 'bad error log lines:',
                      @bad[0 .. ($#bad < 19 ? $#bad : 19)]) if @bad;
+    Test::More::diag(join "\n", 'sanitizer reports:', @san) if @san;
     return $ok;
 }
 

@@ -268,10 +268,14 @@ sub cleared { return { type => 'cleared' } }
 
 # Requests in a forked child until stop(): ->stop returns their results
 # ([status, backend, reason] each).  A child, so that the test can stop
-# redis, reload or kill workers meanwhile.
+# redis, reload or kill workers meanwhile.  The handle going out of scope
+# stops it too (a subtest that returned early), and the child gives up
+# after 120 s or when the test is gone: prove waits for every process
+# holding its pipe.
 sub traffic {
     my ($env, @bodies) = @_;
     my $file = $env->prefix . "/traffic-$$-" . int(rand 1e9);
+    my $parent = $$;
     my $pid = fork // die "fork: $!";
     if ($pid == 0) {
         my $stop = 0;
@@ -279,7 +283,8 @@ sub traffic {
         open(my $fh, '>', $file) or POSIX::_exit(1);
         $fh->autoflush(1);
         my $i = 0;
-        until ($stop) {
+        my $deadline = time + 120;
+        until ($stop || time > $deadline || getppid() != $parent) {
             my $r = chat($env, $bodies[$i++ % @bodies], quiet => 1);
             print {$fh} "$r->{status} $r->{backend} $r->{reason}\n";
             sleep 0.01;
@@ -287,7 +292,7 @@ sub traffic {
         close $fh;
         POSIX::_exit(0);   # the parent's END blocks (Test::More's) are not ours
     }
-    return bless { pid => $pid, file => $file },
+    return bless { pid => $pid, file => $file, owner => $$ },
                  'Test::KvAware::Events::Traffic';
 }
 
@@ -403,10 +408,17 @@ sub count {
 
 sub stop {
     my ($t) = @_;
-    kill 'TERM', $t->{pid};
-    waitpid($t->{pid}, 0);
+    my $pid = delete $t->{pid} or return ();
+    kill 'TERM', $pid;
+    waitpid($pid, 0);
     open(my $fh, '<', $t->{file}) or return ();
     return map { chomp; [split ' '] } <$fh>;
+}
+
+sub DESTROY {
+    my ($t) = @_;
+    local ($?, $!);
+    $t->stop if $t->{owner} == $$;
 }
 
 1;
