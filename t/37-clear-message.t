@@ -35,13 +35,13 @@ ok(wait_status($env, 5, sub { $_[0]{redis}{state} eq 'up' }), 'subscribed');
 
 my $pub = publisher($env);
 
-# fill the index with made-up hashes of servers 1 and 2, at most 320,000
+# fill the index with made-up hashes of servers 1 and 2, at most 160,000
 # hashes of each a second (under the per-server budgets of 0.2.0)
 my $cap = status($env)->{index}{capacity};
 my ($m, $sent) = (0, 0);
 while ($sent < $cap * 1.05 && $m < 200) {
     $m++;
-    my @h = map { sprintf '%016x', ($m << 32) + $_ } 1 .. 16000;
+    my @h = map { sprintf '%016x', ($m << 32) + $_ } 1 .. 8000;
     $pub->event($A[($m - 1) % 2], events => [stored(@h)]);
     $sent += @h;
     sleep 1.05 if $m % 40 == 0;

@@ -49,14 +49,15 @@ my @bodies = map { prompt('bs' . ($_ % 7), 4 + $_ % 9) } 1 .. 40;
 my @t = map { traffic($env, @bodies[$_ .. $#bodies], @bodies[0 .. $_ - 1]) }
             0, 10, 20, 30;
 
-# 16,000 hashes a message, 20 messages a second, at most 400
+# 8,000 hashes a message (under max_hashes), 20 messages a second,
+# at most 400
 my $A1 = addr($env, 1);
 my $events = fork // die "fork: $!";
 if ($events == 0) {
     $SIG{TERM} = 'DEFAULT';
     my $c = redis_connect($env->redis_port);
     for my $m (1 .. 400) {
-        my @h = map { sprintf '%016x', ($m << 32) + $_ } 1 .. 16000;
+        my @h = map { sprintf '%016x', ($m << 32) + $_ } 1 .. 8000;
         $c->cmd(PUBLISH => $CHANNEL, $JSON->encode({
             v => 1, server => $A1, seq => $m,
             events => [{ type => 'stored', hashes => \@h }] }));

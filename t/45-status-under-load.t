@@ -28,13 +28,13 @@ $env->conf(http_config => upstream_conf(kv_aware => 'index_size=32m',
 $env->start_nginx or BAIL_OUT('nginx did not start');
 ok(wait_status($env, 5, sub { $_[0]{redis}{state} eq 'up' }), 'subscribed');
 
-# fill the index, at most 320,000 hashes of a server a second
+# fill the index, at most 160,000 hashes of a server a second
 my $pub = publisher($env);
 my $cap = status($env)->{index}{capacity};
 my ($m, $sent) = (0, 0);
 while ($sent < $cap && $m < 200) {
     $m++;
-    my @h = map { sprintf '%016x', ($m << 32) + $_ } 1 .. 16000;
+    my @h = map { sprintf '%016x', ($m << 32) + $_ } 1 .. 8000;
     $pub->event($A[($m - 1) % 3], events => [stored(@h)]);
     $sent += @h;
     sleep 1.05 if $m % 60 == 0;

@@ -18,6 +18,7 @@
 
 
 static void kvl_http_chunk(struct evhttp_request *req, void *arg);
+static int kvl_http_again(kvl_http_req_t *r);
 static void kvl_http_error(enum evhttp_request_error err, void *arg);
 static void kvl_http_done(struct evhttp_request *req, void *arg);
 
@@ -79,13 +80,25 @@ kvl_http_send(kvl_http_req_t *r, const char *path, const char *body,
     r->status = 0;
     r->error = 0;
     r->upstream[0] = '\0';
+    r->path = path;
+    r->timeout = timeout;
+    r->reused = 0;
 
     if (r->buf == NULL && (r->buf = evbuffer_new()) == NULL) {
         return -1;
     }
 
-    if (t->nidle) {
+    if (t->nidle && !r->retries) {
         r->conn = t->idle[--t->nidle];
+        r->reused = 1;
+
+        if ((r->again == NULL && (r->again = evbuffer_new()) == NULL)
+            || (body && evbuffer_add(r->again, body, len) != 0))
+        {
+            t->idle[t->nidle++] = r->conn;
+            r->conn = NULL;
+            return -1;
+        }
 
     } else {
         if (t->nconns == t->max_conns) {
@@ -200,6 +213,37 @@ kvl_http_chunk(struct evhttp_request *req, void *arg)
 }
 
 
+/*
+ * The request again on a new connection; the old one goes back to the
+ * pool, where evhttp reconnects it on its next use.
+ */
+static int
+kvl_http_again(kvl_http_req_t *r)
+{
+    int              rc;
+    size_t           len;
+    kvl_target_t    *t = r->target;
+    struct evbuffer  *body;
+
+    t->idle[t->nidle++] = r->conn;
+    r->conn = NULL;
+    r->retries++;
+
+    body = r->again;
+    r->again = NULL;
+    len = evbuffer_get_length(body);
+
+    rc = kvl_http_send(r, r->path,
+                       len ? (const char *) evbuffer_pullup(body, -1) : NULL,
+                       len, r->timeout);
+
+    r->again = body;
+    evbuffer_drain(body, len);
+
+    return rc;
+}
+
+
 static void
 kvl_http_error(enum evhttp_request_error err, void *arg)
 {
@@ -215,6 +259,16 @@ kvl_http_done(struct evhttp_request *req, void *arg)
     struct evbuffer  *in;
 
     r->t_done = kvl_now();
+
+    if ((req == NULL || evhttp_request_get_response_code(req) == 0)
+        && r->reused && r->again && kvl_http_again(r) == 0)
+    {
+        return;
+    }
+
+    if (r->again) {
+        evbuffer_drain(r->again, evbuffer_get_length(r->again));
+    }
 
     if (req == NULL || evhttp_request_get_response_code(req) == 0) {
         r->error = r->error ? r->error : 7;

@@ -51,6 +51,17 @@ struct kvl_http_req_s {
     char                        upstream[48];   /* X-Upstream-Addr */
     struct evbuffer            *buf;    /* the body, or SSE partial lines */
     struct evhttp_connection   *conn;
+
+    /*
+     * A request sent on a kept-alive connection that the server closed
+     * meanwhile (nginx does on reload) gets no answer at all: sent again
+     * once on a new connection, as HTTP clients do.
+     */
+    struct evbuffer            *again;  /* the body, while it may be */
+    const char                 *path;
+    double                      timeout;
+    unsigned                    reused:1;
+    unsigned                    retries;
 };
 
 

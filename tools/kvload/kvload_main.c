@@ -491,6 +491,10 @@ kvl_issue(kvl_stage_t *st, double t)
             evbuffer_free(rq->http.buf);
         }
 
+        if (rq->http.again) {
+            evbuffer_free(rq->http.again);
+        }
+
         free(rq);
         return;
     }
@@ -620,7 +624,14 @@ kvl_on_done(kvl_http_req_t *hr)
         kvl_stage_backend(st, rq->backend[0] ? rq->backend : hr->upstream);
     }
 
+    st->retried += hr->retries;
+
     evbuffer_free(hr->buf);
+
+    if (hr->again) {
+        evbuffer_free(hr->again);
+    }
+
     free(rq);
 }
 
@@ -750,7 +761,7 @@ kvl_results(void)
         kvl_stage_summarize(st, ctx.scale, &s);
 
         o = json_pack("{s:s, s:s, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I,"
-                      " s:I, s:f,"
+                      " s:I, s:I, s:f,"
                       " s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:I, s:I,"
                       " s:f, s:f, s:I, s:{}}",
                       "label", ctx.label, "workload", ctx.workload,
@@ -761,6 +772,7 @@ kvl_results(void)
                       "timeouts", (json_int_t) st->timeouts,
                       "http_5xx", (json_int_t) st->http_5xx,
                       "cut", (json_int_t) st->cut,
+                      "retried", (json_int_t) st->retried,
                       "dropped", (json_int_t) st->dropped,
                       "achieved_qps", s.achieved_qps,
                       "ttft_p50", s.ttft_p50, "ttft_p90", s.ttft_p90,

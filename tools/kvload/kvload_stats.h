@@ -39,6 +39,7 @@ typedef struct {
     uint64_t        timeouts;
     uint64_t        http_5xx;           /* the proxy or a server said no */
     uint64_t        cut;                /* 200, then the stream broke */
+    uint64_t        retried;            /* sent again: keep-alive closed */
     uint64_t        dropped;            /* over the in-flight cap */
     uint64_t        inflight;
 
