@@ -61,8 +61,8 @@ typedef struct {
  * Validates the whole body as JSON (RFC 8259, UTF-8) and writes the canonical
  * prompt into out[0 .. out_cap).  When out fills up, the rest is validated
  * but not written and p->truncated is set: a prefix is all routing needs.
- * out_cap of len + KVA_PROMPT_OUT_SLACK never truncates text prompts.  out may be NULL when
- * out_cap is 0: validation only.
+ * out_cap of len + KVA_PROMPT_OUT_SLACK never truncates text prompts.
+ * out may be NULL when out_cap is 0: validation only.
  *
  * Canonical form, strings decoded:
  *   messages, input:  per object element: content, 0x1f, role (its first
