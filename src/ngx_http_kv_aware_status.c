@@ -140,6 +140,10 @@ ngx_http_kv_aware_status_check_arg(ngx_http_request_t *r)
 {
     u_char  *p, *end, *arg;
 
+    if (r->args.len == 0) {
+        return 0;       /* no arguments: args.data may be NULL */
+    }
+
     p = r->args.data;
     end = p + r->args.len;
 

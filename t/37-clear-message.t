@@ -17,7 +17,7 @@ use Test::KvAware ();
 use Test::KvAware::Events qw(
     $JSON $CHANNEL $LOCATIONS preflight block_hashes prompt chat addr
     upstream_conf status server_status wait_status seen publisher stored
-    cleared resp_encode
+    cleared resp_encode fill_index
 );
 
 preflight();
@@ -35,18 +35,9 @@ ok(wait_status($env, 5, sub { $_[0]{redis}{state} eq 'up' }), 'subscribed');
 
 my $pub = publisher($env);
 
-# fill the index with made-up hashes of servers 1 and 2, at most 160,000
-# hashes of each a second (under the per-server budgets of 0.2.0)
-my $cap = status($env)->{index}{capacity};
-my ($m, $sent) = (0, 0);
-while ($sent < $cap * 1.05 && $m < 200) {
-    $m++;
-    my @h = map { sprintf '%016x', ($m << 32) + $_ } 1 .. 8000;
-    $pub->event($A[($m - 1) % 2], events => [stored(@h)]);
-    $sent += @h;
-    sleep 1.05 if $m % 40 == 0;
-}
-my $st = status($env);
+# made-up hashes of servers 1 and 2 fill the index
+my $st = fill_index($env, $pub, [@A[0, 1]], 1.05);
+my $cap = $st->{index}{capacity};
 cmp_ok($st->{index}{used}, '>=', $cap * 0.95,
        "index full: $st->{index}{used} of $cap");
 

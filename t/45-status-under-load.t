@@ -13,7 +13,7 @@ use Time::HiRes qw(time sleep);
 use Test::KvAware ();
 use Test::KvAware::Events qw(
     $LOCATIONS preflight block_hashes prompt chat addr upstream_conf status
-    wait_status publisher stored
+    wait_status publisher stored fill_index
 );
 
 preflight();
@@ -28,18 +28,9 @@ $env->conf(http_config => upstream_conf(kv_aware => 'index_size=32m',
 $env->start_nginx or BAIL_OUT('nginx did not start');
 ok(wait_status($env, 5, sub { $_[0]{redis}{state} eq 'up' }), 'subscribed');
 
-# fill the index, at most 160,000 hashes of a server a second
 my $pub = publisher($env);
-my $cap = status($env)->{index}{capacity};
-my ($m, $sent) = (0, 0);
-while ($sent < $cap && $m < 200) {
-    $m++;
-    my @h = map { sprintf '%016x', ($m << 32) + $_ } 1 .. 8000;
-    $pub->event($A[($m - 1) % 3], events => [stored(@h)]);
-    $sent += @h;
-    sleep 1.05 if $m % 60 == 0;
-}
-my $st = status($env);
+my $st = fill_index($env, $pub, \@A);
+my $cap = $st->{index}{capacity};
 cmp_ok($st->{index}{used}, '>=', $cap * 0.95,
        "index full: $st->{index}{used} of $cap");
 

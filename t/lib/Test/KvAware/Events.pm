@@ -33,7 +33,7 @@ our @EXPORT_OK = qw(
     preflight block_hashes prompt chat show addr bnum upstream_conf
     status server_status wait_status wait_until seen
     resp_encode redis_connect redis_subscribe numsub publisher
-    stored removed cleared traffic
+    stored removed cleared traffic fill_index
 );
 
 our $JSON = JSON::PP->new->canonical->utf8;
@@ -265,6 +265,25 @@ sub publisher {
 sub stored  { return { type => 'stored',  hashes => [@_] } }
 sub removed { return { type => 'removed', hashes => [@_] } }
 sub cleared { return { type => 'cleared' } }
+
+# Fills the index past $fill (1.0) of its capacity with made-up hashes of
+# the servers @$servers, 8,000 a message (under max_hashes), pacing a
+# second every 20 messages per server so that each stays within its
+# per-second budget of hashes.  The status afterwards.
+sub fill_index {
+    my ($env, $pub, $servers, $fill) = @_;
+    my $cap = status($env)->{index}{capacity};
+    my ($m, $sent) = (0, 0);
+    while ($sent < $cap * ($fill // 1) && $m < 400) {
+        $m++;
+        my @h = map { sprintf '%016x', ($m << 32) + $_ } 1 .. 8000;
+        $pub->event($servers->[($m - 1) % @$servers],
+                    events => [stored(@h)]);
+        $sent += @h;
+        sleep 1.05 if $m % (20 * @$servers) == 0;
+    }
+    return status($env);
+}
 
 # Requests in a forked child until stop(): ->stop returns their results
 # ([status, backend, reason] each).  A child, so that the test can stop
