@@ -226,21 +226,14 @@ static ngx_uint_t
 ngx_http_kv_aware_over_budget(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, size_t len, kva_batch_t *b)
 {
-    size_t                            i, hashes;
     const char                       *what;
     ngx_http_kv_aware_events_conf_t  *ecf;
 
     ecf = kcf->events;
 
-    hashes = 0;
-
-    for (i = 0; i < b->nevents; i++) {
-        hashes += b->events[i].nhashes;
-    }
-
     /* refused messages count too: a flooding server stays cut off */
     ecf->srv_bytes[slot] += len;
-    ecf->srv_hashes[slot] += hashes;
+    ecf->srv_hashes[slot] += b->hash_count;
 
     if (ecf->srv_bytes[slot] > ecf->server_bytes) {
         what = "server_bytes";
@@ -302,7 +295,7 @@ static void
 ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
     kva_batch_t *b)
 {
-    size_t                     i, first, hashes;
+    size_t                     first;
     uint64_t                   bit;
     ngx_uint_t                 in_sequence;
     ngx_http_kv_aware_slot_t  *sl;
@@ -345,16 +338,10 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
 
     ngx_http_kv_aware_apply_hashes(kcf, slot, b, first);
 
-    hashes = 0;
-
-    for (i = 0; i < b->nevents; i++) {
-        hashes += b->events[i].nhashes;
-    }
-
     (void) ngx_atomic_fetch_add(&sl->ev_messages, 1);
-    (void) ngx_atomic_fetch_add(&sl->ev_hashes, hashes);
+    (void) ngx_atomic_fetch_add(&sl->ev_hashes, b->hash_count);
     (void) ngx_atomic_fetch_add(&kcf->sh->ev_messages, 1);
-    (void) ngx_atomic_fetch_add(&kcf->sh->ev_hashes, hashes);
+    (void) ngx_atomic_fetch_add(&kcf->sh->ev_hashes, b->hash_count);
 
     switch (b->snapshot) {
 

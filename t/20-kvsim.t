@@ -14,6 +14,8 @@ use POSIX qw(WNOHANG);
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use Test::KvAware qw(free_run);
+
 my $KVSIM = $ENV{KVSIM_BINARY} || 'build/kvsim';
 my $REDIS = $ENV{TEST_REDIS_SERVER} || 'redis-server';
 my $CHAN  = 'kv_aware:events';
@@ -34,20 +36,6 @@ alarm 120;
 END { stop_all() }
 
 # --- processes and ports ----------------------------------------------------
-
-sub free_ports {
-    my ($n) = @_;
-    for (1 .. 100) {
-        my $base = 20000 + int(rand(40000));
-        my @s = map {
-            IO::Socket::INET->new(LocalAddr => '127.0.0.1',
-                                  LocalPort => $base + $_, Proto => 'tcp',
-                                  Listen => 1)
-        } 0 .. $n - 1;
-        return $base unless grep { !defined } @s;
-    }
-    die "no free ports\n";
-}
 
 sub spawn {
     my ($log, @cmd) = @_;
@@ -207,7 +195,7 @@ sub sse {
 
 # --- start ------------------------------------------------------------------
 
-my $rport = free_ports(1);
+my $rport = free_run(1);
 spawn('redis.log', $REDIS, '--bind', '127.0.0.1', '--port', $rport,
       '--save', '', '--appendonly', 'no', '--daemonize', 'no');
 wait_port($rport) or BAIL_OUT('redis-server does not start');
@@ -217,7 +205,7 @@ syswrite $sub->{sock}, resp_cmd('SUBSCRIBE', $CHAN);
 my $ack = resp_next($sub, time + $WAIT);
 ok(ref $ack && $ack->[0] eq 'subscribe', 'subscribed to the events');
 
-my $base = free_ports(2);
+my $base = free_run(2);
 my ($A, $B) = ($base, $base + 1);
 my ($idA, $idB) = ("127.0.0.1:$A", "127.0.0.1:$B");
 
@@ -382,7 +370,7 @@ ok($other && !$other->{snapshot}, 'foreign or broken requests: ignored');
 
 # --- fault injection: dropped events leave seq gaps --------------------------
 
-my $dport = free_ports(1);
+my $dport = free_run(1);
 my $kvsim_drop = spawn('kvsim-drop.log', $KVSIM, '--servers', 1,
       '--base-port', $dport, '--redis', "127.0.0.1:$rport",
       '--heartbeat-ms', 20, '--drop-events', 0.5, '--seed', 7, '--quiet');

@@ -12,7 +12,7 @@ use JSON::PP;
 use Test::More;
 use Time::HiRes qw(sleep);
 
-use Test::KvAware qw(skip_unless_module wait_until);
+use Test::KvAware qw(skip_unless_module wait_until free_run);
 
 my $KVSIM   = $ENV{KVSIM_BINARY} || 'build/kvsim';
 my $SERVERS = 3;
@@ -20,22 +20,8 @@ my $SERVERS = 3;
 skip_unless_module();
 plan skip_all => "$KVSIM not built (make tools)" unless -x $KVSIM;
 
-# kvsim takes consecutive ports: find a free run of them
-sub free_run {
-    for (1 .. 50) {
-        my $base = 20000 + int(rand(30000));
-        my @socks = map {
-            IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
-                                  LocalPort => $_, ReuseAddr => 1)
-        } $base .. $base + $SERVERS - 1;
-        next if grep { !defined } @socks;
-        close $_ for @socks;
-        return $base;
-    }
-    die "no free run of $SERVERS ports\n";
-}
 
-my $base = free_run();
+my $base = free_run($SERVERS);
 my $env  = Test::KvAware->new(backends => 0);
 
 my $kvsim = fork // die "fork: $!";

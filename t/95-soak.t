@@ -23,7 +23,7 @@ use POSIX qw(WNOHANG);
 use Test::More;
 use Time::HiRes qw(time sleep);
 
-use Test::KvAware qw(wait_until);
+use Test::KvAware qw(wait_until free_run);
 use Test::KvAware::Events qw(preflight publisher stored cleared status);
 
 my $KVSIM   = $ENV{KVSIM_BINARY} || 'build/kvsim';
@@ -39,20 +39,6 @@ plan skip_all => "$KVSIM and $KVLOAD not built (make tools)"
     unless -x $KVSIM && -x $KVLOAD;
 
 # four consecutive free ports: kvsim A takes three, kvsim B the fourth
-sub free_run {
-    my ($n) = @_;
-    for (1 .. 50) {
-        my $base = 20000 + int(rand(30000));
-        my @socks = map {
-            IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
-                                  LocalPort => $_, ReuseAddr => 1)
-        } $base .. $base + $n - 1;
-        next if grep { !defined } @socks;
-        close $_ for @socks;
-        return $base;
-    }
-    die "no free run of $n ports\n";
-}
 
 my $base = free_run(4);
 my @names = map { "127.0.0.1:$_" } $base .. $base + 3;

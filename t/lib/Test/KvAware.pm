@@ -65,7 +65,7 @@ use Time::HiRes qw(time sleep);
 
 our @EXPORT    = qw(run_blocks);
 our @EXPORT_OK = qw(module_path module_available skip_unless_module
-                    log_matches wait_until);
+                    log_matches wait_until free_run);
 
 our $NGINX       = $ENV{TEST_NGINX_BINARY} || '/usr/sbin/nginx';
 our $REDIS       = $ENV{TEST_REDIS_SERVER} || 'redis-server';
@@ -228,6 +228,23 @@ sub _free_ports {
             or croak "cannot bind a free port: $@";
     } 1 .. $n;
     return map { $_->sockport } @socks;
+}
+
+# The first of $n consecutive free 127.0.0.1 ports, for kvsim, which
+# listens on a run of them.
+sub free_run {
+    my ($n) = @_;
+    for (1 .. 100) {
+        my $base = 20000 + int(rand(40000));
+        my @socks = map {
+            IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
+                                  LocalPort => $_, ReuseAddr => 1)
+        } $base .. $base + $n - 1;
+        next if grep { !defined } @socks;
+        close $_ for @socks;
+        return $base;
+    }
+    croak "no free run of $n ports";
 }
 
 
