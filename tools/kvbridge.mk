@@ -1,0 +1,19 @@
+# kvbridge: vLLM's and SGLang's KV cache events (ZeroMQ, msgpack) to the
+# module's protocol on Redis (tools/kvbridge/).  Included by the Makefile.
+
+KVBRIDGE_DECODE := tools/kvbridge/kvb_vllm.c tools/kvbridge/kvb_scan.c
+KVBRIDGE_HDRS   := $(wildcard tools/kvbridge/*.h)
+
+PACKAGES   += libmsgpack-dev libzmq3-dev
+UNIT_TESTS += $(BUILD)/unit/test_kvbridge_decode
+
+# the decoder is pure: its test and its fuzz target link it alone
+$(BUILD)/unit/test_kvbridge_decode: t/unit/test_kvbridge_decode.c \
+        $(KVBRIDGE_DECODE) $(KVBRIDGE_HDRS) t/unit/tap.h
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
+	    $(KVBRIDGE_DECODE) -lmsgpackc
+
+FUZZ_CFLAGS          += -Itools/kvbridge
+FUZZ_SRCS_kvb_decode := $(KVBRIDGE_DECODE)
+FUZZ_LIBS_kvb_decode := -lmsgpackc
