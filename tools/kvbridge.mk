@@ -5,7 +5,8 @@ KVBRIDGE_DECODE := tools/kvbridge/kvb_vllm.c tools/kvbridge/kvb_scan.c
 KVBRIDGE_HDRS   := $(wildcard tools/kvbridge/*.h)
 
 PACKAGES   += libmsgpack-dev libzmq3-dev
-UNIT_TESTS += $(BUILD)/unit/test_kvbridge_decode
+UNIT_TESTS += $(BUILD)/unit/test_kvbridge_decode \
+              $(BUILD)/unit/test_kvbridge_mirror
 
 # the decoder is pure: its test and its fuzz target link it alone
 $(BUILD)/unit/test_kvbridge_decode: t/unit/test_kvbridge_decode.c \
@@ -13,6 +14,17 @@ $(BUILD)/unit/test_kvbridge_decode: t/unit/test_kvbridge_decode.c \
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
 	    $(KVBRIDGE_DECODE) -lmsgpackc
+
+# the mirror keys blocks with the core's token key space
+KVBRIDGE_MIRROR := tools/kvbridge/kvb_mirror.c $(KVBRIDGE_DECODE) \
+                   src/core/kva_token.c
+
+$(BUILD)/unit/test_kvbridge_mirror: t/unit/test_kvbridge_mirror.c \
+        $(KVBRIDGE_MIRROR) $(KVBRIDGE_HDRS) $(CORE_SRCS) $(CORE_HDRS)
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Isrc/core -Itools/kvbridge -Itools/common \
+	    -It/unit -o $@ $< $(KVBRIDGE_MIRROR) $(CORE_SRCS) \
+	    -lmsgpackc -ljansson -lxxhash
 
 FUZZ_CFLAGS          += -Itools/kvbridge
 FUZZ_SRCS_kvb_decode := $(KVBRIDGE_DECODE)
