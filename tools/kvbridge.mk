@@ -6,7 +6,8 @@ KVBRIDGE_HDRS   := $(wildcard tools/kvbridge/*.h)
 
 PACKAGES   += libmsgpack-dev libzmq3-dev
 UNIT_TESTS += $(BUILD)/unit/test_kvbridge_decode \
-              $(BUILD)/unit/test_kvbridge_mirror
+              $(BUILD)/unit/test_kvbridge_mirror \
+              $(BUILD)/unit/test_kvbridge_stream
 
 # the decoder is pure: its test and its fuzz target link it alone
 $(BUILD)/unit/test_kvbridge_decode: t/unit/test_kvbridge_decode.c \
@@ -25,6 +26,13 @@ $(BUILD)/unit/test_kvbridge_mirror: t/unit/test_kvbridge_mirror.c \
 	$(CC) $(CFLAGS_CORE) -Isrc/core -Itools/kvbridge -Itools/common \
 	    -It/unit -o $@ $< $(KVBRIDGE_MIRROR) $(CORE_SRCS) \
 	    -lmsgpackc -ljansson -lxxhash
+
+# the stream against a real ZeroMQ ROUTER answering replays
+$(BUILD)/unit/test_kvbridge_stream: t/unit/test_kvbridge_stream.c \
+        tools/kvbridge/kvb_stream.c $(KVBRIDGE_HDRS) t/unit/tap.h
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
+	    tools/kvbridge/kvb_stream.c -lzmq
 
 FUZZ_CFLAGS          += -Itools/kvbridge
 FUZZ_SRCS_kvb_decode := $(KVBRIDGE_DECODE)
