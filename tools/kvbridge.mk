@@ -4,7 +4,20 @@
 KVBRIDGE_DECODE := tools/kvbridge/kvb_vllm.c tools/kvbridge/kvb_scan.c
 KVBRIDGE_HDRS   := $(wildcard tools/kvbridge/*.h)
 
+KVBRIDGE_SRCS   := $(wildcard tools/kvbridge/*.c)
+
 PACKAGES   += libmsgpack-dev libzmq3-dev
+TOOLS      += $(BUILD)/kvbridge
+
+.PHONY: kvbridge
+kvbridge: $(BUILD)/kvbridge
+
+$(BUILD)/kvbridge: $(KVBRIDGE_SRCS) $(KVBRIDGE_HDRS) $(CORE_SRCS) \
+        $(CORE_HDRS) src/core/kva_token.c src/core/kva_token.h
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_CORE) $(KVBRIDGE_CFLAGS) -Isrc/core -Itools/kvbridge \
+	    -o $@ $(KVBRIDGE_SRCS) $(CORE_SRCS) src/core/kva_token.c \
+	    -lzmq -lmsgpackc -lhiredis -ljansson -lxxhash
 UNIT_TESTS += $(BUILD)/unit/test_kvbridge_decode \
               $(BUILD)/unit/test_kvbridge_mirror \
               $(BUILD)/unit/test_kvbridge_stream
@@ -37,3 +50,20 @@ $(BUILD)/unit/test_kvbridge_stream: t/unit/test_kvbridge_stream.c \
 FUZZ_CFLAGS          += -Itools/kvbridge
 FUZZ_SRCS_kvb_decode := $(KVBRIDGE_DECODE)
 FUZZ_LIBS_kvb_decode := -lmsgpackc
+
+# the load scraper: its parser and chunked decoder are pure, its client
+# needs only a loopback server, which the test forks
+KVBRIDGE_METRICS := tools/kvbridge/kvb_metrics.c
+
+UNIT_TESTS += $(BUILD)/unit/test_kvbridge_metrics
+
+$(BUILD)/unit/test_kvbridge_metrics: t/unit/test_kvbridge_metrics.c \
+        $(KVBRIDGE_METRICS) tools/kvbridge/kvb_metrics.h \
+        tools/common/kva_rand.h t/unit/tap.h
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -Itools/common -It/unit -o $@ $< \
+	    $(KVBRIDGE_METRICS) -lzmq -lm
+
+# zmq.h gives the client its poll constants only: no -lzmq
+FUZZ_SRCS_kvb_metrics := $(KVBRIDGE_METRICS)
+FUZZ_LIBS_kvb_metrics := -lm
