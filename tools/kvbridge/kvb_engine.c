@@ -320,6 +320,16 @@ kvb_engine_tick(kvb_engine_t *e, uint64_t now_ms)
     }
 
     if (now_ms >= e->last_pub + e->lim.heartbeat_ms) {
+
+        if (!kvb_redis_up(e->redis)) {
+            /*
+             * a heartbeat lost changes nothing nginx knows: it does not
+             * spend a seq, which would make nginx ask for a resync
+             */
+            e->last_pub = now_ms;
+            return;
+        }
+
         memset(&hb, 0, sizeof(hb));
         hb.heartbeat = 1;
         kvb_engine_send(e, &hb);
