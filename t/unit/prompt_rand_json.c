@@ -372,4 +372,3 @@ members_emit(buf_t *b, members_t *ms)
     buf_putc(b, '}');
     ms->n = 0;
 }
-

@@ -291,4 +291,3 @@ kvl_metrics_targets(const char *s)
 
     return 0;
 }
-

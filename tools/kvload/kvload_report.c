@@ -188,4 +188,3 @@ kvl_report_csv(const char *path, json_t *stages)
 
     return 0;
 }
-

@@ -428,4 +428,3 @@ kvl_on_signal(evutil_socket_t fd, short what, void *arg)
 
     ctx->stopping = 1;
 }
-

@@ -44,8 +44,6 @@ struct kvs_http_s {
 };
 
 
-
-
 static void kvs_http_handler(struct evhttp_request *req, void *arg);
 static kvs_conn_t *kvs_conn_get(kvs_server_t *srv,
     struct evhttp_request *req);
@@ -396,4 +394,3 @@ kvs_req_done(kvs_req_t *r)
     kvs_seq_free(r->seq);
     free(r);
 }
-

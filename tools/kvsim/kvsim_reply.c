@@ -236,4 +236,3 @@ kvs_reply_error(kvs_server_t *srv, struct evhttp_request *req, int code,
     kvs_reply(srv, req, code, "application/json", b);
     evbuffer_free(b);
 }
-

@@ -285,4 +285,3 @@ kvs_json_escape(char *dst, const uint8_t *src, size_t len)
 
     *dst = '\0';
 }
-
