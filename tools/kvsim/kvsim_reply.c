@@ -1,11 +1,9 @@
 /*
  * kvsim: the bodies of the replies, in the shapes OpenAI's clients and
  * vLLM's scrapers parse: chat and text completions, whole or streamed,
- * errors, metrics.  The "kvsim" member tells tests which server answered
- * and what it found cached.
+ * errors, metrics.  The extra "kvsim" member says which server answered,
+ * what it found cached and how long the request queued.
  */
-
-#include <stdio.h>
 
 #include <event2/buffer.h>
 #include <event2/http.h>
