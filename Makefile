@@ -20,7 +20,7 @@ MODULE     := $(BUILD)/ngx_http_kv_aware_module.so
 
 CC         ?= cc
 CFLAGS_CORE = -std=gnu99 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter \
-              -Wpointer-arith -Isrc $(SAN_CFLAGS)
+              -Wpointer-arith -Isrc -Itools/common $(SAN_CFLAGS)
 
 CORE_SRCS  := src/kva_prompt.c src/kva_hash.c src/kva_index.c src/kva_score.c \
               src/kva_event.c
@@ -43,7 +43,7 @@ FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 FUZZ_CC      := clang
 FUZZ_CFLAGS  := -g -O1 -fsanitize=fuzzer,address,undefined \
                 -fno-sanitize-recover=undefined -Wall -Wextra -Werror \
-                -Wno-unused-parameter -Isrc -It/unit
+                -Wno-unused-parameter -Isrc -It/unit -Itools/common
 FUZZ_SECONDS ?= 60
 
 # nginx from source (tools/build-nginx.sh): the current stable by default
@@ -93,10 +93,10 @@ $(BUILD)/unit/%: t/unit/%.c $(CORE_SRCS) $(CORE_HDRS)
 	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< $(CORE_SRCS) -ljansson -lxxhash
 
 # the differential test of the scanner links its random body generator
-PROMPT_TEST_SRCS := $(wildcard t/unit/prompt_rand.c)
+PROMPT_TEST_SRCS := $(wildcard t/unit/prompt_rand*.c)
 
 $(BUILD)/unit/test_prompt $(BUILD)/unit/test_prompt_ref: t/unit/prompt_gen.h \
-        t/unit/tap.h $(wildcard t/unit/prompt_rand.h)
+        t/unit/tap.h $(wildcard t/unit/prompt_rand*.h)
 
 $(BUILD)/unit/test_prompt_ref: t/unit/test_prompt_ref.c $(PROMPT_TEST_SRCS) \
         $(CORE_SRCS) $(CORE_HDRS)
