@@ -20,16 +20,24 @@
 #include "kvb_conf.h"
 #include "kvb_engine.h"
 #include "kvb_log.h"
+#include "kvb_metrics.h"
 #include "kvb_redis.h"
 
 
-/* engines' SUB and replay sockets, the collector, Redis' two links */
-#define KVB_ITEMS_MAX  (2 * KVB_ENGINES_MAX + 1 + 2)
+/*
+ * engines' SUB and replay sockets and metrics scrapes, the collector,
+ * Redis' two links
+ */
+#define KVB_ITEMS_MAX  (3 * KVB_ENGINES_MAX + 1 + 2)
+
+/* a scrape gives up after this, whatever the interval */
+#define KVB_SCRAPE_TIMEOUT_MS  2000
 
 
 typedef enum {
     KVB_ITEM_SUB = 0,
     KVB_ITEM_REPLAY,
+    KVB_ITEM_SCRAPE,
     KVB_ITEM_COLLECT,
     KVB_ITEM_REDIS
 } kvb_item_kind_e;
@@ -37,25 +45,29 @@ typedef enum {
 
 typedef struct {
     kvb_item_kind_e         kind;
-    kvb_engine_t           *engine;
+    size_t                  engine;
 } kvb_item_t;
 
 
 static kvb_conf_t              kvb_conf;    /* lives as long as the process */
 static kvb_engine_t           *kvb_engines[KVB_ENGINES_MAX];
+static kvb_scrape_t           *kvb_scrapes[KVB_ENGINES_MAX];
+static uint64_t                kvb_scraped[KVB_ENGINES_MAX];
 static volatile sig_atomic_t   kvb_stop;
 
 
 static void kvb_on_signal(int signo);
 static void kvb_on_resync(void *data, const char *server, size_t len);
 static void kvb_collect_io(void *collect, uint64_t now_ms);
+static void kvb_scrape_done(size_t e, uint64_t now_ms);
 static int kvb_daemonize(const char *pid_file);
 
 
 int
 main(int argc, char **argv)
 {
-    int                   rc, n, nredis, i, timeout;
+    int                   rc, n, nredis, i, timeout, fd;
+    short                 events;
     char                  err[512];
     void                 *zctx, *collect;
     size_t                e;
@@ -122,6 +134,19 @@ main(int argc, char **argv)
             return 1;
         }
 
+        if (kvb_conf.engines[e].metrics != NULL) {
+            kvb_scrapes[e] = kvb_scrape_create(kvb_conf.engines[e].metrics,
+                                               kvb_conf.metrics_ms,
+                                               KVB_SCRAPE_TIMEOUT_MS, err,
+                                               sizeof(err));
+            if (kvb_scrapes[e] == NULL) {
+                kvb_log(KVB_LOG_ERR, "engine %s: metrics=%s: %s",
+                        kvb_conf.engines[e].engine.name,
+                        kvb_conf.engines[e].metrics, err);
+                return 1;
+            }
+        }
+
         kvb_log(KVB_LOG_INFO, "engine %s: model \"%s\", events %s%s%s",
                 kvb_conf.engines[e].engine.name,
                 kvb_conf.engines[e].engine.model,
@@ -152,19 +177,35 @@ main(int argc, char **argv)
     while (!kvb_stop) {
         n = 0;
 
+        now = kvb_now_ms();
+
         for (e = 0; e < kvb_conf.nengines; e++) {
             if (kvb_engine_sub(kvb_engines[e]) != NULL) {
                 items[n].socket = kvb_engine_sub(kvb_engines[e]);
                 items[n].events = ZMQ_POLLIN;
                 what[n].kind = KVB_ITEM_SUB;
-                what[n++].engine = kvb_engines[e];
+                what[n++].engine = e;
             }
 
             if (kvb_engine_replay(kvb_engines[e]) != NULL) {
                 items[n].socket = kvb_engine_replay(kvb_engines[e]);
                 items[n].events = ZMQ_POLLIN;
                 what[n].kind = KVB_ITEM_REPLAY;
-                what[n++].engine = kvb_engines[e];
+                what[n++].engine = e;
+            }
+
+            if (kvb_scrapes[e] != NULL) {
+                fd = kvb_scrape_want(kvb_scrapes[e], now, &events);
+
+                if (fd >= 0) {
+                    items[n].socket = NULL;
+                    items[n].fd = fd;
+                    items[n].events = events;
+                    what[n].kind = KVB_ITEM_SCRAPE;
+                    what[n++].engine = e;
+                }
+
+                kvb_scrape_done(e, now);
             }
         }
 
@@ -182,7 +223,6 @@ main(int argc, char **argv)
 
         /* until the nearest deadline, at most a second */
 
-        now = kvb_now_ms();
         deadline = now + 1000;
 
         d = kvb_redis_deadline(redis);
@@ -191,6 +231,11 @@ main(int argc, char **argv)
         for (e = 0; e < kvb_conf.nengines; e++) {
             d = kvb_engine_deadline(kvb_engines[e]);
             deadline = (d < deadline) ? d : deadline;
+
+            if (kvb_scrapes[e] != NULL) {
+                d = kvb_scrape_deadline(kvb_scrapes[e]);
+                deadline = (d < deadline) ? d : deadline;
+            }
         }
 
         timeout = (deadline > now) ? (int) (deadline - now) : 0;
@@ -205,16 +250,21 @@ main(int argc, char **argv)
         now = kvb_now_ms();
 
         for (i = 0; rc > 0 && i < n; i++) {
-            if (!(items[i].revents & ZMQ_POLLIN)) {
+            if (items[i].revents == 0) {
                 continue;
             }
 
             switch (what[i].kind) {
             case KVB_ITEM_SUB:
-                kvb_engine_sub_io(what[i].engine, now);
+                kvb_engine_sub_io(kvb_engines[what[i].engine], now);
                 break;
             case KVB_ITEM_REPLAY:
-                kvb_engine_replay_io(what[i].engine, now);
+                kvb_engine_replay_io(kvb_engines[what[i].engine], now);
+                break;
+            case KVB_ITEM_SCRAPE:
+                kvb_scrape_io(kvb_scrapes[what[i].engine], items[i].revents,
+                              now);
+                kvb_scrape_done(what[i].engine, now);
                 break;
             case KVB_ITEM_COLLECT:
                 kvb_collect_io(collect, now);
@@ -231,6 +281,14 @@ main(int argc, char **argv)
         kvb_redis_tick(redis, now);
 
         for (e = 0; e < kvb_conf.nengines; e++) {
+            if (kvb_scrapes[e] != NULL
+                && now >= kvb_scrape_deadline(kvb_scrapes[e]))
+            {
+                /* a timeout, with no I/O to tell */
+                kvb_scrape_io(kvb_scrapes[e], 0, now);
+                kvb_scrape_done(e, now);
+            }
+
             kvb_engine_tick(kvb_engines[e], now);
         }
     }
@@ -239,6 +297,7 @@ main(int argc, char **argv)
 
     for (e = 0; e < kvb_conf.nengines; e++) {
         kvb_engine_destroy(kvb_engines[e]);
+        kvb_scrape_destroy(kvb_scrapes[e]);
     }
 
     if (collect != NULL) {
@@ -277,6 +336,26 @@ kvb_on_resync(void *data, const char *server, size_t len)
     }
 
     /* another bridge's engine, or another publisher's */
+}
+
+
+/* a new load from the engine's metrics goes with its next message */
+
+static void
+kvb_scrape_done(size_t e, uint64_t now_ms)
+{
+    uint64_t    taken;
+    kvb_load_t  load;
+
+    if (kvb_scrape_load(kvb_scrapes[e], &load, &taken) != 0
+        || taken == kvb_scraped[e])
+    {
+        return;
+    }
+
+    kvb_scraped[e] = taken;
+    kvb_engine_load(kvb_engines[e], load.waiting, load.running,
+                    load.kv_usage, taken);
 }
 
 
