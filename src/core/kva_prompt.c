@@ -117,8 +117,8 @@ kva_key_id(const uint8_t *key, size_t len)
 /*
  * Steps to the next member (key != NULL) or element of a container:
  * returns 1 with ps->lx.pos at its value, which is not at the end of the
- * body, 0 after the closing bracket, -1 on error.  A ']' right after a comma is left to
- * fail as a value.
+ * body, 0 after the closing bracket, -1 on error.  A ']' right after a
+ * comma is left to fail as a value.
  */
 
 static int
