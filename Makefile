@@ -34,7 +34,7 @@ NGX_SRCS   := $(wildcard src/ngx_http_kv_aware_*.c src/ngx_http_kv_aware_*.h)
 
 # core unit tests link the core alone; tools/*.mk add their own
 UNIT_TESTS := $(patsubst %,$(BUILD)/unit/test_%,prompt prompt_ref hash index score \
-              event)
+              event event_encode event_limits)
 TOOLS      :=
 
 PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
@@ -124,6 +124,16 @@ $(BUILD)/unit/test_prompt_ref: t/unit/test_prompt_ref.c $(PROMPT_TEST_SRCS) \
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) -It/unit -Itools/common -o $@ $< \
 	    $(PROMPT_TEST_SRCS) $(LIBKVA) -ljansson -lxxhash
+
+# the event codec's tests share their random batches and decode helpers
+EVENT_TESTS := $(BUILD)/unit/test_event $(BUILD)/unit/test_event_encode \
+               $(BUILD)/unit/test_event_limits
+
+$(EVENT_TESTS): $(BUILD)/unit/%: t/unit/%.c t/unit/event_gen.c \
+        t/unit/event_gen.h t/unit/tap.h $(LIBKVA)
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -It/unit -Itools/common -o $@ $< \
+	    t/unit/event_gen.c $(LIBKVA) -ljansson -lxxhash
 
 unit: $(UNIT_TESTS) $(KVA_HASHES)
 
