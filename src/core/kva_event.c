@@ -8,10 +8,11 @@
  * plus 0.3 us a hash, so publishers should batch a step's blocks into one
  * message rather than send one message a block.
  *
- * Before jansson sees a message, kva_event_shape() counts its values,
- * objects and arrays and its depth in one pass over the bytes, and the
- * limits bound those counts: jansson spends about 100 bytes and 0.1 us a
- * value, so a 4 MB message of [{},{},...] in an ignored field used to cost
+ * Before jansson sees a message, kva_event_shape() (kva_event_shape.c)
+ * counts its values,
+ * objects and arrays and its depth in one pass over the bytes, and
+ * the limits bound those counts: jansson spends about 100 bytes and 0.1 us
+ * a value, so a 4 MB message of [{},{},...] in an ignored field used to cost
  * 140 ms (880 ms cold) and left the worker 300 MB larger; it is now
  * rejected by the scan in about 1 ms.
  *
@@ -197,104 +198,6 @@ kva_check_shape(const char *msg, size_t len, const kva_event_shape_t *max,
 
     return kva_errf(e, KVA_EVENT_TOO_BIG, "message: over %zu values",
                     max->values);
-}
-
-
-/*
- * One pass, no allocation: the cost that every message pays before its
- * limits are known to hold.  A value is counted where it starts: the
- * first byte after "{", "[" that does not close it, and every ",".
- * Strings are skipped whole, a backslash escaping the byte after it, so
- * brackets and commas in them count for nothing.  2 GB/s over hash
- * lists, 0.5 GB/s over "{},{},..." (bench/bench_event_cost.c).
- */
-
-int
-kva_event_shape(const char *msg, size_t len, const kva_event_shape_t *max,
-    kva_event_shape_t *s)
-{
-    size_t          i, depth, max_values, max_containers, max_depth;
-    unsigned        opened;
-    unsigned char   c;
-
-    max_values = max->values ? max->values : SIZE_MAX;
-    max_containers = max->containers ? max->containers : SIZE_MAX;
-    max_depth = max->depth ? max->depth : SIZE_MAX;
-
-    s->values = 0;
-    s->containers = 0;
-    s->depth = 0;
-
-    depth = 0;
-
-    /* the root is a value where it starts, as an element is */
-    opened = 1;
-
-    for (i = 0; i < len; i++) {
-        c = (unsigned char) msg[i];
-
-        if (c == ' ' || c == '\n' || c == '\r' || c == '\t') {
-            continue;
-        }
-
-        if (opened) {
-            opened = 0;
-
-            if (c != '}' && c != ']' && ++s->values > max_values) {
-                return -1;
-            }
-        }
-
-        switch (c) {
-
-        case '"':
-            for (i++; i < len; i++) {
-                if (msg[i] == '\\') {
-                    i++;
-
-                } else if (msg[i] == '"') {
-                    break;
-                }
-            }
-
-            break;
-
-        case '{':
-        case '[':
-            opened = 1;
-
-            if (++depth > s->depth) {
-                s->depth = depth;
-
-                if (depth > max_depth) {
-                    return -1;
-                }
-            }
-
-            if (++s->containers > max_containers) {
-                return -1;
-            }
-
-            break;
-
-        case '}':
-        case ']':
-            if (depth > 0) {
-                depth--;
-            }
-
-            break;
-
-        case ',':
-            if (++s->values > max_values) {
-                return -1;
-            }
-
-            break;
-        }
-    }
-
-    return 0;
 }
 
 
