@@ -9,12 +9,11 @@
  * message rather than send one message a block.
  *
  * Before jansson sees a message, kva_event_shape() (kva_event_shape.c)
- * counts its values,
- * objects and arrays and its depth in one pass over the bytes, and
- * the limits bound those counts: jansson spends about 100 bytes and 0.1 us
- * a value, so a 4 MB message of [{},{},...] in an ignored field used to cost
- * 140 ms (880 ms cold) and left the worker 300 MB larger; it is now
- * rejected by the scan in about 1 ms.
+ * counts its values, objects and arrays and its depth in one pass over
+ * the bytes, and the limits bound those counts: jansson spends about 100
+ * bytes and 0.1 us a value, so a 4 MB message of [{},{},...] in an ignored
+ * field used to cost 140 ms (880 ms cold) and left the worker 300 MB
+ * larger; it is now rejected by the scan in about 1 ms.
  *
  * The encoder is kva_event_encode.c.
  */
