@@ -22,6 +22,7 @@
 
 static json_t *kva_encode_event(const kva_ev_t *ev);
 static json_t *kva_encode_load(const kva_batch_t *b, size_t *flags);
+static json_t *kva_encode_usage(double x, size_t *flags);
 static int kva_set(json_t *obj, const char *key, json_t *value);
 static char *kva_dump(json_t *root, size_t flags, size_t *len);
 
@@ -154,51 +155,55 @@ failed:
 }
 
 
-/*
- * kv_usage as the shortest of %.15g and %.17g that reads back exactly:
- * "0.43", not "0.42999999999999999".  It is the message's only real, so
- * the precision can be the whole dump's.  NaN and out of range values
- * would make the message invalid JSON or rejected: they are clamped.
- */
-
 static json_t *
 kva_encode_load(const kva_batch_t *b, size_t *flags)
 {
-    char     buf[32];
-    double   x;
-    json_t  *load, *usage;
-
-    x = b->kv_usage;
-
-    if (!(x > 0.0)) {
-        usage = json_integer(0);
-
-    } else if (x >= 1.0) {
-        usage = json_integer(1);
-
-    } else {
-        usage = json_real(x);
-
-        snprintf(buf, sizeof(buf), "%.15g", x);
-
-        /* a locale may have set a decimal comma */
-        if (strchr(buf, ',') == NULL && strtod(buf, NULL) == x) {
-            *flags = JSON_REAL_PRECISION(15);
-        }
-    }
+    json_t  *load;
 
     load = json_object();
 
     if (load == NULL
         || kva_set(load, "waiting", json_integer(b->waiting)) != 0
         || kva_set(load, "running", json_integer(b->running)) != 0
-        || kva_set(load, "kv_usage", usage) != 0)
+        || kva_set(load, "kv_usage", kva_encode_usage(b->kv_usage, flags))
+           != 0)
     {
         json_decref(load);
         return NULL;
     }
 
     return load;
+}
+
+
+/*
+ * The shortest of %.15g and %.17g that reads back exactly: "0.43", not
+ * "0.42999999999999999".  It is the message's only real, so the precision
+ * can be the whole dump's.  NaN and out of range values would make the
+ * message invalid JSON or rejected: they are clamped.
+ */
+
+static json_t *
+kva_encode_usage(double x, size_t *flags)
+{
+    char  buf[32];
+
+    if (!(x > 0.0)) {
+        return json_integer(0);
+    }
+
+    if (x >= 1.0) {
+        return json_integer(1);
+    }
+
+    snprintf(buf, sizeof(buf), "%.15g", x);
+
+    /* a locale may have set a decimal comma: then keep jansson's 17 */
+    if (strchr(buf, ',') == NULL && strtod(buf, NULL) == x) {
+        *flags = JSON_REAL_PRECISION(15);
+    }
+
+    return json_real(x);
 }
 
 
