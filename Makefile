@@ -20,7 +20,7 @@ MODULE     := $(BUILD)/ngx_http_kv_aware_module.so
 
 CC         ?= cc
 CFLAGS_CORE = -std=gnu99 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter \
-              -Wpointer-arith -Isrc/core $(SAN_CFLAGS)
+              -Wpointer-arith -Isrc/core -Itools/common $(SAN_CFLAGS)
 
 # the nginx-free core: src/core/sources is its one list (config reads it
 # too), built once into libkva.a, which the tests, tools and benches link
@@ -47,7 +47,7 @@ FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 FUZZ_CC      := clang
 FUZZ_FLAGS   := -g -O1 -fno-sanitize-recover=undefined -Wall -Wextra -Werror \
-                -Wno-unused-parameter -Isrc/core -It/unit
+                -Wno-unused-parameter -Isrc/core -It/unit -Itools/common
 FUZZ_CFLAGS  := -fsanitize=fuzzer,address,undefined $(FUZZ_FLAGS)
 # the core for the fuzz targets: instrumented the same way, no main
 FUZZ_LIB     := $(BUILD)/fuzz/libkva.a
@@ -110,19 +110,19 @@ $(KVA_HASHES): t/lib/kva_hashes.c $(LIBKVA)
 
 $(BUILD)/unit/%: t/unit/%.c $(LIBKVA)
 	@mkdir -p $(BUILD)/unit
-	$(CC) $(CFLAGS_CORE) -It/unit -Itools/common -o $@ $< $(LIBKVA) \
+	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< $(LIBKVA) \
 	    -ljansson -lxxhash
 
 # the differential test of the scanner links its random body generator
-PROMPT_TEST_SRCS := $(wildcard t/unit/prompt_rand.c)
+PROMPT_TEST_SRCS := $(wildcard t/unit/prompt_rand*.c)
 
 $(BUILD)/unit/test_prompt $(BUILD)/unit/test_prompt_ref: t/unit/prompt_gen.h \
-        t/unit/tap.h $(wildcard t/unit/prompt_rand.h)
+        t/unit/tap.h $(wildcard t/unit/prompt_rand*.h)
 
 $(BUILD)/unit/test_prompt_ref: t/unit/test_prompt_ref.c $(PROMPT_TEST_SRCS) \
         $(LIBKVA)
 	@mkdir -p $(BUILD)/unit
-	$(CC) $(CFLAGS_CORE) -It/unit -Itools/common -o $@ $< \
+	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< \
 	    $(PROMPT_TEST_SRCS) $(LIBKVA) -ljansson -lxxhash
 
 # the event codec's tests share their random batches and decode helpers
@@ -132,7 +132,7 @@ EVENT_TESTS := $(BUILD)/unit/test_event $(BUILD)/unit/test_event_encode \
 $(EVENT_TESTS): $(BUILD)/unit/%: t/unit/%.c t/unit/event_gen.c \
         t/unit/event_gen.h t/unit/tap.h $(LIBKVA)
 	@mkdir -p $(BUILD)/unit
-	$(CC) $(CFLAGS_CORE) -It/unit -Itools/common -o $@ $< \
+	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< \
 	    t/unit/event_gen.c $(LIBKVA) -ljansson -lxxhash
 
 unit: $(UNIT_TESTS) $(KVA_HASHES)
@@ -193,7 +193,7 @@ demo: deps module tools
 BENCHES    := $(patsubst bench/%.c,$(BUILD)/%,$(wildcard bench/bench_*.c))
 
 $(BUILD)/bench_%: bench/bench_%.c bench/bench_util.h $(LIBKVA)
-	$(CC) $(CFLAGS_CORE) -Itools/common -o $@ $< $(LIBKVA) -ljansson -lxxhash
+	$(CC) $(CFLAGS_CORE) -o $@ $< $(LIBKVA) -ljansson -lxxhash
 
 # numbers, not tests: routing cost in process, then through nginx
 bench: deps module $(BENCHES)

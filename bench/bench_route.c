@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "bench_util.h"
+#include "kva_rand.h"
 #include "kva_hash.h"
 #include "kva_index.h"
 #include "kva_prompt.h"
@@ -18,20 +19,6 @@
 
 
 #define BLOCK_SIZE  256
-
-
-static uint64_t
-rnd64(uint64_t *s)
-{
-    uint64_t  x;
-
-    x = (*s += 0x9e3779b97f4a7c15ULL);
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
-
 
 
 /* a chat body of about `tokens` 4-byte pseudo-tokens */
@@ -58,7 +45,7 @@ make_body(size_t tokens, int escapes, size_t *len)
             continue;
         }
 
-        *p++ = "abcdefghijklmnopqrstuvwxyz 0123456789"[rnd64(&s) % 37];
+        *p++ = "abcdefghijklmnopqrstuvwxyz 0123456789"[kva_rand_below(&s, 37)];
     }
 
     p += sprintf(p, "\"},{\"role\":\"user\",\"content\":\"Summarise.\"}],"
@@ -110,7 +97,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
 
     for (j = 0; j < entries; j += 1024) {
         for (i = 0; i < 1024; i++) {
-            filler[i] = rnd64(&s);
+            filler[i] = kva_rand_next(&s);
         }
 
         kva_index_add(ix, filler, entries - j < 1024 ? entries - j : 1024,

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "bench_util.h"
+#include "kva_rand.h"
 #include "kva_index.h"
 
 
@@ -43,12 +44,7 @@ static uint64_t  rnd_state = 1;
 static uint64_t
 rnd64(void)
 {
-    uint64_t  x;
-
-    x = (rnd_state += 0x9e3779b97f4a7c15ULL);
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
+    return kva_rand_next(&rnd_state);
 }
 
 

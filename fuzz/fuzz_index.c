@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kva_index.h"
+#include "kva_rand.h"
 
 
 #define NKEYS       48
@@ -49,13 +50,12 @@ fz_byte(fz_in_t *in)
 }
 
 
+/* random-looking keys from counters: splitmix64's draw from state x */
+
 static uint64_t
 fz_mix(uint64_t x)
 {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
+    return kva_rand_next(&x);
 }
 
 

@@ -1,7 +1,7 @@
 # kvload: open-loop load generator (tools/kvload/), included by the Makefile.
 
 KVLOAD_SRCS := $(wildcard tools/kvload/kvload_*.c)
-KVLOAD_HDRS := $(wildcard tools/kvload/kvload_*.h)
+KVLOAD_HDRS := $(wildcard tools/kvload/*.h) tools/common/kva_rand.h
 
 TOOLS      += $(BUILD)/kvload
 UNIT_TESTS += $(BUILD)/unit/test_kvload_stats

@@ -1,7 +1,7 @@
 /*
  * The random request body generator of the differential prompt test,
- * prompt_rand.c.  One RNG state drives both the bodies and the test's own
- * choices, so a seed reproduces the whole run.
+ * prompt_rand.c and prompt_rand_json.c.  One RNG state drives both the
+ * bodies and the test's own choices, so a seed reproduces the whole run.
  */
 
 #ifndef _KVA_PROMPT_RAND_H_INCLUDED_
@@ -13,7 +13,7 @@
 #include "prompt_gen.h"
 
 
-/* seed must not be 0: xorshift would stay at 0 */
+/* any seed, 0 included */
 void prompt_rand_seed(uint64_t seed);
 uint64_t prompt_rand_u64(void);
 unsigned prompt_rand_n(unsigned n);

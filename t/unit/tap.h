@@ -12,10 +12,13 @@
 static int  tap_n, tap_failed;
 
 
+/* cond is evaluated once: a test may decode or insert inside it */
 #define ok(cond, ...)                                                         \
     do {                                                                      \
+        int  tap_ok_ = (cond) ? 1 : 0;                                        \
+                                                                              \
         tap_n++;                                                              \
-        if (!(cond)) {                                                        \
+        if (!tap_ok_) {                                                       \
             tap_failed++;                                                     \
             printf("not ok %d - ", tap_n);                                    \
         } else {                                                              \
@@ -23,7 +26,7 @@ static int  tap_n, tap_failed;
         }                                                                     \
         printf(__VA_ARGS__);                                                  \
         printf("\n");                                                         \
-        if (!(cond)) {                                                        \
+        if (!tap_ok_) {                                                       \
             printf("#   failed at %s line %d: %s\n", __FILE__, __LINE__,     \
                    #cond);                                                    \
         }                                                                     \

@@ -8,16 +8,14 @@
 
 #include "tap.h"
 #include "kva_index.h"
+#include "kva_rand.h"
 
 
 static uint64_t
 mix(uint64_t x)
 {
-    /* splitmix64: random-looking keys, like the XXH3 hashes in production */
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
+    /* random-looking keys, like the XXH3 hashes in production */
+    return kva_rand_next(&x);
 }
 
 

@@ -483,8 +483,7 @@ test_random(void)
     env = getenv("KVA_TEST_SEED");
     seed = (env != NULL) ? strtoull(env, NULL, 0) : RANDOM_SEED;
 
-    /* xorshift never leaves an all-zero state */
-    prompt_rand_seed((seed != 0) ? seed : RANDOM_SEED);
+    prompt_rand_seed(seed);
 
     for (i = 0; i < bodies; i++) {
         prompt_gen_body(&body);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kva_rand.h"
 #include "kvload_workload.h"
 
 
@@ -41,29 +42,6 @@ static char *kvl_reserve(kvl_workload_t *wl, size_t n);
 static void kvl_append(kvl_workload_t *wl, const char *s);
 static void kvl_message(kvl_workload_t *wl, const char *role,
     const char *texts, size_t i, unsigned tokens);
-
-
-uint64_t
-kvl_rand(uint64_t *state)
-{
-    uint64_t  z;
-
-    /* splitmix64: tiny, good enough, same sequence everywhere */
-
-    z = (*state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-
-    return z ^ (z >> 31);
-}
-
-
-double
-kvl_rand_unit(uint64_t *state)
-{
-    /* (0, 1]: safe for -log(u) */
-    return ((double) (kvl_rand(state) >> 11) + 1.0) / 9007199254740992.0;
-}
 
 
 kvl_workload_t *
@@ -199,7 +177,7 @@ kvl_shuffle(kvl_workload_t *wl)
     /* a random permutation, inside-out Fisher-Yates */
 
     for (i = 0; i < wl->norder; i++) {
-        j = (unsigned) (kvl_rand(&wl->rng) % (i + 1));
+        j = (unsigned) kva_rand_below(&wl->rng, i + 1);
         wl->order[i] = wl->order[j];
         wl->order[j] = i;
     }
@@ -235,7 +213,7 @@ kvl_text_fill(uint64_t *rng, char *p, unsigned tokens)
     static const char  a[] = "abcdefghijklmnopqrstuvwxyz0123456789";
 
     for (i = 0; i < tokens; i++, p += 4) {
-        r = kvl_rand(rng);
+        r = kva_rand_next(rng);
         p[0] = a[r % 36];
         p[1] = a[(r >> 8) % 36];
         p[2] = a[(r >> 16) % 36];

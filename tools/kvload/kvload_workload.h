@@ -37,8 +37,5 @@ kvl_workload_t *kvl_workload_create(const kvl_wl_conf_t *conf);
 int kvl_workload_next(kvl_workload_t *wl, const char **body, size_t *len);
 void kvl_workload_free(kvl_workload_t *wl);
 
-uint64_t kvl_rand(uint64_t *state);
-double kvl_rand_unit(uint64_t *state);
-
 
 #endif /* _KVLOAD_WORKLOAD_H_INCLUDED_ */

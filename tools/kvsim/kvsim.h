@@ -10,6 +10,7 @@
 
 
 #include <stdint.h>
+#include <time.h>
 
 #include <event2/event.h>
 
@@ -82,17 +83,23 @@ struct kvs_sim_s {
     struct event_base  *base;
     kvs_server_t       *servers;
     kvs_events_t       *events;
-    uint64_t            rng;
+    uint64_t            rng;            /* kva_rand.h */
     double              t0;             /* ms, monotonic */
     uint64_t            req_ids;
 };
 
 
-double kvs_now_ms(void);
-double kvs_random(kvs_sim_t *sim);     /* [0, 1) */
-/* a step may be due: starts the step timer when the server is idle */
-void kvs_server_kick(kvs_server_t *srv);
-kvs_server_t *kvs_server_find(kvs_sim_t *sim, const char *id, size_t len);
+/* the simulation's clock: steps, queue times and pauses are measured on it */
+
+static inline double
+kvs_now_ms(void)
+{
+    struct timespec  ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+
+    return ts.tv_sec * 1000.0 + ts.tv_nsec / 1e6;
+}
 
 
 #endif /* _KVSIM_H_INCLUDED_ */

@@ -11,7 +11,9 @@
 #include <hiredis/adapters/libevent.h>
 
 #include "kva_event.h"
+#include "kva_rand.h"
 #include "kvsim_events.h"
+#include "kvsim_server.h"
 
 
 #define KVS_PENDING_MAX     65536       /* PUBLISH replies outstanding */
@@ -258,7 +260,7 @@ kvs_publish(kvs_events_t *ev, kvs_server_t *srv, kva_batch_t *b)
 
     if (ev->pub == NULL || ev->pending >= KVS_PENDING_MAX
         || (ev->sim->conf.drop_events > 0.0
-            && kvs_random(ev->sim) < ev->sim->conf.drop_events))
+            && kva_rand_unit(&ev->sim->rng) < ev->sim->conf.drop_events))
     {
         srv->dropped++;
         return;

@@ -1,5 +1,5 @@
 /*
- * kvsim: command line, servers, the step timers, the loop.
+ * kvsim: the program: its arguments, the servers' set-up, the loop.
  */
 
 #include <errno.h>
@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 
@@ -17,17 +16,13 @@
 
 #include "kvsim.h"
 #include "kvsim_events.h"
-#include "kvsim_http.h"
+#include "kvsim_server.h"
 
 
 static int kvs_parse_args(kvs_conf_t *conf, int argc, char **argv);
 static int kvs_number(const char *s, double min, double max, double *v);
 static void kvs_usage(void);
-static int kvs_server_init(kvs_sim_t *sim, kvs_server_t *srv, unsigned i);
-static void kvs_server_free(kvs_server_t *srv);
 static void kvs_fd_limit(kvs_conf_t *conf);
-static void kvs_step_start(kvs_server_t *srv, double start);
-static void kvs_step_handler(evutil_socket_t fd, short what, void *arg);
 static void kvs_signal_handler(evutil_socket_t fd, short what, void *arg);
 static void kvs_die_handler(evutil_socket_t fd, short what, void *arg);
 
@@ -91,7 +86,7 @@ main(int argc, char **argv)
     }
 
     sim.t0 = kvs_now_ms();
-    sim.rng = sim.conf.seed * 0x9e3779b97f4a7c15ULL + 1;
+    sim.rng = sim.conf.seed;
     sim.servers = calloc(sim.conf.servers, sizeof(kvs_server_t));
     sigint = evsignal_new(sim.base, SIGINT, kvs_signal_handler, &sim);
     sigterm = evsignal_new(sim.base, SIGTERM, kvs_signal_handler, &sim);
@@ -166,154 +161,6 @@ done:
     event_base_free(sim.base);
 
     return rc;
-}
-
-
-double
-kvs_now_ms(void)
-{
-    struct timespec  ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-
-    return ts.tv_sec * 1000.0 + ts.tv_nsec / 1e6;
-}
-
-
-double
-kvs_random(kvs_sim_t *sim)
-{
-    /* xorshift64* */
-    sim->rng ^= sim->rng >> 12;
-    sim->rng ^= sim->rng << 25;
-    sim->rng ^= sim->rng >> 27;
-
-    return ((sim->rng * 0x2545f4914f6cdd1dULL) >> 11) / 9007199254740992.0;
-}
-
-
-void
-kvs_server_kick(kvs_server_t *srv)
-{
-    if (!srv->stepping) {
-        kvs_step_start(srv, kvs_now_ms());
-    }
-}
-
-
-static void
-kvs_step_start(kvs_server_t *srv, double start)
-{
-    double          now, t, delay;
-    struct timeval  tv;
-
-    now = kvs_now_ms();
-    t = kvs_sched_plan(&srv->sched, now) * 1000.0;
-
-    if (t <= 0.0) {
-        return;
-    }
-
-    srv->step_end = start + t;
-    delay = (srv->step_end > now) ? srv->step_end - now : 0.0;
-
-    tv.tv_sec = (time_t) (delay / 1000.0);
-    tv.tv_usec = (suseconds_t) ((delay - tv.tv_sec * 1000.0) * 1000.0);
-
-    evtimer_add(srv->step_ev, &tv);
-    srv->stepping = 1;
-}
-
-
-kvs_server_t *
-kvs_server_find(kvs_sim_t *sim, const char *id, size_t len)
-{
-    unsigned  i;
-
-    for (i = 0; i < sim->conf.servers; i++) {
-        if (sim->servers[i].id_len == len
-            && memcmp(sim->servers[i].id, id, len) == 0)
-        {
-            return &sim->servers[i];
-        }
-    }
-
-    return NULL;
-}
-
-
-static int
-kvs_server_init(kvs_sim_t *sim, kvs_server_t *srv, unsigned i)
-{
-    kvs_sched_conf_t  sc;
-
-    srv->sim = sim;
-    srv->index = i;
-    srv->port = sim->conf.base_port + i;
-    srv->id_len = snprintf(srv->id, KVS_ID_MAX, "127.0.0.1:%u", srv->port);
-
-    sc.block_tokens = sim->conf.block_tokens;
-    sc.max_seqs = sim->conf.max_seqs;
-    sc.token_budget = sim->conf.token_budget;
-    sc.time_scale = sim->conf.time_scale;
-
-    if (kvs_cache_init(&srv->cache, sim->conf.num_blocks) != 0
-        || kvs_sched_init(&srv->sched, &sc, &srv->cache) != 0)
-    {
-        fprintf(stderr, "kvsim: %s: out of memory\n", srv->id);
-        return -1;
-    }
-
-    srv->step_ev = evtimer_new(sim->base, kvs_step_handler, srv);
-    if (srv->step_ev == NULL) {
-        return -1;
-    }
-
-    return kvs_http_init(srv);
-}
-
-
-static void
-kvs_server_free(kvs_server_t *srv)
-{
-    if (srv->sched.step) {
-        /* in-flight requests are answered, then evhttp frees them */
-        kvs_sched_free(&srv->sched, kvs_http_seq_event, srv);
-    }
-
-    kvs_http_free(srv);
-
-    if (srv->step_ev) {
-        event_free(srv->step_ev);
-    }
-
-    kvs_cache_free(&srv->cache);
-}
-
-
-static void
-kvs_step_handler(evutil_socket_t fd, short what, void *arg)
-{
-    double         now;
-    kvs_server_t  *srv = arg;
-
-    srv->stepping = 0;
-    kvs_sched_complete(&srv->sched, kvs_http_seq_event, srv);
-
-    if (srv->sim->events) {
-        kvs_events_step(srv->sim->events, srv);
-
-    } else {
-        kvs_cache_ops_clear(&srv->cache);
-    }
-
-    /*
-     * The next step starts when this one ended in simulated time, not
-     * when the CPU got here; a lag over a second is given up.
-     */
-    now = kvs_now_ms();
-    srv->lag_ms = now - srv->step_end;
-    kvs_step_start(srv, srv->lag_ms < 1000.0 ? srv->step_end : now);
 }
 
 

@@ -1,0 +1,236 @@
+/*
+ * kvsim: the bodies of the replies, in the shapes OpenAI's clients and
+ * vLLM's scrapers parse: chat and text completions, whole or streamed,
+ * errors, metrics.  The extra "kvsim" member says which server answered,
+ * what it found cached and how long the request queued.
+ */
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "kva_rand.h"
+#include "kvsim_reply.h"
+
+
+static void kvs_head(struct evbuffer *b, kvs_req_t *r);
+static void kvs_tail(struct evbuffer *b, kvs_req_t *r, int first, int done);
+static void kvs_token(kvs_sim_t *sim, struct evbuffer *b);
+
+
+void
+kvs_reply_chunk(kvs_req_t *r, struct evbuffer *b, int done)
+{
+    int  first;
+
+    first = (r->seq->out == 1);
+
+    if (!r->started) {
+        r->started = 1;
+        evhttp_send_reply_start(r->req, 200, "OK");
+    }
+
+    evbuffer_add(b, "data: ", 6);
+    kvs_head(b, r);
+
+    if (r->chat) {
+        evbuffer_add_printf(b, "\"delta\":{%s\"content\":\"",
+                            first ? "\"role\":\"assistant\"," : "");
+        kvs_token(r->srv->sim, b);
+        evbuffer_add(b, "\"}", 2);
+
+    } else {
+        evbuffer_add(b, "\"text\":\"", 8);
+        kvs_token(r->srv->sim, b);
+        evbuffer_add_printf(b, "\",\"logprobs\":null");
+    }
+
+    kvs_tail(b, r, first, done);
+    evbuffer_add_printf(b, "\n\n%s", done ? "data: [DONE]\n\n" : "");
+    evhttp_send_reply_chunk(r->req, b);
+
+    if (done) {
+        evhttp_send_reply_end(r->req);
+    }
+}
+
+
+void
+kvs_reply_body(kvs_req_t *r, struct evbuffer *b)
+{
+    uint32_t  i;
+
+    kvs_head(b, r);
+    evbuffer_add_printf(b, r->chat ? "\"message\":{\"role\":\"assistant\","
+                        "\"content\":\"" : "\"text\":\"");
+
+    for (i = 0; i < r->seq->out; i++) {
+        kvs_token(r->srv->sim, b);
+    }
+
+    evbuffer_add_printf(b, r->chat ? "\"}" : "\",\"logprobs\":null");
+    kvs_tail(b, r, 1, 1);
+    kvs_reply(r->srv, r->req, 200, "application/json", b);
+}
+
+
+static void
+kvs_head(struct evbuffer *b, kvs_req_t *r)
+{
+    evbuffer_add_printf(b, "{\"id\":\"%s-kvsim-%llu\",\"object\":\"%s\","
+                        "\"created\":%lld,\"model\":\"%s\",\"choices\":"
+                        "[{\"index\":0,",
+                        r->chat ? "chatcmpl" : "cmpl",
+                        (unsigned long long) r->id,
+                        r->chat ? (r->stream ? "chat.completion.chunk"
+                                             : "chat.completion")
+                                : "text_completion",
+                        (long long) r->created, r->model);
+}
+
+
+static void
+kvs_tail(struct evbuffer *b, kvs_req_t *r, int first, int done)
+{
+    kvs_seq_t  *seq = r->seq;
+
+    evbuffer_add_printf(b, ",\"finish_reason\":%s}]",
+                        done ? "\"length\"" : "null");
+
+    if (done) {
+        evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%u,"
+                            "\"completion_tokens\":%u,\"total_tokens\":%u,"
+                            "\"prompt_tokens_details\":"
+                            "{\"cached_tokens\":%u}}",
+                            seq->prompt, seq->out, seq->prompt + seq->out,
+                            seq->cached);
+    }
+
+    if (first) {
+        evbuffer_add_printf(b, ",\"kvsim\":{\"server\":\"%s\","
+                            "\"cached_tokens\":%u,\"queue_ms\":%.3f,"
+                            "\"preempted\":%u}",
+                            r->srv->id, seq->cached,
+                            seq->t_admitted - seq->t_arrival,
+                            seq->preempted);
+    }
+
+    evbuffer_add(b, "}", 1);
+}
+
+
+static void
+kvs_token(kvs_sim_t *sim, struct evbuffer *b)
+{
+    char  t[4];
+
+    /* 4 bytes, no JSON escaping: the load generator's alphabet */
+    t[0] = 'a' + (char) kva_rand_below(&sim->rng, 26);
+    t[1] = 'a' + (char) kva_rand_below(&sim->rng, 26);
+    t[2] = 'a' + (char) kva_rand_below(&sim->rng, 26);
+    t[3] = ' ';
+
+    evbuffer_add(b, t, 4);
+}
+
+
+void
+kvs_reply_metrics(kvs_server_t *srv, struct evhttp_request *req)
+{
+    const char       *m;
+    kvs_cache_t      *c = &srv->cache;
+    kvs_sched_t      *s = &srv->sched;
+    struct evbuffer  *b;
+
+    b = evbuffer_new();
+    if (b == NULL) {
+        kvs_reply_error(srv, req, 500, "out of memory");
+        return;
+    }
+
+    m = srv->sim->conf.model;
+
+#define kvs_metric(name, type, fmt, v)                                      \
+    evbuffer_add_printf(b, "# TYPE " name " " type "\n"                     \
+                        name "{model_name=\"%s\"} " fmt "\n", m, v)
+
+    kvs_metric("vllm:num_requests_running", "gauge", "%u", s->nrunning);
+    kvs_metric("vllm:num_requests_waiting", "gauge", "%u", s->nwaiting);
+    kvs_metric("vllm:gpu_cache_usage_perc", "gauge", "%.6f",
+               kvs_cache_usage(c));
+    kvs_metric("vllm:kv_cache_usage_perc", "gauge", "%.6f",
+               kvs_cache_usage(c));
+    kvs_metric("vllm:prefix_cache_queries_total", "counter", "%llu",
+               (unsigned long long) s->query_tokens);
+    kvs_metric("vllm:prefix_cache_hits_total", "counter", "%llu",
+               (unsigned long long) s->hit_tokens);
+    kvs_metric("vllm:num_preemptions_total", "counter", "%llu",
+               (unsigned long long) s->preemptions);
+    kvs_metric("vllm:prompt_tokens_total", "counter", "%llu",
+               (unsigned long long) s->prompt_tokens);
+    kvs_metric("vllm:generation_tokens_total", "counter", "%llu",
+               (unsigned long long) s->gen_tokens);
+    kvs_metric("vllm:request_success_total", "counter", "%llu",
+               (unsigned long long) s->finished);
+    kvs_metric("kvsim_steps_total", "counter", "%llu",
+               (unsigned long long) s->steps);
+    kvs_metric("kvsim_step_lag_ms", "gauge", "%.3f", srv->lag_ms);
+    kvs_metric("kvsim_cache_blocks_cached", "gauge", "%u", c->nhashed);
+    kvs_metric("kvsim_cache_blocks_free", "gauge", "%u", c->nfree);
+    kvs_metric("kvsim_cache_evictions_total", "counter", "%llu",
+               (unsigned long long) c->evictions);
+    kvs_metric("kvsim_events_published_total", "counter", "%llu",
+               (unsigned long long) srv->published);
+    kvs_metric("kvsim_events_dropped_total", "counter", "%llu",
+               (unsigned long long) srv->dropped);
+    kvs_metric("kvsim_event_seq", "gauge", "%llu",
+               (unsigned long long) srv->seq);
+    kvs_metric("kvsim_requests_total", "counter", "%llu",
+               (unsigned long long) srv->requests);
+    kvs_metric("kvsim_requests_rejected_total", "counter", "%llu",
+               (unsigned long long) srv->rejected);
+
+#undef kvs_metric
+
+    kvs_reply(srv, req, 200, "text/plain; version=0.0.4", b);
+    evbuffer_free(b);
+}
+
+
+void
+kvs_reply(kvs_server_t *srv, struct evhttp_request *req, int code,
+    const char *type, struct evbuffer *body)
+{
+    struct evkeyvalq  *h;
+
+    if (code >= 400) {
+        srv->rejected++;
+    }
+
+    h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", type);
+    evhttp_add_header(h, "X-Kvsim-Server", srv->id);
+    evhttp_send_reply(req, code, NULL, body);
+}
+
+
+void
+kvs_reply_error(kvs_server_t *srv, struct evhttp_request *req, int code,
+    const char *msg)
+{
+    struct evbuffer  *b;
+
+    b = evbuffer_new();
+    if (b == NULL) {
+        srv->rejected++;
+        evhttp_send_error(req, code, NULL);
+        return;
+    }
+
+    evbuffer_add_printf(b, "{\"error\":{\"message\":\"%s\",\"type\":\"%s\","
+                        "\"param\":null,\"code\":%d}}", msg,
+                        code < 500 ? "invalid_request_error" : "server_error",
+                        code);
+    kvs_reply(srv, req, code, "application/json", b);
+    evbuffer_free(b);
+}

@@ -1,0 +1,143 @@
+/*
+ * kvsim: a server's life, from its set-up to its free, and the step timer
+ * that advances its scheduler in simulated time.
+ */
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/event.h>
+
+#include "kvsim_events.h"
+#include "kvsim_http.h"
+#include "kvsim_server.h"
+
+
+static void kvs_step_start(kvs_server_t *srv, double start);
+static void kvs_step_handler(evutil_socket_t fd, short what, void *arg);
+
+
+int
+kvs_server_init(kvs_sim_t *sim, kvs_server_t *srv, unsigned i)
+{
+    kvs_sched_conf_t  sc;
+
+    srv->sim = sim;
+    srv->index = i;
+    srv->port = sim->conf.base_port + i;
+    srv->id_len = snprintf(srv->id, KVS_ID_MAX, "127.0.0.1:%u", srv->port);
+
+    sc.block_tokens = sim->conf.block_tokens;
+    sc.max_seqs = sim->conf.max_seqs;
+    sc.token_budget = sim->conf.token_budget;
+    sc.time_scale = sim->conf.time_scale;
+
+    if (kvs_cache_init(&srv->cache, sim->conf.num_blocks) != 0
+        || kvs_sched_init(&srv->sched, &sc, &srv->cache) != 0)
+    {
+        fprintf(stderr, "kvsim: %s: out of memory\n", srv->id);
+        return -1;
+    }
+
+    srv->step_ev = evtimer_new(sim->base, kvs_step_handler, srv);
+    if (srv->step_ev == NULL) {
+        return -1;
+    }
+
+    return kvs_http_init(srv);
+}
+
+
+void
+kvs_server_free(kvs_server_t *srv)
+{
+    if (srv->sched.step) {
+        /* in-flight requests are answered, then evhttp frees them */
+        kvs_sched_free(&srv->sched, kvs_http_seq_event, srv);
+    }
+
+    kvs_http_free(srv);
+
+    if (srv->step_ev) {
+        event_free(srv->step_ev);
+    }
+
+    kvs_cache_free(&srv->cache);
+}
+
+
+void
+kvs_server_kick(kvs_server_t *srv)
+{
+    if (!srv->stepping) {
+        kvs_step_start(srv, kvs_now_ms());
+    }
+}
+
+
+kvs_server_t *
+kvs_server_find(kvs_sim_t *sim, const char *id, size_t len)
+{
+    unsigned  i;
+
+    for (i = 0; i < sim->conf.servers; i++) {
+        if (sim->servers[i].id_len == len
+            && memcmp(sim->servers[i].id, id, len) == 0)
+        {
+            return &sim->servers[i];
+        }
+    }
+
+    return NULL;
+}
+
+
+static void
+kvs_step_start(kvs_server_t *srv, double start)
+{
+    double          now, t, delay;
+    struct timeval  tv;
+
+    now = kvs_now_ms();
+    t = kvs_sched_plan(&srv->sched, now) * 1000.0;
+
+    if (t <= 0.0) {
+        return;
+    }
+
+    srv->step_end = start + t;
+    delay = (srv->step_end > now) ? srv->step_end - now : 0.0;
+
+    tv.tv_sec = (time_t) (delay / 1000.0);
+    tv.tv_usec = (suseconds_t) ((delay - tv.tv_sec * 1000.0) * 1000.0);
+
+    evtimer_add(srv->step_ev, &tv);
+    srv->stepping = 1;
+}
+
+
+static void
+kvs_step_handler(evutil_socket_t fd, short what, void *arg)
+{
+    double         now;
+    kvs_server_t  *srv = arg;
+
+    srv->stepping = 0;
+    kvs_sched_complete(&srv->sched, kvs_http_seq_event, srv);
+
+    if (srv->sim->events) {
+        kvs_events_step(srv->sim->events, srv);
+
+    } else {
+        kvs_cache_ops_clear(&srv->cache);
+    }
+
+    /*
+     * The next step starts when this one ended in simulated time, not
+     * when the CPU got here; a lag over a second is given up.
+     */
+    now = kvs_now_ms();
+    srv->lag_ms = now - srv->step_end;
+    kvs_step_start(srv, srv->lag_ms < 1000.0 ? srv->step_end : now);
+}
