@@ -20,16 +20,21 @@ MODULE     := $(BUILD)/ngx_http_kv_aware_module.so
 
 CC         ?= cc
 CFLAGS_CORE = -std=gnu99 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter \
-              -Wpointer-arith -Isrc -Itools/common $(SAN_CFLAGS)
+              -Wpointer-arith -Isrc/core -Itools/common $(SAN_CFLAGS)
 
-CORE_SRCS  := src/kva_prompt.c src/kva_hash.c src/kva_index.c src/kva_score.c \
-              src/kva_event.c
-CORE_HDRS  := $(CORE_SRCS:.c=.h)
+# the nginx-free core: src/core/sources is its one list (config reads it
+# too), built once into libkva.a, which the tests, tools and benches link
+CORE_FILES := $(addprefix src/core/,$(shell sed -e 's/\#.*//' src/core/sources))
+CORE_SRCS  := $(filter %.c,$(CORE_FILES))
+CORE_HDRS  := $(filter %.h,$(CORE_FILES))
+CORE_OBJS   = $(CORE_SRCS:src/core/%.c=$(BUILD)/core/%.o)
+LIBKVA      = $(BUILD)/libkva.a
+KVA_HASHES  = $(BUILD)/kva_hashes
 NGX_SRCS   := $(wildcard src/ngx_http_kv_aware_*.c src/ngx_http_kv_aware_*.h)
 
 # core unit tests link the core alone; tools/*.mk add their own
 UNIT_TESTS := $(patsubst %,$(BUILD)/unit/test_%,prompt prompt_ref hash index score \
-              event)
+              event event_encode event_limits)
 TOOLS      :=
 
 PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
@@ -41,9 +46,12 @@ PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 FUZZ_CC      := clang
-FUZZ_CFLAGS  := -g -O1 -fsanitize=fuzzer,address,undefined \
-                -fno-sanitize-recover=undefined -Wall -Wextra -Werror \
-                -Wno-unused-parameter -Isrc -It/unit -Itools/common
+FUZZ_FLAGS   := -g -O1 -fno-sanitize-recover=undefined -Wall -Wextra -Werror \
+                -Wno-unused-parameter -Isrc/core -It/unit -Itools/common
+FUZZ_CFLAGS  := -fsanitize=fuzzer,address,undefined $(FUZZ_FLAGS)
+# the core for the fuzz targets: instrumented the same way, no main
+FUZZ_LIB     := $(BUILD)/fuzz/libkva.a
+FUZZ_OBJS    := $(CORE_SRCS:src/core/%.c=$(BUILD)/fuzz/core/%.o)
 FUZZ_SECONDS ?= 60
 
 # nginx from source (tools/build-nginx.sh): the current stable by default
@@ -88,9 +96,22 @@ $(MODULE): $(BUILD)/Makefile $(CORE_SRCS) $(CORE_HDRS) $(NGX_SRCS)
 	cd $(NGX_SRC) && $(MAKE) -s -f $(BUILD)/Makefile modules
 	@ls -l $(MODULE)
 
-$(BUILD)/unit/%: t/unit/%.c $(CORE_SRCS) $(CORE_HDRS)
+$(BUILD)/core/%.o: src/core/%.c $(CORE_HDRS)
+	@mkdir -p $(BUILD)/core
+	$(CC) $(CFLAGS_CORE) -c -o $@ $<
+
+$(LIBKVA): $(CORE_OBJS)
+	rm -f $@
+	$(AR) rcs $@ $^
+
+# the module's block hashes of a body, for the tests and bench_events.sh
+$(KVA_HASHES): t/lib/kva_hashes.c $(LIBKVA)
+	$(CC) $(CFLAGS_CORE) -o $@ $< $(LIBKVA) -lxxhash
+
+$(BUILD)/unit/%: t/unit/%.c $(LIBKVA)
 	@mkdir -p $(BUILD)/unit
-	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< $(CORE_SRCS) -ljansson -lxxhash
+	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< $(LIBKVA) \
+	    -ljansson -lxxhash
 
 # the differential test of the scanner links its random body generator
 PROMPT_TEST_SRCS := $(wildcard t/unit/prompt_rand*.c)
@@ -99,12 +120,22 @@ $(BUILD)/unit/test_prompt $(BUILD)/unit/test_prompt_ref: t/unit/prompt_gen.h \
         t/unit/tap.h $(wildcard t/unit/prompt_rand*.h)
 
 $(BUILD)/unit/test_prompt_ref: t/unit/test_prompt_ref.c $(PROMPT_TEST_SRCS) \
-        $(CORE_SRCS) $(CORE_HDRS)
+        $(LIBKVA)
 	@mkdir -p $(BUILD)/unit
-	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< $(PROMPT_TEST_SRCS) \
-	    $(CORE_SRCS) -ljansson -lxxhash
+	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< \
+	    $(PROMPT_TEST_SRCS) $(LIBKVA) -ljansson -lxxhash
 
-unit: $(UNIT_TESTS)
+# the event codec's tests share their random batches and decode helpers
+EVENT_TESTS := $(BUILD)/unit/test_event $(BUILD)/unit/test_event_encode \
+               $(BUILD)/unit/test_event_limits
+
+$(EVENT_TESTS): $(BUILD)/unit/%: t/unit/%.c t/unit/event_gen.c \
+        t/unit/event_gen.h t/unit/tap.h $(LIBKVA)
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< \
+	    t/unit/event_gen.c $(LIBKVA) -ljansson -lxxhash
+
+unit: $(UNIT_TESTS) $(KVA_HASHES)
 
 tools: $(TOOLS)
 
@@ -161,8 +192,8 @@ demo: deps module tools
 
 BENCHES    := $(patsubst bench/%.c,$(BUILD)/%,$(wildcard bench/bench_*.c))
 
-$(BUILD)/bench_%: bench/bench_%.c bench/bench_util.h $(CORE_SRCS) $(CORE_HDRS)
-	$(CC) $(CFLAGS_CORE) -o $@ $< $(CORE_SRCS) -ljansson -lxxhash
+$(BUILD)/bench_%: bench/bench_%.c bench/bench_util.h $(LIBKVA)
+	$(CC) $(CFLAGS_CORE) -o $@ $< $(LIBKVA) -ljansson -lxxhash
 
 # numbers, not tests: routing cost in process, then through nginx
 bench: deps module $(BENCHES)
@@ -174,7 +205,7 @@ bench: deps module $(BENCHES)
 
 # the Redis event path: hashes applied per second, publish-to-visible
 # latency, routing latency under an event stream (about a minute)
-bench-events: deps module
+bench-events: deps module $(KVA_HASHES)
 	bash bench/bench_events.sh
 
 # worst-case lock holds: floods of colliding keys, the largest messages
@@ -187,11 +218,20 @@ bench-e2e: deps module tools
 
 # the sanitizers and libFuzzer's main come with clang's runtime; a target
 # needing more than the core names it in FUZZ_SRCS_<name>, FUZZ_LIBS_<name>
+$(BUILD)/fuzz/core/%.o: src/core/%.c $(CORE_HDRS)
+	@mkdir -p $(BUILD)/fuzz/core
+	$(FUZZ_CC) -fsanitize=fuzzer-no-link,address,undefined $(FUZZ_FLAGS) \
+	    -c -o $@ $<
+
+$(FUZZ_LIB): $(FUZZ_OBJS)
+	rm -f $@
+	$(AR) rcs $@ $^
+
 .SECONDEXPANSION:
-$(BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c $(CORE_SRCS) $(CORE_HDRS) t/unit/json_depth.h \
+$(BUILD)/fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_LIB) t/unit/json_depth.h \
         $$(FUZZ_SRCS_$$*)
 	@mkdir -p $(BUILD)/fuzz
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRCS) $(FUZZ_SRCS_$*) \
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_SRCS_$*) $(FUZZ_LIB) \
 	    -ljansson -lxxhash $(FUZZ_LIBS_$*)
 
 fuzz-build: $(FUZZ_BINS)

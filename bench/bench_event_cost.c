@@ -6,18 +6,16 @@
  * module used to set (max_events = max_hashes = 65536) and under the
  * proposed ones.  Median of RUNS.
  *
- *   gcc -std=gnu99 -O2 -Wall -Wextra -Werror -Wno-unused-parameter -Isrc \
- *       -o /tmp/bench_event_cost bench/bench_event_cost.c src/kva_event.c \
- *       -ljansson
+ *   make $PWD/build/bench_event_cost && build/bench_event_cost
  */
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "bench_util.h"
 #include "kva_event.h"
+#include "kva_proc.h"
 
 
 #define RUNS      9
@@ -28,7 +26,6 @@ static char *make_message(const char *item, size_t *len);
 static double scan_mbs(const char *msg, size_t len);
 static void decode_hostile(const char *name, const char *msg, size_t len,
     const kva_event_limits_t *lim);
-static long rss_kb(void);
 
 
 static volatile size_t  sink;
@@ -99,7 +96,7 @@ decode_hostile(const char *name, const char *msg, size_t len,
     kva_batch_t      b;
     kva_event_rc_e   rc;
 
-    before = rss_kb();
+    before = kva_rss_kb();
     rc = KVA_EVENT_OK;
 
     for (r = 0; r < RUNS; r++) {
@@ -112,29 +109,8 @@ decode_hostile(const char *name, const char *msg, size_t len,
     qsort(ms, RUNS, sizeof(double), bench_cmp_double);
 
     printf("%-34s %9.2f ms  rss %6ld -> %6ld kB  %s%s%s\n", name,
-           ms[RUNS / 2], before, rss_kb(), kva_event_strerror(rc),
+           ms[RUNS / 2], before, kva_rss_kb(), kva_event_strerror(rc),
            rc ? ": " : "", rc ? err : "");
-}
-
-
-static long
-rss_kb(void)
-{
-    long   size, resident;
-    FILE  *f;
-
-    f = fopen("/proc/self/statm", "r");
-    if (f == NULL) {
-        return -1;
-    }
-
-    if (fscanf(f, "%ld %ld", &size, &resident) != 2) {
-        resident = -1;
-    }
-
-    fclose(f);
-
-    return resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
 

@@ -98,8 +98,8 @@ done
 rcli() { redis-cli -p "$rport" "$@"; }
 
 # --- the module's hasher, for the probe prompts --------------------------------
-gcc -O2 -Isrc -o "$prefix/kva_hashes" t/lib/kva_hashes.c src/kva_prompt.c \
-    src/kva_hash.c -lxxhash
+make -s --no-print-directory "$root/build/kva_hashes"
+cp build/kva_hashes "$prefix/kva_hashes"
 
 # --- nginx -------------------------------------------------------------------
 user=""

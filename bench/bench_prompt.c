@@ -4,8 +4,7 @@
  * multibyte UTF-8 text.  Prints body MB/s (1 MB = 10^6 bytes), the median
  * of many timed samples.
  *
- * gcc -std=gnu99 -O2 -Isrc -o bench_prompt bench/bench_prompt.c \
- *     src/kva_prompt.c
+ *   make $PWD/build/bench_prompt && build/bench_prompt
  */
 
 #include <stdio.h>
@@ -15,6 +14,7 @@
 
 #include "bench_util.h"
 #include "kva_prompt.h"
+#include "kva_rand.h"
 
 
 #define SAMPLES          101
@@ -38,11 +38,7 @@ static uint64_t  rng = 0x243f6a8885a308d3ULL;
 static uint64_t
 rnd(void)
 {
-    rng ^= rng >> 12;
-    rng ^= rng << 25;
-    rng ^= rng >> 27;
-
-    return rng * 0x2545f4914f6cdd1dULL;
+    return kva_rand_next(&rng);
 }
 
 

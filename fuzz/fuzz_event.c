@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: the event decoder (src/kva_event.c).
+ * libFuzzer target: the event decoder (src/core/kva_event.c).
  *
  * Every input is decoded twice, without limits and with limits small
  * enough for the fuzzer's inputs to reach them; a message valid under the

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the block index (src/kva_index.c).
+ * libFuzzer target for the block index (src/core/kva_index.c).
  *
  * The input is a program: a few bytes choose the capacity, then each
  * operation is an opcode and its arguments (add, match, the balancer's

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: the prompt scanner (src/kva_prompt.c).
+ * libFuzzer target: the prompt scanner (src/core/kva_prompt.c).
  *
  * (1) Its verdict on validity agrees with jansson's, with the exceptions
  *     t/unit/test_prompt_ref.c documents: bodies jansson rejects for

@@ -185,8 +185,9 @@ main(int argc, char **argv)
 }
 C
     close $fh;
-    my $out = qx{gcc -O2 -Isrc -o $dir/coll $dir/coll.c src/kva_prompt.c \\
-                 src/kva_hash.c -lxxhash 2>&1};
+    my $out = qx{make -s --no-print-directory \$PWD/build/libkva.a 2>&1 &&
+                 gcc -O2 -Isrc/core -o $dir/coll $dir/coll.c build/libkva.a \\
+                     -lxxhash 2>&1};
     die "cannot build the collision search:\n$out" if $?;
     my $text = qx{$dir/coll $Test::KvAware::Events::BS $n $low};
     die 'collision search failed' if $? || !length $text;

@@ -51,7 +51,7 @@ fi
 conf_stamp=$( { sha1sum "$tarball" "$repo/config" \
                       "$repo/tools/asan-ignorelist.txt"
                 printf '%s\n' "${args[@]}"; } | sha1sum | cut -c1-40)
-src_stamp=$( { echo "$conf_stamp"; cd "$repo" && sha1sum src/*; } \
+src_stamp=$( { echo "$conf_stamp"; cd "$repo" && sha1sum src/*.[ch] src/core/*; } \
              | sha1sum | cut -c1-40)
 
 report() {

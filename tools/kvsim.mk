@@ -7,7 +7,6 @@
 KVSIM_SRCS  := $(wildcard tools/kvsim/*.c)
 KVSIM_HDRS  := $(wildcard tools/kvsim/*.h)
 KVSIM_MODEL := tools/kvsim/kvsim_cache.c tools/kvsim/kvsim_sched.c
-KVSIM_CORE  := $(sort $(CORE_SRCS) src/kva_event.c)
 KVSIM_TESTS := $(patsubst t/unit/%.c,$(BUILD)/unit/%,\
                    $(wildcard t/unit/test_kvsim_*.c))
 
@@ -18,16 +17,14 @@ UNIT_TESTS := $(filter-out $(KVSIM_TESTS),$(UNIT_TESTS)) $(KVSIM_TESTS)
 
 kvsim: $(BUILD)/kvsim
 
-$(BUILD)/kvsim: $(KVSIM_SRCS) $(KVSIM_HDRS) $(KVSIM_CORE) \
-                src/kva_event.h src/kva_prompt.h src/kva_hash.h
+$(BUILD)/kvsim: $(KVSIM_SRCS) $(KVSIM_HDRS) $(LIBKVA)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_CORE) $(KVSIM_CFLAGS) -Itools/kvsim -o $@ \
-	    $(KVSIM_SRCS) $(KVSIM_CORE) \
-	    -levent -lhiredis -ljansson -lxxhash
+	    $(KVSIM_SRCS) $(LIBKVA) -levent -lhiredis -ljansson -lxxhash
 
 # the pure model only: no libevent, no Redis
 $(KVSIM_TESTS): $(BUILD)/unit/%: t/unit/%.c $(KVSIM_MODEL) $(KVSIM_HDRS) \
-                src/kva_hash.c src/kva_hash.h src/kva_prompt.c
+                $(LIBKVA)
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) $(KVSIM_CFLAGS) -Itools/kvsim -o $@ $< \
-	    $(KVSIM_MODEL) src/kva_hash.c src/kva_prompt.c -lxxhash
+	    $(KVSIM_MODEL) $(LIBKVA) -lxxhash

@@ -4,10 +4,8 @@
  *
  *   kva_hashes BLOCK_SIZE < body.json
  *
- * Built by the tests against the project's own core, so that the hashes
- * are exactly the module's:
- *   gcc -Isrc -o PREFIX/kva_hashes t/lib/kva_hashes.c src/kva_prompt.c \
- *       src/kva_hash.c -lxxhash
+ * Linked with the project's own core, so that the hashes are exactly the
+ * module's: make build/kva_hashes (with its absolute path).
  * Exit status 2 when the body has no usable prompt.
  */
 

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the chained block hashes (src/kva_hash.c).
+ * Unit tests of the chained block hashes (src/core/kva_hash.c).
  */
 
 #include <string.h>

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the block index (src/kva_index.c).
+ * Unit tests of the block index (src/core/kva_index.c).
  */
 
 #include <stdio.h>

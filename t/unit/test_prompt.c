@@ -4,9 +4,7 @@
  * randomized differential test against jansson is in test_prompt_ref.c.
  * Prints TAP.
  *
- * gcc -std=gnu99 -O2 -Wall -Wextra -Werror -Wno-unused-parameter \
- *     -Isrc -It/unit -o test_prompt t/unit/test_prompt.c src/kva_*.c \
- *     -ljansson -lxxhash
+ *   make $PWD/build/unit/test_prompt && build/unit/test_prompt
  */
 
 #include <stdio.h>

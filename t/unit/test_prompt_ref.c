@@ -7,10 +7,7 @@
  * KVA_TEST_BODIES and KVA_TEST_SEED set the number of bodies and the seed;
  * KVA_TEST_DUMP names a file that receives the first failing body.
  *
- * gcc -std=gnu99 -O2 -Wall -Wextra -Werror -Wno-unused-parameter \
- *     -Isrc -It/unit -Itools/common -o test_prompt_ref \
- *     t/unit/test_prompt_ref.c t/unit/prompt_rand*.c src/kva_*.c \
- *     -ljansson -lxxhash
+ *   make $PWD/build/unit/test_prompt_ref && build/unit/test_prompt_ref
  */
 
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the routing decision (src/kva_score.c).
+ * Unit tests of the routing decision (src/core/kva_score.c).
  */
 
 #include <string.h>

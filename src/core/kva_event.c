@@ -8,17 +8,14 @@
  * plus 0.3 us a hash, so publishers should batch a step's blocks into one
  * message rather than send one message a block.
  *
- * Before jansson sees a message, kva_event_shape() counts its values,
- * objects and arrays and its depth in one pass over the bytes, and the
- * limits bound those counts: jansson spends about 100 bytes and 0.1 us a
- * value, so a 4 MB message of [{},{},...] in an ignored field used to cost
- * 140 ms (880 ms cold) and left the worker 300 MB larger; it is now
- * rejected by the scan in about 1 ms.
+ * Before jansson sees a message, kva_event_shape() (kva_event_shape.c)
+ * counts its values, objects and arrays and its depth in one pass over
+ * the bytes, and the limits bound those counts: jansson spends about 100
+ * bytes and 0.1 us a value, so a 4 MB message of [{},{},...] in an ignored
+ * field used to cost 140 ms (880 ms cold) and left the worker 300 MB
+ * larger; it is now rejected by the scan in about 1 ms.
  *
- * Encoding is hand-written: the simulator encodes on every step, and
- * building a jansson tree (two allocations per hash string) then dumping
- * it measured 10x to 30x slower than writing into one buffer sized up
- * front (bench/bench_event.c prints both).
+ * The encoder is kva_event_encode.c.
  */
 
 #include <stdarg.h>
@@ -45,30 +42,17 @@
  */
 #define KVA_TRIM_MIN         (256 * 1024)
 
-/* the longest event framing, hashes aside, with its separator */
-#define KVA_EV_OUT_MAX       64
-/* one hash in a list: quotes, 16 digits, a comma */
-#define KVA_HASH_OUT_LEN     19
-/* everything but the server, the events and the hashes */
-#define KVA_MSG_OUT_FIXED    256
-
-#define kva_cpymem(dst, src, n)  (((char *) memcpy(dst, src, n)) + (n))
-#define kva_cpylit(dst, s)       kva_cpymem(dst, s, sizeof(s) - 1)
-
-
-/* indexed by kva_snap_e, kva_ev_type_e and kva_event_rc_e */
-static const char  *kva_snap_names[] = {
+const char  *const kva_event_snap_names[] = {
     NULL, "full", "begin", "more", "end"
 };
 
-static const char  *kva_ev_names[] = { "stored", "removed", "cleared" };
+const char  *const kva_event_type_names[] = { "stored", "removed", "cleared" };
 
+/* indexed by kva_event_rc_e */
 static const char  *kva_rc_names[] = {
     "ok", "too big", "malformed", "bad field", "unsupported version",
     "no memory"
 };
-
-static const char   kva_digits[] = "0123456789abcdef";
 
 
 typedef struct {
@@ -95,9 +79,6 @@ static kva_event_rc_e kva_decode_events(json_t *events,
 static size_t kva_get_server(json_t *root, char *dst, size_t cap);
 static int kva_get_uint(json_t *j, uint64_t max, uint64_t *v);
 static int kva_lookup(const char *const *names, int n, json_t *j);
-static char *kva_put_str(char *p, const char *s, size_t len);
-static char *kva_put_u64(char *p, uint64_t v);
-static char *kva_put_usage(char *p, double x);
 
 
 static kva_event_rc_e
@@ -219,104 +200,6 @@ kva_check_shape(const char *msg, size_t len, const kva_event_shape_t *max,
 }
 
 
-/*
- * One pass, no allocation: the cost that every message pays before its
- * limits are known to hold.  A value is counted where it starts: the
- * first byte after "{", "[" that does not close it, and every ",".
- * Strings are skipped whole, a backslash escaping the byte after it, so
- * brackets and commas in them count for nothing.  2 GB/s over hash
- * lists, 0.5 GB/s over "{},{},..." (bench/bench_event_cost.c).
- */
-
-int
-kva_event_shape(const char *msg, size_t len, const kva_event_shape_t *max,
-    kva_event_shape_t *s)
-{
-    size_t          i, depth, max_values, max_containers, max_depth;
-    unsigned        opened;
-    unsigned char   c;
-
-    max_values = max->values ? max->values : SIZE_MAX;
-    max_containers = max->containers ? max->containers : SIZE_MAX;
-    max_depth = max->depth ? max->depth : SIZE_MAX;
-
-    s->values = 0;
-    s->containers = 0;
-    s->depth = 0;
-
-    depth = 0;
-
-    /* the root is a value where it starts, as an element is */
-    opened = 1;
-
-    for (i = 0; i < len; i++) {
-        c = (unsigned char) msg[i];
-
-        if (c == ' ' || c == '\n' || c == '\r' || c == '\t') {
-            continue;
-        }
-
-        if (opened) {
-            opened = 0;
-
-            if (c != '}' && c != ']' && ++s->values > max_values) {
-                return -1;
-            }
-        }
-
-        switch (c) {
-
-        case '"':
-            for (i++; i < len; i++) {
-                if (msg[i] == '\\') {
-                    i++;
-
-                } else if (msg[i] == '"') {
-                    break;
-                }
-            }
-
-            break;
-
-        case '{':
-        case '[':
-            opened = 1;
-
-            if (++depth > s->depth) {
-                s->depth = depth;
-
-                if (depth > max_depth) {
-                    return -1;
-                }
-            }
-
-            if (++s->containers > max_containers) {
-                return -1;
-            }
-
-            break;
-
-        case '}':
-        case ']':
-            if (depth > 0) {
-                depth--;
-            }
-
-            break;
-
-        case ',':
-            if (++s->values > max_values) {
-                return -1;
-            }
-
-            break;
-        }
-    }
-
-    return 0;
-}
-
-
 /* glibc keeps freed small chunks; malloc_trim() unmaps their whole pages */
 static void
 kva_release_heap(void)
@@ -416,7 +299,7 @@ kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
     j = json_object_get(root, "snapshot");
 
     if (j != NULL) {
-        k = kva_lookup(kva_snap_names, KVA_SNAP_END + 1, j);
+        k = kva_lookup(kva_event_snap_names, KVA_SNAP_END + 1, j);
 
         if (k <= KVA_SNAP_NONE) {
             return kva_errf(e, KVA_EVENT_BAD_FIELD,
@@ -542,7 +425,7 @@ kva_decode_events(json_t *events, const kva_event_limits_t *lim,
                             "events[%zu]: not an object", i);
         }
 
-        t = kva_lookup(kva_ev_names, KVA_EV_CLEARED + 1,
+        t = kva_lookup(kva_event_type_names, KVA_EV_CLEARED + 1,
                        json_object_get(ev, "type"));
 
         if (t < 0) {
@@ -720,13 +603,6 @@ kva_batch_free(kva_batch_t *b)
 }
 
 
-/*
- * The output is sized once from the batch, so the writers below never
- * check for room.  NULL also covers a batch that cannot be expressed
- * (an unknown event type): publishing half of it would be worse.
- */
-
-
 int
 kva_batch_equal(const kva_batch_t *a, const kva_batch_t *b)
 {
@@ -765,153 +641,6 @@ kva_batch_equal(const kva_batch_t *a, const kva_batch_t *b)
     }
 
     return 1;
-}
-
-
-char *
-kva_event_encode(const kva_batch_t *b, size_t *len)
-{
-    char             *buf, *p;
-    size_t            size, i, k, slen;
-    const char       *name;
-    const kva_ev_t   *ev;
-
-    slen = b->server_len < KVA_EVENT_SERVER_MAX ? b->server_len
-                                                : KVA_EVENT_SERVER_MAX;
-
-    size = KVA_MSG_OUT_FIXED + 6 * slen;
-
-    for (i = 0; i < b->nevents; i++) {
-        /* size stays under SIZE_MAX / 2, so the subtractions hold */
-        if (size > SIZE_MAX / 2 - KVA_EV_OUT_MAX
-            || b->events[i].nhashes
-               > (SIZE_MAX / 2 - KVA_EV_OUT_MAX - size) / KVA_HASH_OUT_LEN)
-        {
-            return NULL;
-        }
-
-        size += KVA_EV_OUT_MAX + b->events[i].nhashes * KVA_HASH_OUT_LEN;
-    }
-
-    buf = malloc(size);
-    if (buf == NULL) {
-        return NULL;
-    }
-
-    p = kva_cpylit(buf, "{\"v\":1,\"server\":\"");
-    p = kva_put_str(p, b->server, slen);
-    p = kva_cpylit(p, "\",\"seq\":");
-    p = kva_put_u64(p, b->seq);
-
-    if (b->snapshot > KVA_SNAP_NONE && b->snapshot <= KVA_SNAP_END) {
-        name = kva_snap_names[b->snapshot];
-        p = kva_cpylit(p, ",\"snapshot\":\"");
-        p = kva_cpymem(p, name, strlen(name));
-        *p++ = '"';
-    }
-
-    if (b->nevents > 0) {
-        p = kva_cpylit(p, ",\"events\":[");
-
-        for (i = 0; i < b->nevents; i++) {
-            ev = &b->events[i];
-
-            if (i > 0) {
-                *p++ = ',';
-            }
-
-            switch (ev->type) {
-
-            case KVA_EV_CLEARED:
-                p = kva_cpylit(p, "{\"type\":\"cleared\"}");
-                continue;
-
-            case KVA_EV_STORED:
-                p = kva_cpylit(p, "{\"type\":\"stored\",");
-
-                if (ev->has_parent) {
-                    p = kva_cpylit(p, "\"parent\":\"");
-                    kva_hex64(ev->parent, p);
-                    p = kva_cpylit(p + 16, "\",");
-                }
-
-                break;
-
-            case KVA_EV_REMOVED:
-                p = kva_cpylit(p, "{\"type\":\"removed\",");
-                break;
-
-            default:
-                free(buf);
-                return NULL;
-            }
-
-            p = kva_cpylit(p, "\"hashes\":[");
-
-            for (k = 0; k < ev->nhashes; k++) {
-                *p++ = '"';
-                kva_hex64(ev->hashes[k], p);
-                p += 16;
-                *p++ = '"';
-                *p++ = ',';
-            }
-
-            if (ev->nhashes > 0) {
-                p--;
-            }
-
-            p = kva_cpylit(p, "]}");
-        }
-
-        *p++ = ']';
-    }
-
-    if (b->has_load) {
-        p = kva_cpylit(p, ",\"load\":{\"waiting\":");
-        p = kva_put_u64(p, b->waiting);
-        p = kva_cpylit(p, ",\"running\":");
-        p = kva_put_u64(p, b->running);
-        p = kva_cpylit(p, ",\"kv_usage\":");
-        p = kva_put_usage(p, b->kv_usage);
-        *p++ = '}';
-    }
-
-    *p++ = '}';
-    *p = '\0';
-
-    if (len != NULL) {
-        *len = p - buf;
-    }
-
-    return buf;
-}
-
-
-char *
-kva_event_encode_resync(const char *server, size_t server_len, size_t *len)
-{
-    char  *buf, *p;
-
-    if (server_len > KVA_EVENT_SERVER_MAX) {
-        server_len = KVA_EVENT_SERVER_MAX;
-    }
-
-    buf = malloc(sizeof("{\"v\":1,\"type\":\"resync\",\"server\":\"\"}")
-                 + 6 * server_len);
-    if (buf == NULL) {
-        return NULL;
-    }
-
-    p = kva_cpylit(buf, "{\"v\":1,\"type\":\"resync\",\"server\":\"");
-    p = kva_put_str(p, server, server_len);
-    p = kva_cpylit(p, "\"}");
-    *p = '\0';
-
-    if (len != NULL) {
-        *len = p - buf;
-    }
-
-    return buf;
 }
 
 
@@ -974,18 +703,6 @@ kva_event_strerror(kva_event_rc_e rc)
 }
 
 
-void
-kva_hex64(uint64_t v, char out[16])
-{
-    int  i;
-
-    for (i = 15; i >= 0; i--) {
-        out[i] = kva_digits[v & 0xf];
-        v >>= 4;
-    }
-}
-
-
 int
 kva_unhex64(const char *s, size_t len, uint64_t *v)
 {
@@ -1020,88 +737,4 @@ kva_unhex64(const char *s, size_t len, uint64_t *v)
     *v = r;
 
     return 0;
-}
-
-
-/* a JSON string body; bytes >= 0x80 pass through as the UTF-8 they are */
-static char *
-kva_put_str(char *p, const char *s, size_t len)
-{
-    size_t          i;
-    unsigned char   c;
-
-    for (i = 0; i < len; i++) {
-        c = (unsigned char) s[i];
-
-        if (c == '"' || c == '\\') {
-            *p++ = '\\';
-            *p++ = c;
-
-        } else if (c < 0x20) {
-            /* \u00XX for all controls: valid JSON, and one rule less */
-            p = kva_cpylit(p, "\\u00");
-            *p++ = kva_digits[c >> 4];
-            *p++ = kva_digits[c & 0xf];
-
-        } else {
-            *p++ = c;
-        }
-    }
-
-    return p;
-}
-
-
-static char *
-kva_put_u64(char *p, uint64_t v)
-{
-    char   tmp[20], *t;
-
-    t = tmp + sizeof(tmp);
-
-    do {
-        *--t = (char) ('0' + v % 10);
-        v /= 10;
-    } while (v != 0);
-
-    return kva_cpymem(p, t, tmp + sizeof(tmp) - t);
-}
-
-
-/*
- * The shortest of %.15g and %.17g that reads back exactly: "0.43", not
- * "0.42999999999999999".  NaN and out of range values would make the
- * message invalid JSON or rejected, so they are clamped.
- */
-
-static char *
-kva_put_usage(char *p, double x)
-{
-    int    n;
-    char  *c;
-
-    if (!(x > 0.0)) {
-        *p++ = '0';
-        return p;
-    }
-
-    if (x >= 1.0) {
-        *p++ = '1';
-        return p;
-    }
-
-    n = snprintf(p, 32, "%.15g", x);
-
-    if (strtod(p, NULL) != x) {
-        n = snprintf(p, 32, "%.17g", x);
-    }
-
-    /* a locale may have set a decimal comma */
-    for (c = p; c < p + n; c++) {
-        if (*c == ',') {
-            *c = '.';
-        }
-    }
-
-    return p + n;
 }

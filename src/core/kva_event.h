@@ -1,9 +1,10 @@
 /*
  * kv_aware core: KV event protocol v1 (docs/events.md), JSON <-> batches.
  *
- * Shared by the module (decoder) and the publishers (encoder): the
- * simulator, and later a bridge from vLLM.  Decoding uses jansson; events
- * are small next to prompts, so it is not on the routing path.
+ * Shared by the module (decoder, kva_event.c) and the publishers (encoder,
+ * kva_event_encode.c): the simulator, and later a bridge from vLLM.  Both
+ * use jansson; events are small next to prompts, so neither is on the
+ * routing path.
  */
 
 #ifndef _KVA_EVENT_H_INCLUDED_
@@ -136,7 +137,8 @@ int kva_event_shape(const char *msg, size_t len, const kva_event_shape_t *max,
 
 /*
  * Encodes a batch (events, snapshot, load, heartbeat as set in b) into a
- * malloc'ed NUL-terminated string; *len excludes the NUL.  NULL: no memory.
+ * malloc'ed NUL-terminated string; *len excludes the NUL.  NULL: no
+ * memory, an unknown event type, or a server name that is not UTF-8.
  */
 char *kva_event_encode(const kva_batch_t *b, size_t *len);
 
@@ -147,6 +149,10 @@ int kva_event_decode_resync(const char *msg, size_t len, char *server,
     size_t server_cap, size_t *server_len);
 
 const char *kva_event_strerror(kva_event_rc_e rc);
+
+/* the protocol's spellings, indexed by kva_snap_e (0: none), kva_ev_type_e */
+extern const char  *const kva_event_snap_names[];
+extern const char  *const kva_event_type_names[];
 
 /* 16 lowercase hex digits, no NUL; and back (returns -1 if not hex) */
 void kva_hex64(uint64_t v, char out[16]);

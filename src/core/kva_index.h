@@ -64,6 +64,10 @@ typedef struct {
 } kva_entry_t;
 
 
+/* in magic: the layout is this one (kva_index_valid(), kva_index_check()) */
+#define KVA_INDEX_MAGIC     0x6b766132u     /* "kva2": keyed buckets */
+
+
 typedef struct {
     uint32_t            magic;
     uint32_t            capacity;

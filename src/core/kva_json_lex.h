@@ -1,0 +1,90 @@
+/*
+ * kv_aware core: the JSON lexer under the prompt scanner, one token at a
+ * time over a byte range.  Errors are the scanner's own codes: the lexer
+ * only ever says KVA_PROMPT_NOT_JSON or KVA_PROMPT_BAD_UTF8.
+ */
+
+#ifndef _KVA_JSON_LEX_H_INCLUDED_
+#define _KVA_JSON_LEX_H_INCLUDED_
+
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kva_prompt.h"
+
+
+#define kva_is_digit(c)   ((unsigned) ((c) - '0') < 10)
+
+
+/* decoded bytes go to buf[0 .. cap); len counts them all, it may pass cap */
+typedef struct {
+    uint8_t          *buf;
+    size_t            len;
+    size_t            cap;
+} kva_sink_t;
+
+
+typedef struct {
+    const uint8_t    *pos;
+    const uint8_t    *end;
+    kva_prompt_rc_e   rc;           /* why the last call returned -1 */
+} kva_json_lex_t;
+
+
+/*
+ * Each returns 0 with lx->pos past the token, or -1 with lx->rc set.
+ * kva_json_string() starts at the opening quote; kva_json_number() sets
+ * *is_token for integers in 0 .. 2^32-1 ("-0" counts, as jansson reads it
+ * as the integer 0).
+ */
+int kva_json_string(kva_json_lex_t *lx, kva_sink_t *sink);
+int kva_json_number(kva_json_lex_t *lx, uint32_t *token, unsigned *is_token);
+int kva_json_literal(kva_json_lex_t *lx, const char *lit, size_t n);
+
+
+/* the helpers below run between every two tokens: inline */
+
+static inline int
+kva_json_fail(kva_json_lex_t *lx, kva_prompt_rc_e rc)
+{
+    lx->rc = rc;
+
+    return -1;
+}
+
+
+static inline void
+kva_json_skip_ws(kva_json_lex_t *lx)
+{
+    const uint8_t  *pos, *end;
+
+    pos = lx->pos;
+    end = lx->end;
+
+    while (pos < end
+           && (*pos == ' ' || *pos == '\n' || *pos == '\r' || *pos == '\t'))
+    {
+        pos++;
+    }
+
+    lx->pos = pos;
+}
+
+
+/* appends what still fits and returns the length the value would have */
+
+static inline size_t
+kva_json_put(uint8_t *buf, size_t len, size_t cap, const uint8_t *src,
+    size_t n)
+{
+    if (len < cap) {
+        memcpy(buf + len, src, (cap - len < n) ? cap - len : n);
+    }
+
+    return len + n;
+}
+
+
+#endif /* _KVA_JSON_LEX_H_INCLUDED_ */

@@ -1,0 +1,616 @@
+/*
+ * kv_aware core: OpenAI-style request body -> canonical prompt bytes.
+ *
+ * One pass over the body: a strict RFC 8259 validator that decodes the few
+ * string values routing cares about straight into the caller's buffer, and
+ * skips (but still validates) everything else.  Recursion happens only on
+ * '{' and '[', and every level is counted against KVA_PROMPT_MAX_DEPTH, so
+ * hostile nesting cannot exhaust the stack.
+ *
+ * Duplicate keys: the first occurrence wins (jansson keeps the last one).
+ * By the time a duplicate shows up the first value has already been streamed
+ * into the output, and taking it back would need a second pass.
+ */
+
+#include <string.h>
+
+#include "kva_json_lex.h"
+#include "kva_prompt.h"
+
+
+#define KVA_ROLE_MAX      64
+#define KVA_KEY_MAX       16        /* longer than any key we look for */
+
+
+typedef enum {
+    KVA_KEY_OTHER = 0,
+    KVA_KEY_MODEL,
+    KVA_KEY_MESSAGES,
+    KVA_KEY_PROMPT,
+    KVA_KEY_INPUT,
+    KVA_KEY_TOOLS,
+    KVA_KEY_ROLE,
+    KVA_KEY_CONTENT,
+    KVA_KEY_TEXT
+} kva_key_e;
+
+
+/* the lexer's state first: the walk steps through the body with it */
+typedef struct {
+    kva_json_lex_t    lx;
+    kva_sink_t        out;
+    unsigned          depth;
+    unsigned          model_seen;
+    const uint8_t    *tools_start;
+    const uint8_t    *tools_end;
+} kva_parse_t;
+
+
+typedef struct {
+    kva_sink_t        role;
+    uint8_t           role_buf[KVA_ROLE_MAX];
+    unsigned          role_seen;
+    unsigned          content_seen;
+} kva_message_t;
+
+
+/* called with ps->lx.pos at a member's or an element's value */
+typedef int (*kva_handler_pt)(kva_parse_t *ps, kva_key_e key, void *ctx);
+
+
+static void kva_emit_byte(kva_parse_t *ps, uint8_t c);
+static kva_key_e kva_key_id(const uint8_t *key, size_t len);
+static int kva_next(kva_parse_t *ps, kva_key_e *key, size_t *n);
+static int kva_walk(kva_parse_t *ps, kva_handler_pt handler, void *ctx);
+static int kva_skip_value(kva_parse_t *ps);
+static int kva_skip_item(kva_parse_t *ps, kva_key_e key, void *ctx);
+static int kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx);
+static int kva_message_item(kva_parse_t *ps, kva_key_e key, void *ctx);
+static int kva_message_member(kva_parse_t *ps, kva_key_e key, void *ctx);
+static int kva_part_item(kva_parse_t *ps, kva_key_e key, void *ctx);
+static int kva_parse_text(kva_parse_t *ps);
+static int kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx);
+static void kva_place_tools(kva_parse_t *ps);
+
+
+static void
+kva_emit_byte(kva_parse_t *ps, uint8_t c)
+{
+    if (ps->out.len < ps->out.cap) {
+        ps->out.buf[ps->out.len] = c;
+    }
+
+    ps->out.len++;
+}
+
+
+static kva_key_e
+kva_key_id(const uint8_t *key, size_t len)
+{
+    size_t  i;
+
+    static const struct {
+        const char  *name;
+        size_t       len;
+        kva_key_e    id;
+    } keys[] = {
+        { "model", 5, KVA_KEY_MODEL },
+        { "messages", 8, KVA_KEY_MESSAGES },
+        { "prompt", 6, KVA_KEY_PROMPT },
+        { "input", 5, KVA_KEY_INPUT },
+        { "tools", 5, KVA_KEY_TOOLS },
+        { "role", 4, KVA_KEY_ROLE },
+        { "content", 7, KVA_KEY_CONTENT },
+        { "text", 4, KVA_KEY_TEXT }
+    };
+
+    for (i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        if (keys[i].len == len && memcmp(keys[i].name, key, len) == 0) {
+            return keys[i].id;
+        }
+    }
+
+    return KVA_KEY_OTHER;
+}
+
+
+/*
+ * Steps to the next member (key != NULL) or element of a container:
+ * returns 1 with ps->lx.pos at its value, which is not at the end of the
+ * body, 0 after the closing bracket, -1 on error.  A ']' right after a
+ * comma is left to fail as a value.
+ */
+
+static int
+kva_next(kva_parse_t *ps, kva_key_e *key, size_t *n)
+{
+    uint8_t     buf[KVA_KEY_MAX];
+    kva_sink_t  sink;
+
+    kva_json_skip_ws(&ps->lx);
+
+    if (ps->lx.pos == ps->lx.end) {
+        return kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
+    }
+
+    if (*ps->lx.pos == (key ? '}' : ']')) {
+        ps->lx.pos++;
+        return 0;
+    }
+
+    if (*n > 0) {
+        if (*ps->lx.pos != ',') {
+            return kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
+        }
+
+        ps->lx.pos++;
+        kva_json_skip_ws(&ps->lx);
+    }
+
+    (*n)++;
+
+    if (key == NULL) {
+        return (ps->lx.pos < ps->lx.end)
+               ? 1 : kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
+    }
+
+    if (ps->lx.pos == ps->lx.end || *ps->lx.pos != '"') {
+        return kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
+    }
+
+    sink.buf = buf;
+    sink.len = 0;
+    sink.cap = KVA_KEY_MAX;
+
+    if (kva_json_string(&ps->lx, &sink) != 0) {
+        return -1;
+    }
+
+    *key = (sink.len <= KVA_KEY_MAX) ? kva_key_id(buf, sink.len)
+                                     : KVA_KEY_OTHER;
+
+    kva_json_skip_ws(&ps->lx);
+
+    if (ps->lx.pos == ps->lx.end || *ps->lx.pos != ':') {
+        return kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
+    }
+
+    ps->lx.pos++;
+    kva_json_skip_ws(&ps->lx);
+
+    return (ps->lx.pos < ps->lx.end)
+           ? 1 : kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
+}
+
+
+/*
+ * ps->lx.pos is at '{' or '['.  Calls handler for each value with
+ * ps->lx.pos at it; array elements come with KVA_KEY_OTHER.  This is the
+ * only place the depth grows, and every recursion goes through it.
+ */
+
+static int
+kva_walk(kva_parse_t *ps, kva_handler_pt handler, void *ctx)
+{
+    int         rc;
+    size_t      n;
+    kva_key_e   key, *keyp;
+
+    if (++ps->depth > KVA_PROMPT_MAX_DEPTH) {
+        return kva_json_fail(&ps->lx, KVA_PROMPT_TOO_DEEP);
+    }
+
+    key = KVA_KEY_OTHER;
+    keyp = (*ps->lx.pos == '{') ? &key : NULL;
+    ps->lx.pos++;
+    n = 0;
+
+    while ((rc = kva_next(ps, keyp, &n)) == 1) {
+        if (handler(ps, key, ctx) != 0) {
+            return -1;
+        }
+    }
+
+    ps->depth--;
+
+    return rc;
+}
+
+
+static int
+kva_skip_value(kva_parse_t *ps)
+{
+    uint32_t    token;
+    unsigned    is_token;
+    kva_sink_t  none;
+
+    if (ps->lx.pos == ps->lx.end) {
+        return kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
+    }
+
+    switch (*ps->lx.pos) {
+
+    case '{':
+    case '[':
+        return kva_walk(ps, kva_skip_item, NULL);
+
+    case '"':
+        none.buf = NULL;
+        none.len = 0;
+        none.cap = 0;
+        return kva_json_string(&ps->lx, &none);
+
+    case 't':
+        return kva_json_literal(&ps->lx, "true", 4);
+
+    case 'f':
+        return kva_json_literal(&ps->lx, "false", 5);
+
+    case 'n':
+        return kva_json_literal(&ps->lx, "null", 4);
+
+    default:
+        return kva_json_number(&ps->lx, &token, &is_token);
+    }
+}
+
+
+static int
+kva_skip_item(kva_parse_t *ps, kva_key_e key, void *ctx)
+{
+    return kva_skip_value(ps);
+}
+
+
+/*
+ * A messages/prompt/input key decides the kind only if its value has a type
+ * a prompt can be taken from; otherwise it is skipped like any other key.
+ */
+
+static int
+kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
+{
+    uint8_t        c;
+    unsigned       none;
+    kva_sink_t     sink;
+    kva_prompt_t  *p;
+
+    p = ctx;
+    c = *ps->lx.pos;
+    none = (p->kind == KVA_PROMPT_KIND_NONE);
+
+    if (key == KVA_KEY_MODEL && !ps->model_seen) {
+        ps->model_seen = 1;
+
+        if (c != '"') {
+            return kva_skip_value(ps);
+        }
+
+        sink.buf = p->model;
+        sink.len = 0;
+        sink.cap = KVA_PROMPT_MODEL_MAX;
+
+        if (kva_json_string(&ps->lx, &sink) != 0) {
+            return -1;
+        }
+
+        p->model_len = (sink.len < sink.cap) ? sink.len : sink.cap;
+        return 0;
+    }
+
+    if (key == KVA_KEY_MESSAGES && none && c == '[') {
+        p->kind = KVA_PROMPT_KIND_MESSAGES;
+        return kva_walk(ps, kva_message_item, NULL);
+    }
+
+    if (key == KVA_KEY_PROMPT && none && (c == '"' || c == '[')) {
+        p->kind = KVA_PROMPT_KIND_PROMPT;
+        return (c == '"') ? kva_parse_text(ps)
+                          : kva_walk(ps, kva_prompt_item, NULL);
+    }
+
+    if (key == KVA_KEY_INPUT && none && (c == '"' || c == '[')) {
+        p->kind = KVA_PROMPT_KIND_INPUT;
+        return (c == '"') ? kva_parse_text(ps)
+                          : kva_walk(ps, kva_message_item, ps);
+    }
+
+    if (key == KVA_KEY_TOOLS && ps->tools_start == NULL) {
+        ps->tools_start = ps->lx.pos;
+
+        if (kva_skip_value(ps) != 0) {
+            return -1;
+        }
+
+        ps->tools_end = ps->lx.pos;
+        return 0;
+    }
+
+    return kva_skip_value(ps);
+}
+
+
+/* an element of messages, or of input (ctx != NULL), which takes strings */
+
+static int
+kva_message_item(kva_parse_t *ps, kva_key_e key, void *ctx)
+{
+    size_t         len;
+    kva_message_t  msg;
+
+    if (*ps->lx.pos == '"' && ctx != NULL) {
+        return kva_parse_text(ps);
+    }
+
+    if (*ps->lx.pos != '{') {
+        return kva_skip_value(ps);
+    }
+
+    msg.role.buf = msg.role_buf;
+    msg.role.len = 0;
+    msg.role.cap = KVA_ROLE_MAX;
+    msg.role_seen = 0;
+    msg.content_seen = 0;
+
+    if (kva_walk(ps, kva_message_member, &msg) != 0) {
+        return -1;
+    }
+
+    len = (msg.role.len < KVA_ROLE_MAX) ? msg.role.len : KVA_ROLE_MAX;
+
+    kva_emit_byte(ps, KVA_SEP_ROLE);
+    ps->out.len = kva_json_put(ps->out.buf, ps->out.len, ps->out.cap,
+                          msg.role_buf, len);
+    kva_emit_byte(ps, KVA_SEP_MESSAGE);
+
+    return 0;
+}
+
+
+/*
+ * Content goes straight to the output wherever it appears in the object;
+ * the role is held back in a local buffer and written after it, which is
+ * why the canonical form puts the role second.
+ */
+
+static int
+kva_message_member(kva_parse_t *ps, kva_key_e key, void *ctx)
+{
+    kva_message_t  *msg;
+
+    msg = ctx;
+
+    if (key == KVA_KEY_ROLE && !msg->role_seen) {
+        msg->role_seen = 1;
+
+        return (*ps->lx.pos == '"') ? kva_json_string(&ps->lx, &msg->role)
+                                 : kva_skip_value(ps);
+    }
+
+    if (key == KVA_KEY_CONTENT && !msg->content_seen) {
+        msg->content_seen = 1;
+
+        if (*ps->lx.pos == '"') {
+            return kva_json_string(&ps->lx, &ps->out);
+        }
+
+        if (*ps->lx.pos == '[') {
+            return kva_walk(ps, kva_part_item, NULL);
+        }
+    }
+
+    return kva_skip_value(ps);
+}
+
+
+/* a content part: a string, or an object whose "text" counts, any "type" */
+
+static int
+kva_part_item(kva_parse_t *ps, kva_key_e key, void *ctx)
+{
+    unsigned   text_seen;
+    unsigned  *seen;
+
+    seen = ctx;
+
+    if (seen == NULL) {
+        if (*ps->lx.pos == '"') {
+            return kva_json_string(&ps->lx, &ps->out);
+        }
+
+        if (*ps->lx.pos == '{') {
+            text_seen = 0;
+            return kva_walk(ps, kva_part_item, &text_seen);
+        }
+
+    } else if (key == KVA_KEY_TEXT && !*seen) {
+        *seen = 1;
+
+        if (*ps->lx.pos == '"') {
+            return kva_json_string(&ps->lx, &ps->out);
+        }
+    }
+
+    return kva_skip_value(ps);
+}
+
+
+/* a whole string as one prompt: the text and a message separator */
+
+static int
+kva_parse_text(kva_parse_t *ps)
+{
+    if (kva_json_string(&ps->lx, &ps->out) != 0) {
+        return -1;
+    }
+
+    kva_emit_byte(ps, KVA_SEP_MESSAGE);
+
+    return 0;
+}
+
+
+/*
+ * An element of a prompt array (ctx == NULL): a string, a token id or an
+ * inner list of token ids; or an element of such an inner list (ctx != NULL),
+ * where only token ids count.  Token ids go out as 4 bytes little-endian.
+ */
+
+static int
+kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx)
+{
+    uint8_t   c, le[4];
+    uint32_t  token;
+    unsigned  is_token;
+
+    c = *ps->lx.pos;
+
+    if (ctx == NULL && c == '"') {
+        return kva_parse_text(ps);
+    }
+
+    if (ctx == NULL && c == '[') {
+        if (kva_walk(ps, kva_prompt_item, ps) != 0) {
+            return -1;
+        }
+
+        kva_emit_byte(ps, KVA_SEP_MESSAGE);
+        return 0;
+    }
+
+    if (c != '-' && !kva_is_digit(c)) {
+        return kva_skip_value(ps);
+    }
+
+    if (kva_json_number(&ps->lx, &token, &is_token) != 0) {
+        return -1;
+    }
+
+    if (is_token) {
+        le[0] = (uint8_t) token;
+        le[1] = (uint8_t) (token >> 8);
+        le[2] = (uint8_t) (token >> 16);
+        le[3] = (uint8_t) (token >> 24);
+        ps->out.len = kva_json_put(ps->out.buf, ps->out.len, ps->out.cap,
+                                   le, 4);
+    }
+
+    return 0;
+}
+
+
+/*
+ * The tools value may come after the messages, so the messages are written
+ * first and shifted once at the end.  Only the part of them that still fits
+ * behind the tools is moved, which keeps out an exact prefix.
+ */
+
+static void
+kva_place_tools(kva_parse_t *ps)
+{
+    size_t    tlen, head, cap, keep;
+    uint8_t  *out;
+
+    out = ps->out.buf;
+    cap = ps->out.cap;
+    tlen = (size_t) (ps->tools_end - ps->tools_start);
+    head = tlen + 1;
+
+    if (head < cap) {
+        keep = cap - head;
+        keep = (ps->out.len < keep) ? ps->out.len : keep;
+        memmove(out + head, out, keep);
+    }
+
+    if (cap > 0) {
+        memcpy(out, ps->tools_start, (tlen < cap) ? tlen : cap);
+    }
+
+    if (tlen < cap) {
+        out[tlen] = KVA_SEP_TOOLS;
+    }
+
+    ps->out.len += head;
+}
+
+
+kva_prompt_rc_e
+kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
+    size_t out_cap, kva_prompt_t *p)
+{
+    int          rc;
+    kva_parse_t  ps;
+
+    p->out = out;
+    p->out_len = 0;
+    p->truncated = 0;
+    p->kind = KVA_PROMPT_KIND_NONE;
+    p->model_len = 0;
+
+    if (len == 0) {
+        return KVA_PROMPT_EMPTY;
+    }
+
+    ps.lx.pos = body;
+    ps.lx.end = body + len;
+    ps.out.buf = out;
+    ps.out.len = 0;
+    ps.out.cap = out_cap;
+    ps.depth = 0;
+    ps.lx.rc = KVA_PROMPT_OK;
+    ps.model_seen = 0;
+    ps.tools_start = NULL;
+    ps.tools_end = NULL;
+
+    kva_json_skip_ws(&ps.lx);
+
+    if (ps.lx.pos < ps.lx.end && *ps.lx.pos == '{') {
+        rc = kva_walk(&ps, kva_top_item, p);
+
+    } else {
+        rc = kva_skip_value(&ps);
+    }
+
+    if (rc == 0) {
+        kva_json_skip_ws(&ps.lx);
+
+        if (ps.lx.pos != ps.lx.end) {
+            rc = kva_json_fail(&ps.lx, KVA_PROMPT_NOT_JSON);
+        }
+    }
+
+    if (rc != 0) {
+        p->kind = KVA_PROMPT_KIND_NONE;
+        p->model_len = 0;
+        return ps.lx.rc;
+    }
+
+    if (p->kind == KVA_PROMPT_KIND_NONE) {
+        return KVA_PROMPT_NO_PROMPT;
+    }
+
+    if (ps.tools_start != NULL && p->kind != KVA_PROMPT_KIND_PROMPT) {
+        kva_place_tools(&ps);
+    }
+
+    p->out_len = (ps.out.len < out_cap) ? ps.out.len : out_cap;
+    p->truncated = (ps.out.len > out_cap);
+
+    return KVA_PROMPT_OK;
+}
+
+
+const char *
+kva_prompt_strerror(kva_prompt_rc_e rc)
+{
+    static const char  *reasons[] = {
+        "ok", "not json", "invalid utf-8", "too deep", "no prompt",
+        "empty body"
+    };
+
+    if ((unsigned) rc < sizeof(reasons) / sizeof(reasons[0])) {
+        return reasons[rc];
+    }
+
+    return "unknown error";
+}
