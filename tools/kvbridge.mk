@@ -3,7 +3,6 @@
 
 KVBRIDGE_DECODE := tools/kvbridge/kvb_vllm.c tools/kvbridge/kvb_scan.c
 KVBRIDGE_HDRS   := $(wildcard tools/kvbridge/*.h)
-
 KVBRIDGE_SRCS   := $(wildcard tools/kvbridge/*.c)
 
 PACKAGES   += libmsgpack-dev libzmq3-dev
@@ -12,12 +11,12 @@ TOOLS      += $(BUILD)/kvbridge
 .PHONY: kvbridge
 kvbridge: $(BUILD)/kvbridge
 
-$(BUILD)/kvbridge: $(KVBRIDGE_SRCS) $(KVBRIDGE_HDRS) $(CORE_SRCS) \
-        $(CORE_HDRS) src/core/kva_token.c src/core/kva_token.h
+$(BUILD)/kvbridge: $(KVBRIDGE_SRCS) $(KVBRIDGE_HDRS) $(LIBKVA)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_CORE) $(KVBRIDGE_CFLAGS) -Isrc/core -Itools/kvbridge \
-	    -o $@ $(KVBRIDGE_SRCS) $(CORE_SRCS) src/core/kva_token.c \
+	$(CC) $(CFLAGS_CORE) $(KVBRIDGE_CFLAGS) -Itools/kvbridge \
+	    -o $@ $(KVBRIDGE_SRCS) $(LIBKVA) \
 	    -lzmq -lmsgpackc -lhiredis -ljansson -lxxhash
+
 UNIT_TESTS += $(BUILD)/unit/test_kvbridge_decode \
               $(BUILD)/unit/test_kvbridge_mirror \
               $(BUILD)/unit/test_kvbridge_stream
@@ -30,15 +29,13 @@ $(BUILD)/unit/test_kvbridge_decode: t/unit/test_kvbridge_decode.c \
 	    $(KVBRIDGE_DECODE) -lmsgpackc
 
 # the mirror keys blocks with the core's token key space
-KVBRIDGE_MIRROR := tools/kvbridge/kvb_mirror.c $(KVBRIDGE_DECODE) \
-                   src/core/kva_token.c
+KVBRIDGE_MIRROR := tools/kvbridge/kvb_mirror.c $(KVBRIDGE_DECODE)
 
 $(BUILD)/unit/test_kvbridge_mirror: t/unit/test_kvbridge_mirror.c \
-        $(KVBRIDGE_MIRROR) $(KVBRIDGE_HDRS) $(CORE_SRCS) $(CORE_HDRS)
+        $(KVBRIDGE_MIRROR) $(KVBRIDGE_HDRS) $(LIBKVA)
 	@mkdir -p $(BUILD)/unit
-	$(CC) $(CFLAGS_CORE) -Isrc/core -Itools/kvbridge -Itools/common \
-	    -It/unit -o $@ $< $(KVBRIDGE_MIRROR) $(CORE_SRCS) \
-	    -lmsgpackc -ljansson -lxxhash
+	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
+	    $(KVBRIDGE_MIRROR) $(LIBKVA) -lmsgpackc -ljansson -lxxhash
 
 # the stream against a real ZeroMQ ROUTER answering replays
 $(BUILD)/unit/test_kvbridge_stream: t/unit/test_kvbridge_stream.c \
