@@ -485,6 +485,7 @@ kvb_engine_send(kvb_engine_t *e, kva_batch_t *m)
     m->server_len = strlen(e->name);
     memcpy(m->server, e->name, m->server_len + 1);
     m->seq = ++e->seq;
+    m->keyspace = KVA_KEYSPACE_TOKEN_KEYS;
     m->hash_count = 0;
 
     for (i = 0; i < m->nevents; i++) {
