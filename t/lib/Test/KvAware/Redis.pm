@@ -75,8 +75,17 @@ sub reply {
     return $slot->{v};
 }
 
+# Redis.pm runs these only synchronously: no send() for them
+my %SYNC = map { $_ => 1 } qw(ping info keys quit shutdown select);
+
 sub cmd {
     my ($c, @cmd) = @_;
+    if ($SYNC{lc $cmd[0]}) {
+        my $m = lc shift @cmd;
+        my $v = eval { scalar $c->{r}->$m(@cmd) };
+        return $@ =~ /\[\w+\] (.*?), at /s ? { error => $1 } : undef if $@;
+        return $v;
+    }
     $c->send(@cmd);
     return $c->reply;
 }
