@@ -6,6 +6,10 @@
  * sequence, a lost subscription or a silent server makes the module stop
  * trusting that server's events and ask it for a snapshot (resync); until
  * the snapshot is in, routing for it uses what nginx learned by routing.
+ *
+ * The functions here are the Redis link's handlers (the subscription
+ * gives them to it): a message goes redis -> events -> the core, and
+ * nothing here calls back into the link but to publish a resync.
  */
 
 #include "ngx_http_kv_aware_module.h"

@@ -158,8 +158,6 @@ ngx_http_kv_aware_events_stop(ngx_cycle_t *cycle,
 }
 
 
-
-
 /* graceful shutdown asks the link to go */
 static void
 ngx_http_kv_aware_events_closing(void *data)
