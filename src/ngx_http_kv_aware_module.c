@@ -121,7 +121,8 @@ ngx_module_t  ngx_http_kv_aware_module = {
 static void *
 ngx_http_kv_aware_create_srv_conf(ngx_conf_t *cf)
 {
-    ngx_str_t                      name = ngx_string("kv_aware");
+    static ngx_str_t  name = ngx_string("kv_aware");
+
     ngx_http_kv_aware_srv_conf_t  *kcf;
 
     kcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_kv_aware_srv_conf_t));
