@@ -39,7 +39,7 @@ TOOLS      :=
 
 PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
               libxxhash-dev libevent-dev redis-server redis-tools wrk \
-              gnuplot-nox perl curl python3 procps \
+              gnuplot-nox perl libredis-perl curl python3 procps \
               libpcre2-dev zlib1g-dev clang libclang-rt-14-dev
 
 # libFuzzer targets: fuzz/fuzz_<name>.c, seeds in fuzz/corpus/<name>/

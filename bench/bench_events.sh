@@ -60,41 +60,24 @@ done
 
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 rm -rf "$prefix"
-mkdir -p "$prefix/logs" "$prefix/conf"
+launch=$root/tools/kva-launch       # nginx and redis as the tests run them
+"$launch" prefix "$prefix" >/dev/null
 
 # free loopback ports: nginx, 3 backends, redis
-read -r port b1 b2 b3 rport < <(perl -MIO::Socket::INET -e '
-    my @s = map { IO::Socket::INET->new(LocalAddr => "127.0.0.1",
-                  LocalPort => 0, Listen => 1) or die } 1 .. 5;
-    print join(" ", map { $_->sockport } @s), "\n"')
+read -r port b1 b2 b3 rport < <("$launch" ports 5)
 
 pids=()
 cleanup() {
     set +e
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-    [ -f "$prefix/logs/nginx.pid" ] &&
-        nginx -p "$prefix/" -c conf/nginx.conf -s stop 2>/dev/null
-    [ -n "${redis_pid:-}" ] && kill "$redis_pid" 2>/dev/null
+    "$launch" stop "$prefix"        # nginx, then redis
     wait 2>/dev/null
 }
 trap cleanup EXIT INT TERM
 
-# --- redis -----------------------------------------------------------------
-cat > "$prefix/conf/redis.conf" <<EOF
-bind 127.0.0.1
-port $rport
-save ""
-appendonly no
-dir $prefix
-logfile $prefix/logs/redis.log
-client-output-buffer-limit pubsub 0 0 0
-EOF
-redis-server "$prefix/conf/redis.conf" &
-redis_pid=$!
-for _ in $(seq 50); do
-    redis-cli -p "$rport" ping >/dev/null 2>&1 && break
-    sleep 0.1
-done
+# --- redis: log in logs/redis.log ------------------------------------------
+"$launch" start redis "$prefix" "$rport" \
+    --client-output-buffer-limit pubsub 0 0 0
 rcli() { redis-cli -p "$rport" "$@"; }
 
 # --- the module's hasher, for the probe prompts --------------------------------
@@ -148,7 +131,7 @@ http {
     }
 }
 EOF
-nginx -p "$prefix/" -c conf/nginx.conf
+"$launch" start nginx "$prefix"
 for _ in $(seq 50); do
     [ "$(rcli pubsub numsub kv_aware:events | tail -1)" = 1 ] && break
     sleep 0.1

@@ -13,12 +13,14 @@ secs=${1:-10}
 conns=${2:-32}
 module=$PWD/build/ngx_http_kv_aware_module.so
 prefix=$PWD/build/bench-wrk
-port=$(( 20000 + RANDOM % 10000 ))
+launch=$PWD/tools/kva-launch
+# nginx and the four trivial upstreams on consecutive ports
+port=$("$launch" port-run 5)
 
 [ -f "$module" ] || { echo "build the module first: make module" >&2; exit 1; }
 command -v wrk >/dev/null || { echo "wrk is missing: make deps" >&2; exit 1; }
 
-rm -rf "$prefix" && mkdir -p "$prefix/logs" "$prefix/conf"
+rm -rf "$prefix" && "$launch" prefix "$prefix" >/dev/null
 user=""
 [ "$(id -u)" -eq 0 ] && user="user root;"
 
@@ -92,10 +94,9 @@ request = function()
 end
 LUA
 
-nginx -p "$prefix" -c conf/nginx.conf
-trap 'nginx -p "$prefix" -c conf/nginx.conf -s stop 2>/dev/null || true' EXIT
+"$launch" start nginx "$prefix"
+trap '"$launch" stop "$prefix"' EXIT
 [ -n "${KEEP_NGINX:-}" ] && trap - EXIT
-sleep 0.5
 
 run() {
     wrk -t1 -c"$conns" -d"${secs}s" -s "$prefix/body.lua" \

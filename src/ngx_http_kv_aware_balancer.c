@@ -6,6 +6,9 @@
  */
 
 #include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_zone.h"
+#include "ngx_http_kv_aware_prompt.h"
+#include "ngx_http_kv_aware_balancer.h"
 
 
 typedef struct {

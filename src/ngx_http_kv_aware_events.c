@@ -6,16 +6,22 @@
  * sequence, a lost subscription or a silent server makes the module stop
  * trusting that server's events and ask it for a snapshot (resync); until
  * the snapshot is in, routing for it uses what nginx learned by routing.
+ *
+ * The functions here are the Redis link's handlers (the subscription
+ * gives them to it): a message goes redis -> events -> the core, and
+ * nothing here calls back into the link but to publish a resync.
  */
 
 #include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_zone.h"
+#include "ngx_http_kv_aware_redis.h"
+#include "ngx_http_kv_aware_events.h"
 
 #include "kva_event.h"
 
 
 #define NGX_HTTP_KV_AWARE_LOG_EVERY     5000    /* ms between log lines */
 #define NGX_HTTP_KV_AWARE_RESYNC_EVERY  1000    /* ms between requests */
-#define NGX_HTTP_KV_AWARE_TICK          500
 
 /*
  * A "cleared" event or the start of a snapshot scans the used part of the
@@ -24,15 +30,6 @@
  * messages are a flood: at most about 2% of the time goes to scans.
  */
 #define NGX_HTTP_KV_AWARE_SCAN_BUDGET   4000000
-
-
-/*
- * A reload hands the subscription over: the old cycle's subscriber stays
- * until the new one has subscribed (at most connect_timeout plus this),
- * and for this long both may see a message the other applied.
- */
-#define NGX_HTTP_KV_AWARE_HANDOVER      1000
-#define NGX_HTTP_KV_AWARE_HANDOVER_TICK 50
 
 
 static void ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf,
@@ -46,58 +43,20 @@ static void ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
 static ngx_uint_t ngx_http_kv_aware_scans(kva_batch_t *b, size_t *first);
 static void ngx_http_kv_aware_apply_hashes(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, kva_batch_t *b, size_t first);
-static void ngx_http_kv_aware_tick(ngx_event_t *ev);
 static ngx_uint_t ngx_http_kv_aware_over_budget(
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot, size_t len,
     kva_batch_t *b);
 static void ngx_http_kv_aware_degrade(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot);
-static void ngx_http_kv_aware_handover_handler(ngx_event_t *ev);
 static ngx_uint_t ngx_http_kv_aware_applier(
     ngx_http_kv_aware_srv_conf_t *kcf);
 
 
-const char  *ngx_http_kv_aware_ev_state_names[] = {
-    NGX_HTTP_KV_AWARE_EV_STATES(NGX_HTTP_KV_AWARE_KEY2)
-};
-
-const char  *ngx_http_kv_aware_reject_keys[] = {
-    NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_KEY3)
-};
-
-const char  *ngx_http_kv_aware_reject_texts[] = {
-    NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_TEXT3)
-};
-
-
-ngx_int_t
-ngx_http_kv_aware_events_start(ngx_cycle_t *cycle,
-    ngx_http_kv_aware_srv_conf_t *kcf)
-{
-    ngx_http_kv_aware_events_conf_t  *ecf;
-
-    ecf = kcf->events;
-
-    ecf->tick.handler = ngx_http_kv_aware_tick;
-    ecf->tick.data = kcf;
-    ecf->tick.log = cycle->log;
-    ecf->tick.cancelable = 1;
-
-    /* not cancelable: it keeps an exiting worker until the handover */
-    ecf->handover.handler = ngx_http_kv_aware_handover_handler;
-    ecf->handover.data = kcf;
-    ecf->handover.log = cycle->log;
-
-    ngx_add_timer(&ecf->tick, NGX_HTTP_KV_AWARE_TICK);
-
-    return ngx_http_kv_aware_redis_start(cycle, kcf);
-}
-
-
 void
-ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
-    u_char *data, size_t len)
+ngx_http_kv_aware_events_message(void *data, u_char *msg, size_t len)
 {
+    ngx_http_kv_aware_srv_conf_t *kcf = data;
+
     char                              err[128];
     ngx_uint_t                        slot, scan;
     kva_batch_t                       b;
@@ -132,7 +91,7 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
     lim.max_hashes = ecf->max_hashes;
     lim.max_events = ecf->max_events;
 
-    rc = kva_event_decode((char *) data, len, &lim, &b, err, sizeof(err));
+    rc = kva_event_decode((char *) msg, len, &lim, &b, err, sizeof(err));
 
     switch (rc) {
 
@@ -179,7 +138,7 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_srv_conf_t *kcf,
     if (ecf->took_over && sl->ev_has_seq && b.seq <= sl->ev_seq
         && sl->ev_seq_gen != kcf->generation
         && ngx_current_msec - ecf->took_over
-           < ecf->connect_timeout + 2 * NGX_HTTP_KV_AWARE_HANDOVER)
+           < ecf->link.connect_timeout + 2 * NGX_HTTP_KV_AWARE_HANDOVER)
     {
         kva_batch_free(&b);
         return;
@@ -499,7 +458,8 @@ ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot)
         return;
     }
 
-    if (ngx_http_kv_aware_redis_publish(kcf, &kcf->events->resync_channel,
+    if (ngx_http_kv_aware_redis_publish(kcf->events->redis,
+                                        &kcf->events->resync_channel,
                                         (u_char *) msg, len)
         == NGX_OK)
     {
@@ -545,8 +505,10 @@ ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
  * over from there.
  */
 void
-ngx_http_kv_aware_events_subscribed(ngx_http_kv_aware_srv_conf_t *kcf)
+ngx_http_kv_aware_events_subscribed(void *data)
 {
+    ngx_http_kv_aware_srv_conf_t *kcf = data;
+
     ngx_uint_t                  s, live;
     ngx_http_kv_aware_shctx_t  *sh;
 
@@ -582,8 +544,10 @@ ngx_http_kv_aware_events_subscribed(ngx_http_kv_aware_srv_conf_t *kcf)
 
 /* the subscription is gone: nothing said from now on will reach us */
 void
-ngx_http_kv_aware_events_lost(ngx_http_kv_aware_srv_conf_t *kcf)
+ngx_http_kv_aware_events_lost(void *data)
 {
+    ngx_http_kv_aware_srv_conf_t *kcf = data;
+
     ngx_uint_t  s;
 
     (void) ngx_atomic_cmp_set(&kcf->sh->sub_live, kcf->generation, 0);
@@ -604,8 +568,8 @@ ngx_http_kv_aware_events_lost(ngx_http_kv_aware_srv_conf_t *kcf)
 
 
 /* servers silent past their heartbeat are stale; the unsynced get asked */
-static void
-ngx_http_kv_aware_tick(ngx_event_t *ev)
+void
+ngx_http_kv_aware_events_tick(ngx_event_t *ev)
 {
     ngx_http_kv_aware_srv_conf_t *kcf = ev->data;
 
@@ -670,7 +634,7 @@ ngx_http_kv_aware_applier(ngx_http_kv_aware_srv_conf_t *kcf)
 
     if (live && live < kcf->generation && ecf->took_over
         && ngx_current_msec - ecf->took_over
-           < ecf->connect_timeout + NGX_HTTP_KV_AWARE_HANDOVER)
+           < ecf->link.connect_timeout + NGX_HTTP_KV_AWARE_HANDOVER)
     {
         return 0;       /* the old one still applies */
     }
@@ -678,66 +642,4 @@ ngx_http_kv_aware_applier(ngx_http_kv_aware_srv_conf_t *kcf)
     (void) ngx_atomic_cmp_set(&kcf->sh->sub_live, live, kcf->generation);
 
     return kcf->sh->sub_live == kcf->generation;
-}
-
-
-/*
- * The worker is exiting (a reload or a quit).  On a reload, the old
- * subscription stays until the new cycle's subscriber is in, so that no
- * event published meanwhile is lost; NGX_DECLINED: let go now.
- */
-ngx_int_t
-ngx_http_kv_aware_events_handover(ngx_http_kv_aware_srv_conf_t *kcf)
-{
-    ngx_http_kv_aware_events_conf_t  *ecf;
-
-    ecf = kcf->events;
-
-    if (ecf->handover.timer_set) {
-        return NGX_OK;
-    }
-
-    if (ecf->handover_start
-        || kcf->sh->generation == kcf->generation    /* a quit */
-        || kcf->sh->sub_live != kcf->generation)
-    {
-        return NGX_DECLINED;
-    }
-
-    ecf->handover_start = ngx_current_msec;
-    ngx_add_timer(&ecf->handover, NGX_HTTP_KV_AWARE_HANDOVER_TICK);
-
-    return NGX_OK;
-}
-
-
-static void
-ngx_http_kv_aware_handover_handler(ngx_event_t *ev)
-{
-    ngx_http_kv_aware_srv_conf_t *kcf = ev->data;
-
-    ngx_http_kv_aware_events_conf_t  *ecf;
-
-    ecf = kcf->events;
-
-    /*
-     * Once the new subscriber is in, one more tick lets what Redis sent
-     * us before it subscribed come in; then the old one lets go.
-     */
-    if (kcf->sh->sub_live == kcf->generation
-        && ngx_current_msec - ecf->handover_start
-           < ecf->connect_timeout + NGX_HTTP_KV_AWARE_HANDOVER)
-    {
-        if (kcf->sh->sub_gen <= kcf->generation || !ecf->handover_last) {
-            ecf->handover_last = (kcf->sh->sub_gen > kcf->generation);
-            ngx_add_timer(ev, NGX_HTTP_KV_AWARE_HANDOVER_TICK);
-            return;
-        }
-    }
-
-    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ev->log, 0,
-                   "kv_aware: upstream \"%V\" lets the subscription go",
-                   &kcf->upstream);
-
-    ngx_http_kv_aware_redis_stop(kcf);
 }

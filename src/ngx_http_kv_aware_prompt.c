@@ -7,6 +7,7 @@
  */
 
 #include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_prompt.h"
 
 #include "kva_hash.h"
 #include "kva_prompt.h"

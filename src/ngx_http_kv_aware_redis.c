@@ -13,7 +13,7 @@
  * by publishing a ping to ourselves and waiting for it to come back.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_redis.h"
 
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
@@ -39,12 +39,14 @@ typedef struct {
 
 
 struct ngx_http_kv_aware_redis_s {
-    ngx_http_kv_aware_srv_conf_t  *kcf;
-    ngx_log_t                     *log;
-    ngx_http_kv_aware_link_t       sub;
-    ngx_http_kv_aware_link_t       pub;
-    ngx_str_t                      ping_channel;   /* NUL-terminated */
-    unsigned                       stopping:1;
+    ngx_http_kv_aware_redis_conf_t      *conf;
+    ngx_http_kv_aware_redis_stats_t     *stats;
+    ngx_http_kv_aware_redis_handlers_t   handlers;
+    ngx_log_t                           *log;
+    ngx_http_kv_aware_link_t             sub;
+    ngx_http_kv_aware_link_t             pub;
+    ngx_str_t                            ping_channel;   /* NUL-terminated */
+    unsigned                             stopping:1;
 };
 
 
@@ -80,9 +82,11 @@ const char  *ngx_http_kv_aware_redis_state_names[] = {
 };
 
 
-ngx_int_t
+ngx_http_kv_aware_redis_t *
 ngx_http_kv_aware_redis_start(ngx_cycle_t *cycle,
-    ngx_http_kv_aware_srv_conf_t *kcf)
+    ngx_http_kv_aware_redis_conf_t *conf,
+    ngx_http_kv_aware_redis_stats_t *stats,
+    ngx_http_kv_aware_redis_handlers_t *handlers)
 {
     u_char                     *p;
     ngx_uint_t                  i;
@@ -91,22 +95,24 @@ ngx_http_kv_aware_redis_start(ngx_cycle_t *cycle,
 
     rd = ngx_pcalloc(cycle->pool, sizeof(ngx_http_kv_aware_redis_t));
     if (rd == NULL) {
-        return NGX_ERROR;
+        return NULL;
     }
 
-    rd->kcf = kcf;
+    rd->conf = conf;
+    rd->stats = stats;
+    rd->handlers = *handlers;
     rd->log = cycle->log;
 
-    /* <channel>:ping:<pid>:<upstream>, unique to this worker */
-    rd->ping_channel.len = kcf->events->channel.len + sizeof(":ping::") - 1
-                           + NGX_INT64_LEN + kcf->upstream.len;
+    /* <channel>:ping:<pid>:<name>, unique to this worker */
+    rd->ping_channel.len = conf->channel.len + sizeof(":ping::") - 1
+                           + NGX_INT64_LEN + conf->name.len;
     rd->ping_channel.data = ngx_pnalloc(cycle->pool, rd->ping_channel.len + 1);
     if (rd->ping_channel.data == NULL) {
-        return NGX_ERROR;
+        return NULL;
     }
 
     p = ngx_sprintf(rd->ping_channel.data, "%V:ping:%P:%V",
-                    &kcf->events->channel, ngx_pid, &kcf->upstream);
+                    &conf->channel, ngx_pid, &conf->name);
     *p = '\0';
     rd->ping_channel.len = p - rd->ping_channel.data;
 
@@ -129,23 +135,18 @@ ngx_http_kv_aware_redis_start(ngx_cycle_t *cycle,
         links[i]->watch.cancelable = 1;
     }
 
-    kcf->events->redis = rd;
-    kcf->sh->redis_state = NGX_HTTP_KV_AWARE_REDIS_CONNECTING;
+    stats->state = NGX_HTTP_KV_AWARE_REDIS_CONNECTING;
 
     ngx_http_kv_aware_link_connect(&rd->pub);
     ngx_http_kv_aware_link_connect(&rd->sub);
 
-    return NGX_OK;
+    return rd;
 }
 
 
 void
-ngx_http_kv_aware_redis_stop(ngx_http_kv_aware_srv_conf_t *kcf)
+ngx_http_kv_aware_redis_stop(ngx_http_kv_aware_redis_t *rd)
 {
-    ngx_http_kv_aware_redis_t  *rd;
-
-    rd = kcf->events->redis;
-
     if (rd == NULL || rd->stopping) {
         return;
     }
@@ -158,28 +159,14 @@ ngx_http_kv_aware_redis_stop(ngx_http_kv_aware_srv_conf_t *kcf)
     rd->sub.ready = 0;
     rd->pub.ready = 0;
 
-    if (kcf->events->tick.timer_set) {
-        ngx_del_timer(&kcf->events->tick);
-    }
-
-    if (kcf->events->handover.timer_set) {
-        ngx_del_timer(&kcf->events->handover);
-    }
-
-    (void) ngx_atomic_cmp_set(&kcf->sh->sub_live, kcf->generation, 0);
-
-    /* the shared redis_state now belongs to the worker that took over */
+    /* the shared state now belongs to the worker that took over */
 }
 
 
 ngx_int_t
-ngx_http_kv_aware_redis_publish(ngx_http_kv_aware_srv_conf_t *kcf,
+ngx_http_kv_aware_redis_publish(ngx_http_kv_aware_redis_t *rd,
     ngx_str_t *channel, u_char *data, size_t len)
 {
-    ngx_http_kv_aware_redis_t  *rd;
-
-    rd = kcf->events->redis;
-
     if (rd == NULL || !rd->pub.ready) {
         return NGX_DECLINED;
     }
@@ -198,13 +185,13 @@ ngx_http_kv_aware_redis_publish(ngx_http_kv_aware_srv_conf_t *kcf,
 static void
 ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link)
 {
-    redisAsyncContext                *ac;
-    ngx_http_kv_aware_events_conf_t  *ecf;
+    redisAsyncContext               *ac;
+    ngx_http_kv_aware_redis_conf_t  *conf;
 
-    ecf = link->redis->kcf->events;
+    conf = link->redis->conf;
 
     /* a numeric address: hiredis' getaddrinfo() does not block on it */
-    ac = redisAsyncConnect((char *) ecf->ip, (int) ecf->port);
+    ac = redisAsyncConnect((char *) conf->ip, (int) conf->port);
 
     if (ac == NULL || ac->err) {
         ngx_http_kv_aware_link_lost(link, ac ? ac->errstr : "no memory");
@@ -228,7 +215,7 @@ ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link)
 
     ngx_http_kv_aware_link_send_setup(link);
 
-    ngx_add_timer(&link->watch, ecf->connect_timeout);
+    ngx_add_timer(&link->watch, conf->connect_timeout);
 }
 
 
@@ -275,30 +262,30 @@ ngx_http_kv_aware_link_attach(ngx_http_kv_aware_link_t *link)
 static void
 ngx_http_kv_aware_link_send_setup(ngx_http_kv_aware_link_t *link)
 {
-    redisAsyncContext                *ac;
-    ngx_http_kv_aware_redis_t        *rd;
-    ngx_http_kv_aware_events_conf_t  *ecf;
+    redisAsyncContext               *ac;
+    ngx_http_kv_aware_redis_t       *rd;
+    ngx_http_kv_aware_redis_conf_t  *conf;
 
     ac = link->ac;
     rd = link->redis;
-    ecf = rd->kcf->events;
+    conf = rd->conf;
 
-    if (ecf->password.len) {
-        if (ecf->user.len) {
+    if (conf->password.len) {
+        if (conf->user.len) {
             (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_auth, link,
                                      "AUTH %b %b",
-                                     ecf->user.data, ecf->user.len,
-                                     ecf->password.data, ecf->password.len);
+                                     conf->user.data, conf->user.len,
+                                     conf->password.data, conf->password.len);
 
         } else {
             (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_auth, link,
-                                     "AUTH %b", ecf->password.data,
-                                     ecf->password.len);
+                                     "AUTH %b", conf->password.data,
+                                     conf->password.len);
         }
     }
 
     if (!link->subscriber) {
-        if (ecf->password.len == 0) {
+        if (conf->password.len == 0) {
             link->ready = 1;
         }
 
@@ -306,8 +293,8 @@ ngx_http_kv_aware_link_send_setup(ngx_http_kv_aware_link_t *link)
     }
 
     (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_message, link,
-                             ecf->pattern ? "PSUBSCRIBE %b" : "SUBSCRIBE %b",
-                             ecf->channel.data, ecf->channel.len);
+                             conf->pattern ? "PSUBSCRIBE %b" : "SUBSCRIBE %b",
+                             conf->channel.data, conf->channel.len);
 
     (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_message, link,
                              "SUBSCRIBE %b", rd->ping_channel.data,
@@ -376,7 +363,7 @@ ngx_http_kv_aware_on_auth(redisAsyncContext *ac, void *r, void *data)
     if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, link->redis->log, 0,
                       "kv_aware: redis %V refused AUTH: %*s",
-                      &link->redis->kcf->events->addr_text,
+                      &link->redis->conf->addr_text,
                       (size_t) reply->len, reply->str);
 
         /* what follows would fail too: start over after the backoff */
@@ -439,19 +426,18 @@ ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r, void *data)
     {
         link->ready = 1;
         link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
-        (void) ngx_atomic_fetch_add(&rd->kcf->sh->redis_connects, 1);
+        (void) ngx_atomic_fetch_add(&rd->stats->connects, 1);
         ngx_http_kv_aware_set_state(rd);
 
         ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
                       "kv_aware: upstream \"%V\" subscribed to \"%V\" "
-                      "on redis %V", &rd->kcf->upstream,
-                      &rd->kcf->events->channel,
-                      &rd->kcf->events->addr_text);
+                      "on redis %V", &rd->conf->name, &rd->conf->channel,
+                      &rd->conf->addr_text);
 
-        ngx_http_kv_aware_events_subscribed(rd->kcf);
+        rd->handlers.subscribed(rd->handlers.data);
 
         if (!link->watch.timer_set) {
-            ngx_add_timer(&link->watch, rd->kcf->events->read_timeout);
+            ngx_add_timer(&link->watch, rd->conf->read_timeout);
         }
 
         return;
@@ -461,8 +447,8 @@ ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r, void *data)
         return;
     }
 
-    ngx_http_kv_aware_events_message(rd->kcf, (u_char *) payload->str,
-                                     (size_t) payload->len);
+    rd->handlers.message(rd->handlers.data, (u_char *) payload->str,
+                         (size_t) payload->len);
 }
 
 
@@ -480,24 +466,24 @@ ngx_http_kv_aware_link_lost(ngx_http_kv_aware_link_t *link, const char *why)
     if (link->connected || link->ready) {
         ngx_log_error(NGX_LOG_WARN, rd->log, 0,
                       "kv_aware: redis %V %s lost: %s, reconnecting",
-                      &rd->kcf->events->addr_text,
+                      &rd->conf->addr_text,
                       link->subscriber ? "subscriber" : "publisher", why);
 
         if (link->subscriber) {
-            ngx_http_kv_aware_events_lost(rd->kcf);
+            rd->handlers.lost(rd->handlers.data);
         }
 
     } else {
         ngx_log_debug3(NGX_LOG_DEBUG_HTTP, rd->log, 0,
                        "kv_aware: redis %V: %s, retry in %M ms",
-                       &rd->kcf->events->addr_text, why, link->backoff);
+                       &rd->conf->addr_text, why, link->backoff);
     }
 
     link->connected = 0;
     link->ready = 0;
     link->ping_out = 0;
 
-    (void) ngx_atomic_fetch_add(&rd->kcf->sh->redis_failures, 1);
+    (void) ngx_atomic_fetch_add(&rd->stats->failures, 1);
     ngx_http_kv_aware_set_state(rd);
 
     if (rd->stopping || ngx_exiting || ngx_quit || ngx_terminate) {
@@ -552,22 +538,26 @@ ngx_http_kv_aware_set_state(ngx_http_kv_aware_redis_t *rd)
         state = NGX_HTTP_KV_AWARE_REDIS_DOWN;
     }
 
-    rd->kcf->sh->redis_state = state;
+    rd->stats->state = state;
 }
 
 
 static void
 ngx_http_kv_aware_read_handler(ngx_event_t *ev)
 {
-    ngx_connection_t          *c = ev->data;
-    ngx_http_kv_aware_link_t  *link = c->data;
+    ngx_connection_t           *c = ev->data;
+    ngx_http_kv_aware_link_t   *link = c->data;
+    ngx_http_kv_aware_redis_t  *rd;
 
-    if (c->close && !link->redis->stopping
-        && ngx_http_kv_aware_events_handover(link->redis->kcf) != NGX_OK)
-    {
-        /* graceful shutdown: leave the channel to the new workers now */
-        ngx_http_kv_aware_redis_stop(link->redis->kcf);
-        return;
+    rd = link->redis;
+
+    if (c->close && !rd->stopping) {
+        /* graceful shutdown: the consumer keeps the link or lets it go */
+        rd->handlers.closing(rd->handlers.data);
+
+        if (rd->stopping) {
+            return;
+        }
     }
 
     if (link->ac) {
@@ -609,17 +599,17 @@ ngx_http_kv_aware_retry_handler(ngx_event_t *ev)
 static void
 ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
 {
-    ngx_http_kv_aware_link_t         *link = ev->data;
-    ngx_http_kv_aware_redis_t        *rd;
-    ngx_http_kv_aware_events_conf_t  *ecf;
+    ngx_http_kv_aware_link_t        *link = ev->data;
+    ngx_http_kv_aware_redis_t       *rd;
+    ngx_http_kv_aware_redis_conf_t  *conf;
 
     rd = link->redis;
-    ecf = rd->kcf->events;
+    conf = rd->conf;
 
     if (!link->connected) {
         ngx_log_error(NGX_LOG_WARN, rd->log, 0,
                       "kv_aware: redis %V: connect timed out after %M ms",
-                      &ecf->addr_text, ecf->connect_timeout);
+                      &conf->addr_text, conf->connect_timeout);
         ngx_http_kv_aware_link_close(link);
         ngx_http_kv_aware_link_lost(link, "connect timed out");
         return;
@@ -632,7 +622,7 @@ ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
     if (link->ping_out) {
         ngx_log_error(NGX_LOG_WARN, rd->log, 0,
                       "kv_aware: redis %V did not answer in %M ms",
-                      &ecf->addr_text, ecf->read_timeout);
+                      &conf->addr_text, conf->read_timeout);
         link->connected = 1;
         ngx_http_kv_aware_link_close(link);
         link->connected = 1;
@@ -648,7 +638,7 @@ ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
         link->ping_out = 1;
     }
 
-    ngx_add_timer(&link->watch, ecf->read_timeout);
+    ngx_add_timer(&link->watch, conf->read_timeout);
 }
 
 

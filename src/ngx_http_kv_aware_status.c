@@ -5,6 +5,10 @@
  */
 
 #include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_zone.h"
+#include "ngx_http_kv_aware_redis.h"
+#include "ngx_http_kv_aware_events.h"
+#include "ngx_http_kv_aware_status.h"
 
 
 #define NGX_HTTP_KV_AWARE_STATUS_UPSTREAM  1024
@@ -243,15 +247,15 @@ ngx_http_kv_aware_status_upstream(u_char *p,
     p = ngx_cpymem(p, "},", 2);
 
     if (kcf->events) {
-        state = sh->redis_state;
+        state = sh->redis.state;
 
         p = ngx_sprintf(p, "\"redis\":{\"address\":\"%V\",\"state\":\"%s\","
                         "\"connects\":%uA,\"failures\":%uA},"
                         "\"events\":{\"messages\":%uA,\"hashes\":%uA,"
                         "\"resyncs\":%uA,\"rejected\":{",
-                        &kcf->events->addr_text,
+                        &kcf->events->link.addr_text,
                         ngx_http_kv_aware_redis_state_names[state],
-                        sh->redis_connects, sh->redis_failures,
+                        sh->redis.connects, sh->redis.failures,
                         sh->ev_messages, sh->ev_hashes, sh->resyncs);
 
         for (why = 0; why < NGX_HTTP_KV_AWARE_REJ_LAST; why++) {

@@ -3,6 +3,8 @@
  */
 
 #include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_prompt.h"
+#include "ngx_http_kv_aware_variables.h"
 
 
 static ngx_int_t ngx_http_kv_aware_number(ngx_http_request_t *r,

@@ -8,6 +8,7 @@
  */
 
 #include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_zone.h"
 
 #if (NGX_LINUX)
 #include <sys/random.h>
@@ -22,6 +23,19 @@ static ngx_uint_t ngx_http_kv_aware_load_table(
     ngx_http_kv_aware_shctx_t *sh, ngx_http_kv_aware_load_t *current);
 static ngx_uint_t ngx_http_kv_aware_in_flight(ngx_http_kv_aware_load_t *load);
 static uint64_t ngx_http_kv_aware_secret(void);
+
+
+const char  *ngx_http_kv_aware_ev_state_names[] = {
+    NGX_HTTP_KV_AWARE_EV_STATES(NGX_HTTP_KV_AWARE_KEY2)
+};
+
+const char  *ngx_http_kv_aware_reject_keys[] = {
+    NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_KEY3)
+};
+
+const char  *ngx_http_kv_aware_reject_texts[] = {
+    NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_TEXT3)
+};
 
 
 ngx_int_t
@@ -366,7 +380,6 @@ ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf, kva_clock_t *clk)
 {
     clk->now = ngx_http_kv_aware_ticks(ngx_current_msec);
     clk->ttl_learned = ngx_http_kv_aware_ticks(kcf->learned_ttl);
-    clk->ttl_spec = kcf->events
-                    ? ngx_http_kv_aware_ticks(kcf->events->spec_ttl) : 0;
+    clk->ttl_spec = ngx_http_kv_aware_ticks(kcf->spec_ttl);
     clk->precise = kcf->sh->precise;
 }

@@ -3,7 +3,11 @@
 # Every invalid value fails `nginx -t` with an [emerg] that names the
 # parameter and the value (and the file:line); so do a duplicate kv_aware,
 # kv_aware outside an upstream block and more than 64 servers.  The
-# boundary values are accepted and route.
+# boundary values are accepted and route.  kv_aware and kv_aware_events
+# word their errors alike:
+#
+#     DIRECTIVE: invalid NAME "VALUE", expected WHAT
+#     DIRECTIVE: unknown parameter "NAME"
 
 use strict;
 use warnings;
@@ -259,7 +263,7 @@ qr/nginx\.conf:\d+/
 --- must_die
 --- error_log
 [emerg]
-kv_aware: invalid imbalance "x", expected a number of requests, 0 to turn the gate off
+kv_aware: invalid imbalance "x", expected a number from 0 to 1000000
 qr/nginx\.conf:\d+/
 
 === TEST 17: invalid imbalance=-1
@@ -364,7 +368,7 @@ qr/nginx\.conf:\d+/
 --- must_die
 --- error_log
 [emerg]
-kv_aware: invalid parameter "unknown"
+kv_aware: unknown parameter "unknown"
 qr/nginx\.conf:\d+/
 
 === TEST 24: invalid Block_Size=64
@@ -379,7 +383,7 @@ qr/nginx\.conf:\d+/
 --- must_die
 --- error_log
 [emerg]
-kv_aware: invalid parameter "Block_Size"
+kv_aware: unknown parameter "Block_Size"
 qr/nginx\.conf:\d+/
 
 === TEST 25: invalid noequals
@@ -409,7 +413,7 @@ qr/nginx\.conf:\d+/
 --- must_die
 --- error_log
 [emerg]
-kv_aware: invalid parameter ""
+kv_aware: unknown parameter ""
 qr/nginx\.conf:\d+/
 
 === TEST 27: duplicate kv_aware directive
@@ -851,3 +855,147 @@ kv_aware: upstream "two" indexes up to
 ["POST /v1/chat/completions\n$BODY", "POST /v1/chat/completions\n$BODY"]
 --- response_headers eval
 ["X-KV-Reason: load", "X-KV-Reason: affinity"]
+
+
+
+=== TEST 40: kv_aware_events: an invalid value, worded as kv_aware's
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:1 max_rate=0;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_events: invalid max_rate "0", expected a number of at least 1
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 41: kv_aware_events: an invalid time, with its range
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:1 heartbeat=5ms;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_events: invalid heartbeat "5ms", expected a time from 10ms to 1d
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 42: kv_aware_events: an invalid size, with its range
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:1 max_message=255;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_events: invalid max_message "255", expected a size of at least 256
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 43: kv_aware_events: pattern is on or off
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:1 pattern=yes;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_events: invalid pattern "yes", expected on or off
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 44: kv_aware_events: an invalid redis address
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:99999;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_events: invalid redis "127.0.0.1:99999", expected an address[:port]
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 45: kv_aware_events: an unknown parameter, worded as kv_aware's
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:1 chanel=kv;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_events: unknown parameter "chanel"
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 46: kv_aware_events: a parameter without a value
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:1 pattern;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_events: invalid parameter "pattern", expected name=value
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 47: kv_aware_events: an empty value
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:1 channel=;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_events: invalid channel "", expected a non-empty value
+qr/nginx\.conf:\d+/

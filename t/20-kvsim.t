@@ -7,7 +7,6 @@ use warnings;
 
 use File::Temp qw(tempdir);
 use HTTP::Tiny;
-use IO::Select;
 use IO::Socket::INET;
 use JSON::PP;
 use POSIX qw(WNOHANG);
@@ -15,6 +14,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 use Test::KvAware qw(free_run);
+use Test::KvAware::Redis ();
 
 my $KVSIM = $ENV{KVSIM_BINARY} || 'build/kvsim';
 my $REDIS = $ENV{TEST_REDIS_SERVER} || 'redis-server';
@@ -86,77 +86,22 @@ sub slurp {
     return <$fh>;
 }
 
-# --- a raw RESP client: subscriber and publisher ----------------------------
-
-sub resp_parse {
-    my ($buf, $pos) = @_;
-    my $eol = index($$buf, "\r\n", $pos);
-    return if $eol < 0;
-    my $type = substr($$buf, $pos, 1);
-    my $line = substr($$buf, $pos + 1, $eol - $pos - 1);
-    my $next = $eol + 2;
-    return ($line, $next) if $type =~ /^[+\-:]$/;
-    if ($type eq '$') {
-        return (undef, $next) if $line < 0;
-        return if length($$buf) < $next + $line + 2;
-        return (substr($$buf, $next, $line), $next + $line + 2);
-    }
-    die "bad RESP type '$type'\n" unless $type eq '*';
-    my @a;
-    for (1 .. $line) {
-        my ($v, $n) = resp_parse($buf, $next);
-        return unless defined $n;
-        push @a, $v;
-        $next = $n;
-    }
-    return (\@a, $next);
-}
-
-sub resp_cmd {
-    return join '', '*' . @_ . "\r\n",
-        map { '$' . length($_) . "\r\n$_\r\n" } @_;
-}
-
-sub redis_connect {
-    my ($port) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port",
-                                  Timeout => $WAIT)
-        or die "redis connect: $!\n";
-    return { sock => $s, buf => '', seen => [] };
-}
-
-# the next RESP value from c, undef after the deadline
-sub resp_next {
-    my ($c, $deadline) = @_;
-    my $sel = IO::Select->new($c->{sock});
-    for (;;) {
-        my ($v, $n) = resp_parse(\$c->{buf}, 0);
-        if (defined $n) {
-            substr($c->{buf}, 0, $n) = '';
-            return $v;
-        }
-        my $left = $deadline - time;
-        return undef if $left <= 0 || !$sel->can_read($left);
-        sysread($c->{sock}, $c->{buf}, 65536, length $c->{buf}) or return;
-    }
-}
+# --- Redis: subscriber and publisher (Test::KvAware::Redis) ----------------
 
 sub redis_do {
     my ($port, @cmd) = @_;
-    my $c = redis_connect($port);
-    syswrite $c->{sock}, resp_cmd(@cmd);
-    return resp_next($c, time + $WAIT);
+    return Test::KvAware::Redis->new($port)->cmd(@cmd);
 }
 
 # event messages until $pred says yes; all of them land in $c->{seen}
 sub wait_event {
     my ($c, $pred) = @_;
     my $deadline = time + $WAIT;
-    while (defined(my $v = resp_next($c, $deadline))) {
-        next unless ref $v && $v->[0] eq 'message';
-        my $m = eval { $json->decode($v->[2]) };
+    while ((my $left = $deadline - time) > 0) {
+        my ($v) = $c->messages($left, sub { 1 }) or last;
+        my $m = eval { $json->decode($v->[1]) };
         if (!$m) {
-            diag "undecodable event: $v->[2]";
+            diag "undecodable event: $v->[1]";
             next;
         }
         push @{ $c->{seen} }, $m;
@@ -200,10 +145,8 @@ spawn('redis.log', $REDIS, '--bind', '127.0.0.1', '--port', $rport,
       '--save', '', '--appendonly', 'no', '--daemonize', 'no');
 wait_port($rport) or BAIL_OUT('redis-server does not start');
 
-my $sub = redis_connect($rport);
-syswrite $sub->{sock}, resp_cmd('SUBSCRIBE', $CHAN);
-my $ack = resp_next($sub, time + $WAIT);
-ok(ref $ack && $ack->[0] eq 'subscribe', 'subscribed to the events');
+my $sub = eval { Test::KvAware::Redis->new($rport)->subscribe($CHAN) };
+ok($sub, 'subscribed to the events') or diag $@;
 
 my $base = free_run(2);
 my ($A, $B) = ($base, $base + 1);

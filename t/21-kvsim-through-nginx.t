@@ -24,21 +24,10 @@ plan skip_all => "$KVSIM not built (make tools)" unless -x $KVSIM;
 my $base = free_run($SERVERS);
 my $env  = Test::KvAware->new(backends => 0);
 
-my $kvsim = fork // die "fork: $!";
-if ($kvsim == 0) {
-    open STDOUT, '>', $env->prefix . '/logs/kvsim.log';
-    open STDERR, '>&', \*STDOUT;
-    exec $KVSIM, '--servers', $SERVERS, '--base-port', $base,
-         '--time-scale', 50, '--redis', 'off', '--quiet';
-    exit 127;
-}
-END { if ($kvsim) { kill 'TERM', $kvsim; waitpid $kvsim, 0 } }
-
-ok(wait_until(10, sub {
-       !grep { !IO::Socket::INET->new(PeerAddr => "127.0.0.1:$_",
-                                      Timeout => 0.2) }
-             $base .. $base + $SERVERS - 1 }),
-   'kvsim listens');
+# in the harness's prefix (logs/kvsim.log), stopped with the rest
+ok(eval { $env->launch->start_kvsim($base, $SERVERS, { binary => $KVSIM },
+              '--time-scale', 50, '--redis', 'off', '--quiet') },
+   'kvsim listens') or diag $@;
 
 my $servers = join "\n", map { "server 127.0.0.1:$_;" }
                          $base .. $base + $SERVERS - 1;

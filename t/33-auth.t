@@ -19,8 +19,8 @@ use Time::HiRes qw(sleep);
 use Test::KvAware ();
 use Test::KvAware::Events qw(
     $CHANNEL $LOCATIONS preflight block_hashes prompt chat addr
-    upstream_conf status wait_status wait_until resp_encode
-    redis_connect numsub publisher stored
+    upstream_conf status wait_status wait_until redis_subscribe
+    numsub publisher stored
 );
 
 preflight();
@@ -87,9 +87,8 @@ subtest 'ACL user' => sub {
     routes_by_events($pub, 'acl', 3);
 
     # the publisher connection may publish resync requests
-    my $sub = redis_connect($env->redis_port, 'r00t-pw');
-    $sub->send_raw(resp_encode(SUBSCRIBE => "$CHANNEL:resync"));
-    $sub->reply(5);
+    my $sub = redis_subscribe($env->redis_port, { auth => ['r00t-pw'] },
+                              "$CHANNEL:resync");
     $pub->event($A[2], seq => 10, events => []);
     my @m = $sub->messages(3, sub { @_ >= 1 });
     is(scalar @m, 1, 'a gap: the resync request is published as kvnginx');

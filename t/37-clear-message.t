@@ -17,7 +17,7 @@ use Test::KvAware ();
 use Test::KvAware::Events qw(
     $JSON $CHANNEL $LOCATIONS preflight block_hashes prompt chat addr
     upstream_conf status server_status wait_status seen publisher stored
-    cleared resp_encode fill_index
+    cleared fill_index
 );
 
 preflight();
@@ -53,7 +53,7 @@ my $before = status($env);
 my $msg = $JSON->encode({ v => 1, server => $A[2], seq => 1,
                           events => [map { cleared() } 1 .. 1000] });
 cmp_ok(length $msg, '<', 32 * 1024, length($msg) . ' bytes');
-$pub->send_raw(resp_encode(PUBLISH => $CHANNEL, $msg));
+$pub->send(PUBLISH => $CHANNEL, $msg);
 my $t0 = time;
 my $r = chat($env, $P);
 my $took = time - $t0;

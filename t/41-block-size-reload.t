@@ -19,7 +19,7 @@ use Test::More;
 use Test::KvAware ();
 use Test::KvAware::Events qw(
     $JSON $CHANNEL $LOCATIONS preflight prompt chat addr status traffic
-    redis_connect resp_encode
+    redis_connect
 );
 
 preflight();

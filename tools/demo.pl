@@ -10,78 +10,46 @@
 use strict;
 use warnings;
 
+use File::Basename qw(dirname);
 use File::Spec;
-use File::Temp qw(tempdir);
 use IO::Socket::INET;
 use JSON::PP;
 use Time::HiRes qw(sleep time);
 
+# nginx, redis-server and kvsim start and stop as in the tests
+use lib File::Spec->rel2abs(dirname(__FILE__) . '/../t/lib');
+use KvAware::Launch qw(free_ports free_run);
+
 my $root   = File::Spec->rel2abs($ENV{KV_AWARE_ROOT} || '.');
 my $module = "$root/build/ngx_http_kv_aware_module.so";
 my $kvsim  = "$root/build/kvsim";
-my $prefix = tempdir('kv-aware-demo-XXXX', TMPDIR => 1, CLEANUP => 1);
-my (@pids, $nginx_up);
 
 -f $module or die "build the module first (make module)\n";
 -x $kvsim or die "build the simulator first (make tools)\n";
 
-sub free_port {
-    my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
-                                  LocalPort => 0, ReuseAddr => 1) or die $!;
-    my $p = $s->sockport;
-    close $s;
-    return $p;
-}
+# a temporary prefix; everything started in it is stopped at exit
+my $launch = KvAware::Launch->new(template => 'kv-aware-demo-XXXX');
+my $prefix = $launch->prefix;
 
-sub wait_port {
-    my ($port) = @_;
-    for (1 .. 100) {
-        return if IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port",
-                                        Timeout => 0.2);
-        sleep 0.05;
-    }
-    die "nothing listens on 127.0.0.1:$port\n";
-}
+# kvsim's servers sit on consecutive ports: four free in a row
+my $base = free_run(4);
+my ($redis, $port) = free_ports(2);
 
-sub spawn {
-    my $pid = fork // die "fork: $!";
-    if ($pid == 0) {
-        open STDOUT, '>>', "$prefix/logs/spawned.log";
-        open STDERR, '>&', \*STDOUT;
-        exec @_;
-        exit 127;
-    }
-    push @pids, $pid;
-}
-
-mkdir "$prefix/logs";
-
-# kvsim's servers sit on consecutive ports: find four free in a row
-my ($base, $redis, $port);
-for (1 .. 50) {
-    $base = 20000 + int(rand(30000));
-    last unless grep { IO::Socket::INET->new(PeerAddr => "127.0.0.1:$_",
-                                             Timeout => 0.1) }
-                     $base .. $base + 3;
-}
-$redis = free_port();
-$port  = free_port();
-
-spawn('redis-server', '--bind', '127.0.0.1', '--port', $redis, '--save', '',
-      '--appendonly', 'no', '--dir', $prefix);
-wait_port($redis);
+$launch->start_redis($redis);
 
 # time scale 1: step times are those of the GPU the simulator models
-spawn($kvsim, '--servers', 4, '--base-port', $base, '--time-scale', 1,
-      '--num-blocks', 4802, '--redis', "127.0.0.1:$redis", '--quiet');
-wait_port($_) for $base .. $base + 3;
+sub start_kvsim {
+    $launch->start_kvsim($base, 4, { binary => $kvsim }, '--time-scale', 1,
+                         '--num-blocks', 4802, '--redis', "127.0.0.1:$redis",
+                         '--quiet');
+}
+start_kvsim();
 
 my $servers = join '', map { "        server 127.0.0.1:$_;\n" }
                        $base .. $base + 3;
-my $user = $> == 0 ? 'user root;' : '';
+my $user = KvAware::Launch::user_directive();
 
-open my $fh, '>', "$prefix/nginx.conf" or die $!;
-print $fh <<"CONF";
+$launch->write_conf(<<"CONF");
 load_module $module;
 $user
 worker_processes 2;
@@ -112,24 +80,12 @@ $servers    }
     }
 }
 CONF
-close $fh;
 
-system('nginx', '-p', $prefix, '-c', "$prefix/nginx.conf") == 0
-    or die "nginx did not start\n";
-$nginx_up = 1;
-wait_port($port);
+my ($started, $why) = $launch->start_nginx;
+$started or die "nginx did not start\n$why\n";
 
-END {
-    if ($nginx_up) {
-        open my $quiet, '>&', \*STDERR;
-        open STDERR, '>', '/dev/null';
-        system('nginx', '-p', $prefix, '-c', "$prefix/nginx.conf", '-s',
-               'stop');
-        open STDERR, '>&', $quiet;
-    }
-    kill 'TERM', @pids if @pids;
-    waitpid($_, 0) for @pids;
-}
+# as "nginx -s stop" did: no graceful wait for the streams
+END { $launch->stop_all(signal => 'TERM') if $launch }
 
 # one streaming request; returns the response headers, the first chunk's
 # kvsim section, the usage, and the time to the first token
@@ -225,12 +181,8 @@ for my $method ('kv', 'rr') {
     # the second pass must not find the first pass's caches
     if ($method eq 'kv') {
         # restart the simulator with empty caches for a fair contrast
-        kill 'TERM', $pids[1];
-        waitpid($pids[1], 0);
-        spawn($kvsim, '--servers', 4, '--base-port', $base, '--time-scale',
-              1, '--num-blocks', 4802, '--redis', "127.0.0.1:$redis",
-              '--quiet');
-        wait_port($_) for $base .. $base + 3;
+        $launch->stop('kvsim');
+        start_kvsim();
     }
 }
 

@@ -126,75 +126,30 @@ SCALE=${SCALE_OPT:-$SCALE}
 STAGE_SECONDS=${STAGE_SECONDS_OPT:-$STAGE_SECONDS}
 STAGE_REQUESTS=${STAGE_REQUESTS_OPT:-$STAGE_REQUESTS}
 
-PIDS=()
 T0=$(date +%s)
 
 log() { printf '[%4ds] %s\n' $(( $(date +%s) - T0 )) "$*"; }
 die() { echo "run.sh: $*" >&2; exit 1; }
 
+# nginx, redis-server and kvsim start and stop as in the tests
+# (tools/kva-launch, t/lib/KvAware/Launch.pm): ready when nginx's workers
+# run, redis answers PING, kvsim's ports accept; SIGTERM, SIGKILL after 5 s
+launch() {
+    TEST_NGINX_BINARY=$NGINX KVSIM_BINARY=$KVSIM "$ROOT/tools/kva-launch" "$@"
+}
+
+NGINX_PREFIX=
 cleanup() {
-    local pid i
-    for pid in "${PIDS[@]}"; do
-        kill -TERM "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        for i in $(seq 1 50); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    PIDS=()
+    [ -n "$NGINX_PREFIX" ] && launch stop "$NGINX_PREFIX"
+    [ -d "$WORK/logs" ] && launch stop "$WORK"
+    return 0
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-forget() {
-    local keep=() pid
-    for pid in "${PIDS[@]}"; do
-        [ "$pid" = "$1" ] || keep+=("$pid")
-    done
-    PIDS=("${keep[@]+"${keep[@]}"}")
-}
-
-stop() {
-    local i
-    kill -TERM "$1" 2>/dev/null || true
-    for i in $(seq 1 100); do
-        kill -0 "$1" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -KILL "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
-    forget "$1"
-}
-
-port_busy() {
-    [ -n "$(ss -Htan "( sport = :$1 )" 2>/dev/null)" ]
-}
-
 # a free port, or the first of $1 consecutive free ports
 free_port() {
-    local n=${1:-1} p i k ok
-    for i in $(seq 1 200); do
-        p=$(( 20000 + RANDOM % 30000 ))
-        ok=1
-        for k in $(seq 0 $(( n - 1 ))); do
-            if port_busy $(( p + k )); then ok=0; break; fi
-        done
-        [ $ok = 1 ] && { echo $p; return 0; }
-    done
-    die "no free port"
-}
-
-wait_port() {
-    local i
-    for i in $(seq 1 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    return 1
+    launch port-run "${1:-1}" || die "no free port"
 }
 
 # utime + stime, in clock ticks, of the given pids and their children
@@ -209,18 +164,12 @@ cpu_ticks() {
 }
 
 start_kvsim() {
-    "$KVSIM" --servers $SERVERS --base-port "$KV_BASE" \
+    launch start --log "$1" kvsim "$WORK" "$KV_BASE" $SERVERS \
         --block-tokens $BLOCK_TOKENS --num-blocks $BLOCKS \
         --time-scale "$SCALE" --max-conns 4096 \
         --redis "127.0.0.1:$REDIS_PORT" --channel "$CHANNEL" --seed 1 \
-        >"$1" 2>&1 &
-    KVSIM_PID=$!
-    PIDS+=("$KVSIM_PID")
-    local k
-    for k in $(seq 0 $(( SERVERS - 1 ))); do
-        wait_port $(( KV_BASE + k )) \
-            || die "kvsim did not start: $(tail -3 "$1")"
-    done
+        2>/dev/null || die "kvsim did not start: $(tail -3 "$1")"
+    KVSIM_PID=$(launch pid "$WORK" kvsim)
 }
 
 # nginx.conf for one policy into $1
@@ -253,13 +202,12 @@ write_conf() {
     for k in $(seq 0 $(( SERVERS - 1 ))); do
         servers+="        server 127.0.0.1:$(( KV_BASE + k ));"$'\n'
     done
-    mkdir -p "$prefix/logs" "$prefix/tmp"
+    mkdir -p "$prefix/logs" "$prefix/tmp" "$prefix/conf"
     cat >"$conf" <<EOF
 $mod
 $user
 worker_processes 1;
 worker_rlimit_nofile 16384;
-daemon off;
 pid $prefix/logs/nginx.pid;
 error_log $prefix/logs/error.log warn;
 pcre_jit on;
@@ -349,9 +297,9 @@ run_one() {
         NGINX_PORT=$(free_port)
     done
 
-    write_conf "$prefix/nginx.conf" "$policy" "$prefix"
+    write_conf "$prefix/conf/nginx.conf" "$policy" "$prefix"
 
-    if ! err=$("$NGINX" -t -p "$prefix" -c "$prefix/nginx.conf" 2>&1); then
+    if ! err=$(launch test "$prefix" 2>&1); then
         if [ "$policy" = kv_aware_events ]; then
             echo "$wl/$policy: skipped, nginx rejects the events directive" \
                  "(KV_EVENTS_CONF in run.sh): $(echo "$err" | grep emerg \
@@ -363,11 +311,10 @@ run_one() {
 
     start_kvsim "$out.kvsim.log"
 
-    "$NGINX" -p "$prefix" -c "$prefix/nginx.conf" >"$out.nginx.log" 2>&1 &
-    NGINX_PID=$!
-    PIDS+=("$NGINX_PID")
-    wait_port "$NGINX_PORT" \
+    NGINX_PREFIX=$prefix
+    launch start nginx "$prefix" >"$out.nginx.log" 2>&1 \
         || die "nginx did not start: $(tail -3 "$out.nginx.log")"
+    NGINX_PID=$(launch pid "$prefix" nginx)
 
     local k0 n0 t0 t1 rc=0
     k0=$(cpu_ticks "$KVSIM_PID")
@@ -394,8 +341,9 @@ run_one() {
             >"$out.status.json" || true ;;
     esac
 
-    stop "$NGINX_PID"
-    stop "$KVSIM_PID"
+    launch stop "$prefix" nginx
+    NGINX_PREFIX=
+    launch stop "$WORK" kvsim
 
     if [ ! -s "$out.json" ]; then
         echo "$wl/$policy: kvload failed (rc $rc): $(tail -2 "$out.err")" \
@@ -456,11 +404,9 @@ rm -rf "$WORK"/nginx-*
 : >"$WORK/skipped.txt"
 
 REDIS_PORT=$(free_port)
-redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' \
-    --appendonly no --daemonize no --dir "$WORK" \
-    --logfile "$WORK/redis.log" &
-PIDS+=("$!")
-wait_port "$REDIS_PORT" || die "redis-server did not start"
+launch prefix "$WORK" >/dev/null
+launch start redis "$WORK" "$REDIS_PORT" --logfile "$WORK/redis.log" \
+    || die "redis-server did not start"
 
 SP_ARGS="--groups $SP_GROUPS --prompts-per-group $PROMPTS"
 SP_ARGS+=" --system-tokens $SYSTEM_TOKENS --question-tokens $QUESTION_TOKENS"

@@ -9,8 +9,9 @@ package Test::KvAware::Events;
 #   * prompt(), chat(), upstream_conf(), $LOCATIONS: requests and config;
 #   * status(), server_status(), wait_status(), wait_until(), seen():
 #     kv_aware_status polling;
-#   * a raw RESP client (redis_connect, redis_subscribe, publisher with
-#     ->event / ->publish_raw / ->pipeline), numsub();
+#   * Redis connections (Test::KvAware::Redis, on libredis-perl):
+#     redis_connect, redis_subscribe, publisher with ->event /
+#     ->publish_raw / ->pipeline, numsub();
 #   * traffic(): requests from a forked child while a test disturbs nginx.
 #
 # Paths are relative to the repository root, where prove runs.
@@ -20,19 +21,19 @@ use warnings;
 
 use Exporter qw(import);
 use File::Temp ();
-use IO::Socket::INET;
 use JSON::PP ();
 use POSIX ();
 use Test::More ();
 use Time::HiRes qw(time sleep);
 
 use Test::KvAware qw(skip_unless_module);
+use Test::KvAware::Redis ();
 
 our @EXPORT_OK = qw(
     $JSON $CHANNEL $BS $LOCATIONS
     preflight block_hashes prompt chat show addr bnum upstream_conf
     status server_status wait_status wait_until seen
-    resp_encode redis_connect redis_subscribe numsub publisher
+    redis_connect redis_subscribe numsub publisher
     stored removed cleared traffic fill_index
 );
 
@@ -165,7 +166,7 @@ sub wait_status {
 }
 
 # wait_until($timeout, $cond): the harness's, re-exported for the tests
-*wait_until = \&Test::KvAware::wait_until;
+{ no warnings qw(once); *wait_until = \&Test::KvAware::wait_until; }
 
 # Every message nginx took from Redis is counted once: applied or rejected.
 sub seen {
@@ -176,71 +177,21 @@ sub seen {
 }
 
 
-# --- a minimal RESP client (raw socket: pipelining, subscriptions) ------
+# --- Redis connections (Test::KvAware::Redis: libredis-perl) -------------
 
-sub resp_encode {
-    my $s = '*' . scalar(@_) . "\r\n";
-    $s .= '$' . length($_) . "\r\n$_\r\n" for @_;
-    return $s;
-}
-
-# Parses one reply at $$buf[$pos..]: ($value, $newpos), or () if partial.
-# Errors come back as { error => 'text' }.
-sub resp_parse {
-    my ($buf, $pos) = @_;
-    my $e = index($$buf, "\r\n", $pos);
-    return if $e < 0;
-    my $type = substr($$buf, $pos, 1);
-    my $line = substr($$buf, $pos + 1, $e - $pos - 1);
-    $pos = $e + 2;
-    return ($line, $pos) if $type eq '+';
-    return ({ error => $line }, $pos) if $type eq '-';
-    return ($line + 0, $pos) if $type eq ':';
-    if ($type eq '$') {
-        return (undef, $pos) if $line < 0;
-        return if length($$buf) < $pos + $line + 2;
-        return (substr($$buf, $pos, $line), $pos + $line + 2);
-    }
-    if ($type eq '*') {
-        return (undef, $pos) if $line < 0;
-        my @a;
-        for (1 .. $line) {
-            my ($v, $p) = resp_parse($buf, $pos) or return;
-            push @a, $v;
-            $pos = $p;
-        }
-        return (\@a, $pos);
-    }
-    die "bad RESP type '$type'";
-}
-
-# A connection (Test::KvAware::Events::Redis, below), AUTH @auth if given.
+# A connection, AUTH @auth (password, or user and password) if given.
 sub redis_connect {
     my ($port, @auth) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
-                                  Proto => 'tcp', Timeout => 5)
-        or die "connect to redis 127.0.0.1:$port: $@";
-    binmode $s;
-    my $c = bless { sock => $s, buf => '' }, 'Test::KvAware::Events::Redis';
-    if (@auth) {
-        my $r = $c->cmd(AUTH => @auth);
-        die "AUTH: $r->{error}" if ref $r eq 'HASH';
-    }
-    return $c;
+    return Test::KvAware::Redis->new($port, auth => \@auth);
 }
 
 # A subscriber connection: ->messages($timeout, $until) collects
 # [channel, payload] pairs until $until->(@so_far) holds or time is up.
+# A hash ref first: options of the connection ({auth => [...]}).
 sub redis_subscribe {
     my ($port, @channels) = @_;
-    my $c = redis_connect($port);
-    $c->send_raw(resp_encode(SUBSCRIBE => @channels));
-    for (@channels) {
-        my $r = $c->reply(5);
-        die "SUBSCRIBE failed" unless ref $r eq 'ARRAY'
-                                      && $r->[0] eq 'subscribe';
-    }
-    return $c;
+    my %o = ref $channels[0] eq 'HASH' ? %{ shift @channels } : ();
+    return Test::KvAware::Redis->new($port, %o)->subscribe(@channels);
 }
 
 # subscribers of $channel; @cli: redis-cli options (-a ...)
@@ -254,7 +205,8 @@ sub numsub {
 # Publisher for one nginx under test: tracks each server's seq.
 sub publisher {
     my ($env, @auth) = @_;
-    my $p = redis_connect($env->redis_port, @auth);
+    my $p = bless redis_connect($env->redis_port, @auth),
+                  'Test::KvAware::Events::Publisher';
     $p->{env} = $env;
     $p->{seq} = {};
     return $p;
@@ -315,73 +267,11 @@ sub traffic {
 
 
 # ---------------------------------------------------------------------------
-# A RESP connection, from redis_connect(), redis_subscribe(), publisher().
+# A publisher, from publisher(): a Redis connection that knows its nginx.
 
-package Test::KvAware::Events::Redis;
+package Test::KvAware::Events::Publisher;
 
-use Errno qw(EINTR EAGAIN);
-use IO::Select;
-use Time::HiRes qw(time);
-
-sub send_raw {
-    my ($c, $data) = @_;
-    local $SIG{PIPE} = 'IGNORE';
-    my $off = 0;
-    while ($off < length $data) {
-        my $n = syswrite($c->{sock}, $data, length($data) - $off, $off);
-        die "redis write: $!" unless defined $n;
-        $off += $n;
-    }
-}
-
-# Next reply, or undef after $timeout s.
-sub reply {
-    my ($c, $timeout) = @_;
-    my $deadline = time + ($timeout // 5);
-    my $sel = IO::Select->new($c->{sock});
-    while (1) {
-        if (length $c->{buf}) {
-            my ($v, $p) = Test::KvAware::Events::resp_parse(\$c->{buf}, 0);
-            if (defined $p) {
-                substr($c->{buf}, 0, $p, '');
-                return $v;
-            }
-        }
-        my $left = $deadline - time;
-        return undef if $left <= 0;
-        next unless $sel->can_read($left);
-        my $n = sysread($c->{sock}, $c->{buf}, 1 << 20, length $c->{buf});
-        next if !defined $n && ($! == EINTR || $! == EAGAIN);
-        return undef unless $n;
-    }
-}
-
-sub cmd {
-    my ($c, @args) = @_;
-    $c->send_raw(Test::KvAware::Events::resp_encode(@args));
-    return $c->reply(5);
-}
-
-# Sends all commands at once, then reads as many replies.
-sub pipeline {
-    my ($c, @cmds) = @_;
-    $c->send_raw(join '',
-                 map { Test::KvAware::Events::resp_encode(@$_) } @cmds);
-    return map { $c->reply(10) } @cmds;
-}
-
-sub messages {
-    my ($c, $timeout, $until) = @_;
-    my $deadline = time + $timeout;
-    my @m;
-    while ((my $left = $deadline - time) > 0) {
-        my $r = $c->reply($left) // last;
-        push @m, [$r->[1], $r->[2]]
-            if ref $r eq 'ARRAY' && $r->[0] eq 'message';
-        last if $until && $until->(@m);
-    }
-    return @m;
-}
+our @ISA = qw(Test::KvAware::Redis);
 
 # ->event($server, events => [...], seq => N, ...) publishes one v1
 # message (seq defaults to the server's next) and waits (5 s) until nginx

@@ -1,0 +1,17 @@
+/*
+ * ngx_http_kv_aware_module: the balancer, round-robin's peers with our
+ * choice of one.
+ */
+
+#ifndef _NGX_HTTP_KV_AWARE_BALANCER_H_INCLUDED_
+#define _NGX_HTTP_KV_AWARE_BALANCER_H_INCLUDED_
+
+
+#include "ngx_http_kv_aware_module.h"
+
+
+ngx_int_t ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *us);
+
+
+#endif /* _NGX_HTTP_KV_AWARE_BALANCER_H_INCLUDED_ */

@@ -1,0 +1,72 @@
+/*
+ * ngx_http_kv_aware_module: KV events from Redis into the shared index,
+ * the kv_aware_events directive and the subscribing worker's lifecycle.
+ */
+
+#ifndef _NGX_HTTP_KV_AWARE_EVENTS_H_INCLUDED_
+#define _NGX_HTTP_KV_AWARE_EVENTS_H_INCLUDED_
+
+
+#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_zone.h"
+#include "ngx_http_kv_aware_redis.h"
+
+
+#define NGX_HTTP_KV_AWARE_TICK          500    /* ms, sync state checks */
+
+/*
+ * A reload hands the subscription over: the old cycle's subscriber stays
+ * until the new one has subscribed (at most connect_timeout plus this),
+ * and for this long both may see a message the other applied.
+ */
+#define NGX_HTTP_KV_AWARE_HANDOVER      1000
+
+
+/* kv_aware_events: where the upstream's KV events come from */
+struct ngx_http_kv_aware_events_conf_s {
+    ngx_http_kv_aware_redis_conf_t  link;
+    ngx_str_t                       resync_channel;
+    ngx_msec_t                      heartbeat;
+    ngx_msec_t                      spec_ttl;
+    size_t                          max_message;
+    ngx_uint_t                      max_hashes;
+    ngx_uint_t                      max_events;
+    ngx_uint_t                      max_rate;     /* messages per second */
+    size_t                          server_bytes; /* a second, per server */
+    ngx_uint_t                      server_hashes;
+
+    /* the subscribing worker's own state */
+    ngx_http_kv_aware_redis_t      *redis;
+    ngx_event_t                     tick;
+    ngx_event_t                     handover;     /* old cycle, exiting */
+    ngx_msec_t                      handover_start;
+    ngx_uint_t                      handover_last; /* the tick after */
+    ngx_msec_t                      took_over;    /* from a live older */
+    ngx_msec_t                      rate_start;
+    ngx_uint_t                      rate_count;
+    ngx_uint_t                      scanned;      /* entries, this window */
+    size_t                          srv_bytes[KVA_MAX_SLOTS];
+    ngx_uint_t                      srv_hashes[KVA_MAX_SLOTS];
+    ngx_msec_t                      logged[NGX_HTTP_KV_AWARE_REJ_LAST];
+};
+
+
+/* ngx_http_kv_aware_events_conf.c */
+char *ngx_http_kv_aware_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+
+/* ngx_http_kv_aware_subscription.c: one subscriber, in the first worker */
+ngx_int_t ngx_http_kv_aware_events_init_process(ngx_cycle_t *cycle);
+void ngx_http_kv_aware_events_exit_process(ngx_cycle_t *cycle);
+
+/*
+ * ngx_http_kv_aware_events.c: the event path, the Redis link's handlers
+ * (data is the upstream's ngx_http_kv_aware_srv_conf_t) and the tick.
+ */
+void ngx_http_kv_aware_events_message(void *data, u_char *msg, size_t len);
+void ngx_http_kv_aware_events_subscribed(void *data);
+void ngx_http_kv_aware_events_lost(void *data);
+void ngx_http_kv_aware_events_tick(ngx_event_t *ev);
+
+
+#endif /* _NGX_HTTP_KV_AWARE_EVENTS_H_INCLUDED_ */

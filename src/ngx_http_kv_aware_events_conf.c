@@ -1,0 +1,234 @@
+/*
+ * ngx_http_kv_aware_module: the kv_aware_events directive.
+ */
+
+#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_conf.h"
+#include "ngx_http_kv_aware_events.h"
+
+
+#define ngx_http_kv_aware_events_offset(field)                                \
+    offsetof(ngx_http_kv_aware_events_conf_t, field)
+
+
+static char *ngx_http_kv_aware_events_redis(ngx_conf_t *cf,
+    ngx_http_kv_aware_param_t *p, ngx_str_t *value, void *conf);
+
+
+/* see README, "kv_aware_events" */
+static ngx_http_kv_aware_param_t  ngx_http_kv_aware_events_params[] = {
+
+    { ngx_string("redis"),
+      ngx_http_kv_aware_events_redis,
+      0, 0, 0, NULL },
+
+    { ngx_string("channel"),
+      ngx_http_kv_aware_conf_str,
+      ngx_http_kv_aware_events_offset(link.channel),
+      0, 0, "kv_aware:events" },
+
+    { ngx_string("pattern"),
+      ngx_http_kv_aware_conf_flag,
+      ngx_http_kv_aware_events_offset(link.pattern),
+      0, 0, "off" },
+
+    /* the default, CHANNEL:resync, is made once the channel is known */
+    { ngx_string("resync_channel"),
+      ngx_http_kv_aware_conf_str,
+      ngx_http_kv_aware_events_offset(resync_channel),
+      0, 0, NULL },
+
+    { ngx_string("user"),
+      ngx_http_kv_aware_conf_str,
+      ngx_http_kv_aware_events_offset(link.user),
+      0, 0, NULL },
+
+    { ngx_string("password"),
+      ngx_http_kv_aware_conf_str,
+      ngx_http_kv_aware_events_offset(link.password),
+      0, 0, NULL },
+
+    { ngx_string("connect_timeout"),
+      ngx_http_kv_aware_conf_msec,
+      ngx_http_kv_aware_events_offset(link.connect_timeout),
+      10, 86400 * 1000, "2s" },
+
+    { ngx_string("read_timeout"),
+      ngx_http_kv_aware_conf_msec,
+      ngx_http_kv_aware_events_offset(link.read_timeout),
+      10, 86400 * 1000, "5s" },
+
+    { ngx_string("heartbeat"),
+      ngx_http_kv_aware_conf_msec,
+      ngx_http_kv_aware_events_offset(heartbeat),
+      10, 86400 * 1000, "10s" },
+
+    { ngx_string("speculative_ttl"),
+      ngx_http_kv_aware_conf_msec,
+      ngx_http_kv_aware_events_offset(spec_ttl),
+      10, 86400 * 1000, "10s" },
+
+    /*
+     * Twice a busy engine step: 16k batched tokens are 1,024 blocks of 16
+     * stored and as many removed, one event a sequence of at most 1,024.
+     * The largest message they allow decodes in about 3 ms.
+     */
+    { ngx_string("max_message"),
+      ngx_http_kv_aware_conf_size,
+      ngx_http_kv_aware_events_offset(max_message),
+      256, NGX_HTTP_KV_AWARE_NO_MAX, "512k" },
+
+    { ngx_string("max_hashes"),
+      ngx_http_kv_aware_conf_uint,
+      ngx_http_kv_aware_events_offset(max_hashes),
+      1, NGX_HTTP_KV_AWARE_NO_MAX, "8192" },
+
+    { ngx_string("max_events"),
+      ngx_http_kv_aware_conf_uint,
+      ngx_http_kv_aware_events_offset(max_events),
+      1, NGX_HTTP_KV_AWARE_NO_MAX, "1024" },
+
+    { ngx_string("max_rate"),
+      ngx_http_kv_aware_conf_uint,
+      ngx_http_kv_aware_events_offset(max_rate),
+      1, NGX_HTTP_KV_AWARE_NO_MAX, "20000" },
+
+    { ngx_string("server_bytes"),
+      ngx_http_kv_aware_conf_size,
+      ngx_http_kv_aware_events_offset(server_bytes),
+      1024, NGX_HTTP_KV_AWARE_NO_MAX, "8m" },
+
+    { ngx_string("server_hashes"),
+      ngx_http_kv_aware_conf_uint,
+      ngx_http_kv_aware_events_offset(server_hashes),
+      1, NGX_HTTP_KV_AWARE_NO_MAX, "1000000" },
+
+    ngx_http_kv_aware_null_param
+};
+
+
+char *
+ngx_http_kv_aware_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_kv_aware_srv_conf_t *kcf = conf;
+
+    u_char                           *p;
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    if (kcf->shm_zone == NULL) {
+        return "needs \"kv_aware\" before it in the upstream";
+    }
+
+    if (kcf->events) {
+        return "is duplicate";
+    }
+
+    ecf = ngx_pcalloc(cf->pool, sizeof(ngx_http_kv_aware_events_conf_t));
+    if (ecf == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_kv_aware_conf_defaults(cf, &cmd->name,
+                                        ngx_http_kv_aware_events_params, ecf)
+        != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_kv_aware_conf_params(cf, ngx_http_kv_aware_events_params,
+                                      ecf)
+        != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    if (ecf->link.port == 0) {
+        return "needs redis=address[:port]";
+    }
+
+    if (ecf->link.user.len && ecf->link.password.len == 0) {
+        return "has user= without password=";
+    }
+
+    /* a budget a single message can exceed would refuse it every time */
+    if (ecf->server_bytes < ecf->max_message) {
+        return "has server_bytes= below max_message=";
+    }
+
+    if (ecf->server_hashes < ecf->max_hashes) {
+        return "has server_hashes= below max_hashes=";
+    }
+
+    if (ecf->resync_channel.len == 0) {
+        if (ecf->link.pattern) {
+            return "needs resync_channel= with pattern=on";
+        }
+
+        ecf->resync_channel.len = ecf->link.channel.len
+                                  + sizeof(":resync") - 1;
+        ecf->resync_channel.data = ngx_pnalloc(cf->pool,
+                                               ecf->resync_channel.len);
+        if (ecf->resync_channel.data == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        p = ngx_cpymem(ecf->resync_channel.data, ecf->link.channel.data,
+                       ecf->link.channel.len);
+        ngx_memcpy(p, ":resync", sizeof(":resync") - 1);
+    }
+
+    ecf->link.name = kcf->upstream;
+
+    /* the index clock reads it on every request: no detour through ecf */
+    kcf->spec_ttl = ecf->spec_ttl;
+    kcf->events = ecf;
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * Names are resolved here, at configuration time in the master, so that
+ * no worker ever waits for DNS: hiredis only ever sees an IP address.
+ */
+static char *
+ngx_http_kv_aware_events_redis(ngx_conf_t *cf, ngx_http_kv_aware_param_t *p,
+    ngx_str_t *value, void *conf)
+{
+    ngx_http_kv_aware_events_conf_t *ecf = conf;
+
+    u_char     *last, *q;
+    size_t      len;
+    ngx_url_t   u;
+
+    ngx_memzero(&u, sizeof(ngx_url_t));
+
+    u.url = *value;
+    u.default_port = 6379;
+
+    if (ngx_parse_url(cf->pool, &u) != NGX_OK || u.naddrs == 0) {
+        if (u.err == NULL) {
+            return "an address[:port]";
+        }
+
+        q = ngx_pnalloc(cf->pool, NGX_MAX_ERROR_STR);
+        if (q == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        last = ngx_slprintf(q, q + NGX_MAX_ERROR_STR - 1,
+                            "an address[:port] (%s)", u.err);
+        *last = '\0';
+
+        return (char *) q;
+    }
+
+    len = ngx_sock_ntop(u.addrs[0].sockaddr, u.addrs[0].socklen,
+                        ecf->link.ip, NGX_SOCKADDR_STRLEN, 0);
+    ecf->link.ip[len] = '\0';
+    ecf->link.port = ngx_inet_get_port(u.addrs[0].sockaddr);
+    ecf->link.addr_text = u.addrs[0].name;
+
+    return NGX_CONF_OK;
+}
