@@ -44,6 +44,12 @@ $(BUILD)/unit/test_kvbridge_stream: t/unit/test_kvbridge_stream.c \
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
 	    tools/kvbridge/kvb_stream.c -lzmq
 
+# the tests' reference for keys=tokens (t/5x): kva_token_keys BLOCK MODEL
+$(BUILD)/kva_token_keys: t/lib/kva_token_keys.c $(LIBKVA)
+	$(CC) $(CFLAGS_CORE) -o $@ $< $(LIBKVA) -lxxhash
+
+TOOLS      += $(BUILD)/kva_token_keys
+
 FUZZ_CFLAGS          += -Itools/kvbridge
 FUZZ_SRCS_kvb_decode := $(KVBRIDGE_DECODE)
 FUZZ_LIBS_kvb_decode := -lmsgpackc

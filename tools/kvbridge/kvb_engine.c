@@ -51,6 +51,7 @@ struct kvb_engine_s {
     uint64_t               *keys;           /* one part's */
 
     uint64_t                now;
+    uint64_t                replays_seen;   /* ok + failed, logged */
     kvb_engine_stats_t      st;
     kvb_log_limit_t         bad_log;
 };
@@ -309,10 +310,24 @@ kvb_engine_deadline(const kvb_engine_t *e)
 void
 kvb_engine_tick(kvb_engine_t *e, uint64_t now_ms)
 {
-    kva_batch_t  hb;
+    kva_batch_t                hb;
+    const kvb_stream_stats_t  *ss;
 
     e->now = now_ms;
     kvb_stream_tick(e->stream, now_ms);
+
+    ss = kvb_stream_stats(e->stream);
+
+    if (ss->replays_ok + ss->replays_failed != e->replays_seen) {
+        e->replays_seen = ss->replays_ok + ss->replays_failed;
+        kvb_log(KVB_LOG_INFO, "engine %s: gaps %llu, replayed %llu, "
+                "lost %llu, duplicates %llu, restarts %llu", e->name,
+                (unsigned long long) ss->gaps,
+                (unsigned long long) ss->replays_ok,
+                (unsigned long long) ss->replays_failed,
+                (unsigned long long) ss->duplicates,
+                (unsigned long long) ss->restarts);
+    }
 
     if (e->snapshotting && now_ms >= e->next_slice) {
         kvb_engine_slice(e);
