@@ -7,23 +7,34 @@
 KVSIM_SRCS  := $(wildcard tools/kvsim/*.c)
 KVSIM_HDRS  := $(wildcard tools/kvsim/*.h)
 KVSIM_MODEL := tools/kvsim/kvsim_cache.c tools/kvsim/kvsim_sched.c
-KVSIM_CORE  := $(sort $(CORE_SRCS) src/kva_event.c)
+KVSIM_CORE  := $(sort $(CORE_SRCS) src/kva_event.c) src/core/kva_token.c
+# vLLM's side: the pseudo-tokenizer and the msgpack batches, pure
+KVSIM_VLLM  := tools/kvsim/kvsim_token.c tools/kvsim/kvsim_vllm.c
 KVSIM_TESTS := $(patsubst t/unit/%.c,$(BUILD)/unit/%,\
-                   $(wildcard t/unit/test_kvsim_*.c))
+                   $(filter-out t/unit/test_kvsim_vllm%.c,\
+                       $(wildcard t/unit/test_kvsim_*.c)))
+KVSIM_VLLM_TESTS := $(patsubst t/unit/%.c,$(BUILD)/unit/%,\
+                   $(wildcard t/unit/test_kvsim_vllm*.c))
+
+# t/50-kvsim-vllm.t speaks ZeroMQ and msgpack from Perl
+PACKAGES   += libmsgpack-dev libzmq3-dev libzmq-ffi-perl \
+              libdata-messagepack-perl
 
 TOOLS      += $(BUILD)/kvsim
-UNIT_TESTS := $(filter-out $(KVSIM_TESTS),$(UNIT_TESTS)) $(KVSIM_TESTS)
+UNIT_TESTS := $(filter-out $(KVSIM_TESTS) $(KVSIM_VLLM_TESTS),$(UNIT_TESTS)) \
+              $(KVSIM_TESTS) $(KVSIM_VLLM_TESTS)
 
 .PHONY: kvsim
 
 kvsim: $(BUILD)/kvsim
 
 $(BUILD)/kvsim: $(KVSIM_SRCS) $(KVSIM_HDRS) $(KVSIM_CORE) \
-                src/kva_event.h src/kva_prompt.h src/kva_hash.h
+                src/kva_event.h src/kva_prompt.h src/kva_hash.h \
+                src/core/kva_token.h
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_CORE) $(KVSIM_CFLAGS) -Itools/kvsim -o $@ \
+	$(CC) $(CFLAGS_CORE) $(KVSIM_CFLAGS) -Isrc/core -Itools/kvsim -o $@ \
 	    $(KVSIM_SRCS) $(KVSIM_CORE) \
-	    -levent -lhiredis -ljansson -lxxhash
+	    -levent -lhiredis -ljansson -lxxhash -lzmq -lmsgpackc
 
 # the pure model only: no libevent, no Redis
 $(KVSIM_TESTS): $(BUILD)/unit/%: t/unit/%.c $(KVSIM_MODEL) $(KVSIM_HDRS) \
@@ -31,3 +42,15 @@ $(KVSIM_TESTS): $(BUILD)/unit/%: t/unit/%.c $(KVSIM_MODEL) $(KVSIM_HDRS) \
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) $(KVSIM_CFLAGS) -Itools/kvsim -o $@ $< \
 	    $(KVSIM_MODEL) src/kva_hash.c src/kva_prompt.c -lxxhash
+
+# kvsim's encoder against kvbridge's decoder (pure, both of them)
+$(KVSIM_VLLM_TESTS): $(BUILD)/unit/%: t/unit/%.c $(KVSIM_VLLM) $(KVSIM_HDRS) \
+                tools/kvbridge/kvb_vllm.c tools/kvbridge/kvb_scan.c \
+                tools/kvbridge/kvb_vllm.h src/kva_hash.c src/kva_prompt.c \
+                src/core/kva_token.c src/core/kva_token.h t/unit/tap.h
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) $(KVSIM_CFLAGS) -Isrc/core -Itools/kvsim \
+	    -Itools/kvbridge -It/unit -o $@ $< $(KVSIM_VLLM) \
+	    tools/kvbridge/kvb_vllm.c tools/kvbridge/kvb_scan.c \
+	    src/kva_hash.c src/kva_prompt.c src/core/kva_token.c \
+	    -lmsgpackc -lxxhash
