@@ -43,14 +43,14 @@ $(KVSIM_TESTS): $(BUILD)/unit/%: t/unit/%.c $(KVSIM_MODEL) $(KVSIM_HDRS) \
 	$(CC) $(CFLAGS_CORE) $(KVSIM_CFLAGS) -Itools/kvsim -o $@ $< \
 	    $(KVSIM_MODEL) src/kva_hash.c src/kva_prompt.c -lxxhash
 
-# kvsim's encoder against kvbridge's decoder (pure, both of them)
+# kvsim's encoder against kvbridge's decoder and mirror (pure, all three)
+KVSIM_BRIDGE := tools/kvbridge/kvb_vllm.c tools/kvbridge/kvb_scan.c \
+                tools/kvbridge/kvb_mirror.c
+
 $(KVSIM_VLLM_TESTS): $(BUILD)/unit/%: t/unit/%.c $(KVSIM_VLLM) $(KVSIM_HDRS) \
-                tools/kvbridge/kvb_vllm.c tools/kvbridge/kvb_scan.c \
-                tools/kvbridge/kvb_vllm.h src/kva_hash.c src/kva_prompt.c \
+                $(KVSIM_BRIDGE) $(KVBRIDGE_HDRS) $(CORE_SRCS) $(CORE_HDRS) \
                 src/core/kva_token.c src/core/kva_token.h t/unit/tap.h
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) $(KVSIM_CFLAGS) -Isrc/core -Itools/kvsim \
-	    -Itools/kvbridge -It/unit -o $@ $< $(KVSIM_VLLM) \
-	    tools/kvbridge/kvb_vllm.c tools/kvbridge/kvb_scan.c \
-	    src/kva_hash.c src/kva_prompt.c src/core/kva_token.c \
-	    -lmsgpackc -lxxhash
+	    -Itools/kvbridge -It/unit -o $@ $< $(KVSIM_VLLM) $(KVSIM_BRIDGE) \
+	    $(CORE_SRCS) src/core/kva_token.c -lmsgpackc -ljansson -lxxhash
