@@ -153,7 +153,8 @@ ok(wait_port($http1), 'kvsim --events zmq --keyspace tokens is up')
 # /tokenize, both forms
 
 my ($st, $j) = post($http1, '/tokenize',
-                    { model => 'kvsim', add_generation_prompt => JSON::PP::true,
+                    { model => 'kvsim',
+                      add_generation_prompt => JSON::PP::true,
                       messages => [{ role => 'user', content => text(0) }] });
 my @ids = @{ $j->{tokens} // [] };
 

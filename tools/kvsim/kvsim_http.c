@@ -2,10 +2,11 @@
  * kvsim: the OpenAI-compatible HTTP side of one server (evhttp).
  *
  * POST /v1/chat/completions, /v1/completions (streaming or not),
- * /tokenize, GET /v1/models, /health, /metrics.  Here: the listener, routing, the
- * connections and a request's life on them; kvsim_request.c turns a body
- * into a sequence of the server's scheduler, kvsim_reply.c writes the
- * tokens as the steps produce them.
+ * /tokenize, GET /v1/models, /health, /metrics.  Here: the listener,
+ * routing, the connections and a request's life on them; kvsim_request.c
+ * turns a body into a sequence of the server's scheduler, kvsim_reply.c
+ * writes the tokens as the steps produce them, kvsim_tokenize.c answers
+ * /tokenize.
  */
 
 #include <errno.h>
