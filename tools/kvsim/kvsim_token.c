@@ -16,7 +16,8 @@
 
 
 static const char *kvs_prompt_value(const char *p, const char *end);
-static long kvs_int_array(const char *p, const char *end, uint32_t *ids);
+static long kvs_int_array(const char *p, const char *end, uint32_t *ids,
+    size_t cap);
 
 
 size_t
@@ -39,6 +40,7 @@ kva_prompt_rc_e
 kvs_tokens_body(const uint8_t *body, size_t len, kvs_tokens_t *t)
 {
     long              n;
+    size_t            cap;
     uint8_t          *out;
     const char       *v;
     kva_prompt_rc_e   rc;
@@ -60,8 +62,9 @@ kvs_tokens_body(const uint8_t *body, size_t len, kvs_tokens_t *t)
         return rc;
     }
 
-    /* ids are never more than the bytes of the canonical text */
-    t->ids = malloc((t->p.out_len + 3) / 4 * sizeof(uint32_t) + 1);
+    /* a token per 4 bytes of the canonical text, at most */
+    cap = (t->p.out_len + 3) / 4;
+    t->ids = malloc((cap + 1) * sizeof(uint32_t));
     if (t->ids == NULL) {
         free(out);
         t->nomem = 1;
@@ -74,7 +77,7 @@ kvs_tokens_body(const uint8_t *body, size_t len, kvs_tokens_t *t)
         v = kvs_prompt_value((const char *) body, (const char *) body + len);
 
         if (v != NULL) {
-            n = kvs_int_array(v, (const char *) body + len, t->ids);
+            n = kvs_int_array(v, (const char *) body + len, t->ids, cap);
         }
     }
 
@@ -210,10 +213,11 @@ kvs_prompt_value(const char *p, const char *end)
 /*
  * A flat array of integers in [0, 2^32): their count, or -1 for anything
  * else (text, nested lists, a fraction), which the pseudo-tokenizer takes.
- * ids has room: the canonical form holds 4 bytes per id.
+ * The canonical form holds 4 bytes per id, so cap is room enough for a
+ * list of ids only.
  */
 static long
-kvs_int_array(const char *p, const char *end, uint32_t *ids)
+kvs_int_array(const char *p, const char *end, uint32_t *ids, size_t cap)
 {
     long      n;
     uint64_t  v;
@@ -242,6 +246,10 @@ kvs_int_array(const char *p, const char *end, uint32_t *ids)
             if (v > 0xffffffffu) {
                 return -1;
             }
+        }
+
+        if ((size_t) n == cap) {
+            return -1;
         }
 
         ids[n++] = (uint32_t) v;
