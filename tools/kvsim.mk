@@ -3,6 +3,7 @@
 #
 #   make build/kvsim                      the simulator
 #   make KVSIM_CFLAGS=-fsanitize=address,undefined build/unit/test_kvsim_cache
+#   make build/unit/test_kvsim_vllm       its vLLM side against kvbridge's
 
 KVSIM_SRCS  := $(wildcard tools/kvsim/*.c)
 KVSIM_HDRS  := $(wildcard tools/kvsim/*.h)

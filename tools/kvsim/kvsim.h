@@ -1,6 +1,7 @@
 /*
  * kvsim: simulated OpenAI-compatible model servers with a paged KV cache
- * model, publishing KV events (docs/events.md) to Redis.
+ * model, publishing KV events (docs/events.md) to Redis, or as vLLM does
+ * on ZeroMQ (kvsim_zmq.h).
  *
  * One process, one libevent loop, N servers on consecutive loopback ports.
  */
