@@ -190,7 +190,7 @@ ok($st == 400 && $j->{error}{message}, '/tokenize not JSON: 400');
 
 my $sub = socket_to(ZMQ_SUB(), $zmq1);
 $sub->subscribe('');
-sleep 0.3;                                      # the slow joiner
+sleep 0.5;                                      # the slow joiner
 
 ($st) = post($http1, '/v1/chat/completions', chat('kvsim', text(0)));
 is($st, 200, 'a chat request');
@@ -268,7 +268,7 @@ ok(wait_port($http2) && wait_port($http3), 'two more kvsims');
 
 $sub = socket_to(ZMQ_SUB(), $zmq2);
 $sub->subscribe('');
-sleep 0.3;
+sleep 0.5;
 
 ($st) = post($http2, '/v1/chat/completions', chat('kvsim', text(2)));
 is($st, 200, 'a chat request');
