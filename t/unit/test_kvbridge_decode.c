@@ -408,6 +408,40 @@ test_max_hashes(void)
 }
 
 
+/* encoders that send names as bin (Perl's, older msgpack "raw") */
+
+static void
+test_bin_names(void)
+{
+    kvb_rc_e     rc;
+    kvb_batch_t  b;
+
+    start();
+    msgpack_pack_array(&pk, 2);
+    msgpack_pack_int(&pk, 1);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 3);
+    msgpack_pack_bin(&pk, 4);
+    msgpack_pack_bin_body(&pk, "type", 4);
+    msgpack_pack_bin(&pk, 12);
+    msgpack_pack_bin_body(&pk, "BlockRemoved", 12);
+    msgpack_pack_bin(&pk, 12);
+    msgpack_pack_bin_body(&pk, "block_hashes", 12);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_uint64(&pk, 9);
+    msgpack_pack_bin(&pk, 6);
+    msgpack_pack_bin_body(&pk, "medium", 6);
+    msgpack_pack_bin(&pk, 3);
+    msgpack_pack_bin_body(&pk, "CPU", 3);
+
+    rc = decode(&b);
+    ok(rc == KVB_OK && b.nevents == 1 && b.events[0].type == KVB_EV_REMOVED
+       && b.events[0].medium.len == 3,
+       "tags, field names and values sent as bin read as str");
+    kvb_batch_free(&b);
+}
+
+
 int
 main(void)
 {
@@ -420,6 +454,7 @@ main(void)
     test_skipped_events();
     test_refused();
     test_max_hashes();
+    test_bin_names();
 
     msgpack_sbuffer_destroy(&sb);
 

@@ -197,15 +197,13 @@ main(void)
     router = zmq_socket(zctx, ZMQ_ROUTER);
     zmq_bind(router, EP);
 
-    /* in order, and a duplicate */
+    /* in order */
     st = fresh(EP, 64);
     for (i = 0; i < 5; i++) {
         live(st, i);
     }
-    live(st, 3);
-    ok(got_is((uint64_t[]) { 0, 1, 2, 3, 4 }, 5) && resets == 0
-       && kvb_stream_stats(st)->duplicates == 1,
-       "in order; a duplicate dropped");
+    ok(got_is((uint64_t[]) { 0, 1, 2, 3, 4 }, 5) && resets == 0,
+       "in order");
 
     /* a gap: replayed, the held batch follows, overlap dropped */
     live(st, 7);
@@ -261,16 +259,14 @@ main(void)
 
     kvb_stream_destroy(st);
 
-    /* restarted, its seq 0 missed: a run of low seqs is a restart too */
+    /* restarted, its seq 0 missed: any seq going back is a restart */
     st = fresh(NULL, 64);
     for (i = 0; i < 40; i++) {
         live(st, i);
     }
-    for (i = 3; i < 3 + 8; i++) {
-        live(st, i);
-    }
-    ok(restarts == 1 && got[ngot - 1] == 10 && ngot == 41,
-       "eight seqs in a row below the expected one: a restart");
+    live(st, 3);
+    ok(restarts == 1 && got[ngot - 1] == 3 && ngot == 41,
+       "a seq below the expected one: a restart, on from there");
     kvb_stream_destroy(st);
 
     /* no replay endpoint: a gap resets at once */

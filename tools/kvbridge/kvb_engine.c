@@ -53,7 +53,8 @@ struct kvb_engine_s {
     uint64_t                now;
     uint64_t                replays_seen;   /* ok + failed, logged */
     kvb_engine_stats_t      st;
-    kvb_log_limit_t         bad_log;
+    kvb_log_limit_t         bad_log;        /* batches refused */
+    kvb_log_limit_t         skip_log;       /* events skipped */
 };
 
 
@@ -387,7 +388,7 @@ kvb_engine_on_batch(void *data, uint64_t seq, const char *payload,
     e->st.unknown_events += in.unknown;
 
     if (in.malformed) {
-        kvb_log_limited(&e->bad_log, e->now, KVB_LOG_WARN,
+        kvb_log_limited(&e->skip_log, e->now, KVB_LOG_WARN,
                         "engine %s: batch %llu: %u malformed events skipped",
                         e->name, (unsigned long long) seq, in.malformed);
     }

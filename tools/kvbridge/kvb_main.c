@@ -417,10 +417,18 @@ kvb_collect_io(void *collect, uint64_t now_ms)
                              zmq_msg_data(&parts[2]),
                              zmq_msg_size(&parts[2]), now_ms);
 
+        } else if (nparts != 3) {
+            kvb_log_limited(&unknown_log, now_ms, KVB_LOG_WARN,
+                            "collect: a message of %zu parts, not 3",
+                            nparts);
+
         } else {
             kvb_log_limited(&unknown_log, now_ms, KVB_LOG_WARN,
-                            "collect: a message of %zu parts from a topic "
-                            "no engine names", nparts);
+                            "collect: a message on topic \"%.*s\", which "
+                            "no engine names",
+                            (int) (zmq_msg_size(&parts[0]) > 64
+                                   ? 64 : zmq_msg_size(&parts[0])),
+                            (char *) zmq_msg_data(&parts[0]));
         }
 
         for (i = 0; i < nparts && i < 3; i++) {

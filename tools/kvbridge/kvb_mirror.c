@@ -497,7 +497,8 @@ kvb_extra(kvb_mirror_t *m, const kvb_ev_t *ev, const msgpack_object *keys)
     first = 0;
     k = &keys->via.array.ptr[0];
 
-    if ((ev->lora_name.data != NULL && k->type == MSGPACK_OBJECT_STR
+    if ((ev->lora_name.data != NULL
+         && (k->type == MSGPACK_OBJECT_STR || k->type == MSGPACK_OBJECT_BIN)
          && k->via.str.size == ev->lora_name.len
          && memcmp(k->via.str.ptr, ev->lora_name.data, ev->lora_name.len)
             == 0)

@@ -14,13 +14,6 @@
 /* what batches held during a replay may take, whatever their number */
 #define KVB_HOLD_BYTES_MAX  (64 * 1024 * 1024)
 
-/*
- * seqs below the expected one, each one more than the last: a restarted
- * engine whose seq 0 the SUB socket missed (a slow joiner), not a replay
- * overlapping the live stream, which would not keep going
- */
-#define KVB_RESTART_RUN     8
-
 #define KVB_SEQ_END         UINT64_MAX      /* -1: the replay's end */
 
 
@@ -42,9 +35,6 @@ struct kvb_stream_s {
     unsigned                replaying:1;
     uint64_t                next;           /* the seq expected */
     uint64_t                deadline;
-
-    uint64_t                back_seq;       /* the last seq below next */
-    unsigned                back_run;
 
     kvb_held_t             *held;
     size_t                  nheld, hold_max, held_bytes;
@@ -281,26 +271,20 @@ kvb_stream_live(kvb_stream_t *st, uint64_t seq, const char *payload,
     }
 
     if (seq == st->next) {
-        st->back_run = 0;
         kvb_stream_deliver(st, seq, payload, len);
         return;
     }
 
     if (seq < st->next) {
-        st->back_run = (st->back_run && seq == st->back_seq + 1)
-                       ? st->back_run + 1 : 1;
-        st->back_seq = seq;
-
-        if (seq != 0 && st->back_run < KVB_RESTART_RUN) {
-            st->st.duplicates++;
-            return;
-        }
-
-        /* the engine started again: what it held is gone */
+        /*
+         * Live batches never repeat: a replay's overlap is sorted out
+         * while they are held.  A seq below the expected one is a new
+         * engine process (its seq 0 may have been missed while the SUB
+         * socket reconnected), or a second publisher on the same topic.
+         */
 
         st->st.restarts++;
         st->st.resets++;
-        st->back_run = 0;
         st->h.reset(st->h.data, KVB_RESET_RESTART, "seq went back");
         st->next = 0;
 

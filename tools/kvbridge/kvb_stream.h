@@ -7,8 +7,8 @@
  * batches handed on exactly once and in order:
  *
  *   - the next seq: handed on;
- *   - an old seq: a duplicate (a replay overlapping the live stream),
- *     dropped; but a seq that goes back to 0 is the engine restarting;
+ *   - a seq that goes back: the engine restarted (live batches never
+ *     repeat; a replay overlapping them is sorted out while they wait);
  *   - a gap: the stream asks the replay socket for everything from the
  *     first missing seq, holds live batches meanwhile (bounded), hands on
  *     the replayed ones and then the held ones.  A replay that skips a

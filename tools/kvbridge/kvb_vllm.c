@@ -369,7 +369,9 @@ kvb_decode_event(const msgpack_object *o, kvb_ev_t *ev)
     for (k = 0; k < o->via.map.size; k++) {
         key = &o->via.map.ptr[k].key;
 
-        if (key->type != MSGPACK_OBJECT_STR) {
+        if (key->type != MSGPACK_OBJECT_STR
+            && key->type != MSGPACK_OBJECT_BIN)
+        {
             continue;
         }
 
@@ -566,12 +568,18 @@ kvb_check_event(kvb_ev_t *ev)
 }
 
 
+/*
+ * Names and tags are str in msgspec's output; encoders that predate
+ * msgpack's str type (or Perl's and Go's with their defaults) send bin:
+ * the bytes are what count.  bin and str share a layout in msgpack-c.
+ */
+
 static int
 kvb_str_is(const msgpack_object *o, const char *s)
 {
     size_t  n;
 
-    if (o->type != MSGPACK_OBJECT_STR) {
+    if (o->type != MSGPACK_OBJECT_STR && o->type != MSGPACK_OBJECT_BIN) {
         return 0;
     }
 
@@ -584,7 +592,7 @@ kvb_str_is(const msgpack_object *o, const char *s)
 static int
 kvb_get_str(const msgpack_object *v, kvb_str_t *s)
 {
-    if (v->type != MSGPACK_OBJECT_STR) {
+    if (v->type != MSGPACK_OBJECT_STR && v->type != MSGPACK_OBJECT_BIN) {
         return -1;
     }
 
