@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvb_chunked.h"
 #include "kvb_metrics.h"
 
 

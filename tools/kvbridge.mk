@@ -44,6 +44,12 @@ $(BUILD)/unit/test_kvbridge_stream: t/unit/test_kvbridge_stream.c \
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
 	    tools/kvbridge/kvb_stream.c -lzmq
 
+# what the bridge costs on one core (make bench-events runs it)
+$(BUILD)/bench_bridge: bench/bench_bridge.c bench/bench_util.h \
+        $(KVBRIDGE_MIRROR) $(KVBRIDGE_HDRS) $(LIBKVA)
+	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -o $@ $< $(KVBRIDGE_MIRROR) \
+	    $(LIBKVA) -lmsgpackc -ljansson -lxxhash
+
 # the tests' reference for keys=tokens (t/5x): kva_token_keys BLOCK MODEL
 $(BUILD)/kva_token_keys: t/lib/kva_token_keys.c $(LIBKVA)
 	$(CC) $(CFLAGS_CORE) -o $@ $< $(LIBKVA) -lxxhash
@@ -56,12 +62,13 @@ FUZZ_LIBS_kvb_decode := -lmsgpackc
 
 # the load scraper: its parser and chunked decoder are pure, its client
 # needs only a loopback server, which the test forks
-KVBRIDGE_METRICS := tools/kvbridge/kvb_metrics.c
+KVBRIDGE_METRICS := tools/kvbridge/kvb_metrics.c tools/kvbridge/kvb_chunked.c \
+                    tools/kvbridge/kvb_scrape.c
 
 UNIT_TESTS += $(BUILD)/unit/test_kvbridge_metrics
 
 $(BUILD)/unit/test_kvbridge_metrics: t/unit/test_kvbridge_metrics.c \
-        $(KVBRIDGE_METRICS) tools/kvbridge/kvb_metrics.h \
+        $(KVBRIDGE_METRICS) $(KVBRIDGE_HDRS) \
         tools/common/kva_rand.h t/unit/tap.h
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -Itools/common -It/unit -o $@ $< \

@@ -24,7 +24,7 @@
 
 #include "tap.h"
 #include "kva_rand.h"
-#include "kvb_metrics.h"
+#include "kvb_scrape.h"
 
 
 /* vLLM v1, two engines (data parallel), one model, as prometheus_client */

@@ -81,6 +81,7 @@ static int64_t
 replay_request(unsigned char *id, size_t *id_len)
 {
     int            n;
+    uint64_t       v;
     unsigned char  empty[8], start[8];
     zmq_pollitem_t it = { router, 0, ZMQ_POLLIN, 0 };
 
@@ -97,10 +98,13 @@ replay_request(unsigned char *id, size_t *id_len)
         return -1;
     }
 
-    return (int64_t) (((uint64_t) start[0] << 56) | ((uint64_t) start[1] << 48)
-                      | ((uint64_t) start[2] << 40) | ((uint64_t) start[3] << 32)
-                      | ((uint64_t) start[4] << 24) | ((uint64_t) start[5] << 16)
-                      | ((uint64_t) start[6] << 8) | start[7]);
+    v = 0;
+
+    for (n = 0; n < 8; n++) {
+        v = (v << 8) | start[n];
+    }
+
+    return (int64_t) v;
 }
 
 

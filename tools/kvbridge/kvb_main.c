@@ -20,7 +20,7 @@
 #include "kvb_conf.h"
 #include "kvb_engine.h"
 #include "kvb_log.h"
-#include "kvb_metrics.h"
+#include "kvb_scrape.h"
 #include "kvb_redis.h"
 
 
