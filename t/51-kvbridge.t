@@ -19,7 +19,7 @@ use Time::HiRes qw(time sleep);
 use KvAware::Launch qw(free_ports wait_until slurp);
 use Test::KvAware::Redis;
 
-my $BRIDGE = $ENV{KVBRIDGE_BINARY} || 'build/kvbridge';
+my $BRIDGE = KvAware::Launch::kvbridge_binary();
 my $KEYS   = 'build/kva_token_keys';
 my $MODEL  = 'llama';
 my $BT     = 16;                                # tokens a block
@@ -208,16 +208,10 @@ sub start_bridge {
             . ' replay=tcp://127.0.0.1:' . ($ENGINE{$_}{zmq} + 1)
             . " metrics=http://" . addr($_) . '/metrics'
     } sort keys %ENGINE;
-    my $log = $l->prefix . '/logs/kvbridge.log';
-    my $from = -s $log // 0;
-    $l->spawn('kvbridge',
-        [$BRIDGE, '--redis', "127.0.0.1:$redis", @engines,
-         '--engine', "$HOSTILE model=$MODEL topic=evil",
-         '--collect', "tcp://127.0.0.1:$collect",
-         '--replay-timeout', 2000],
-        ready => sub {
-            (substr(slurp($log) // '', $from) =~ /answering resyncs/) ? 1 : 0
-        });
+    $l->start_kvbridge('--redis', "127.0.0.1:$redis", @engines,
+                       '--engine', "$HOSTILE model=$MODEL topic=evil",
+                       '--collect', "tcp://127.0.0.1:$collect",
+                       '--replay-timeout', 2000);
 }
 
 sub bridge_log { slurp($l->prefix . '/logs/kvbridge.log') // '' }
