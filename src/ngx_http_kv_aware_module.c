@@ -91,7 +91,7 @@ static ngx_command_t  ngx_http_kv_aware_commands[] = {
       NULL },
 
     { ngx_string("kv_aware_tokenize"),
-      NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
       ngx_http_kv_aware_tokenize_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
