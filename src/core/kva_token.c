@@ -77,3 +77,40 @@ kva_token_extra(const uint8_t *bytes, size_t len)
 {
     return XXH3_64bits_withSeed(bytes, len, KVA_TOKEN_EXTRA_SEED);
 }
+
+
+uint64_t
+kva_token_salt(const uint8_t *salt, size_t len, uint8_t *scratch)
+{
+    uint8_t  *p;
+
+    p = scratch;
+    *p++ = 0x91;
+
+    /* msgpack's shortest str header, as msgpack-c writes it */
+    if (len < 32) {
+        *p++ = (uint8_t) (0xa0 | len);
+
+    } else if (len < 0x100) {
+        *p++ = 0xd9;
+        *p++ = (uint8_t) len;
+
+    } else if (len < 0x10000) {
+        *p++ = 0xda;
+        *p++ = (uint8_t) (len >> 8);
+        *p++ = (uint8_t) len;
+
+    } else {
+        *p++ = 0xdb;
+        *p++ = (uint8_t) (len >> 24);
+        *p++ = (uint8_t) (len >> 16);
+        *p++ = (uint8_t) (len >> 8);
+        *p++ = (uint8_t) len;
+    }
+
+    if (len) {
+        memcpy(p, salt, len);
+    }
+
+    return kva_token_extra(scratch, (size_t) (p - scratch) + len);
+}

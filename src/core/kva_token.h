@@ -42,5 +42,15 @@ size_t kva_token_blocks(uint64_t seed, const uint32_t *ids, size_t n,
 /* an extra key from its canonical bytes (kvbridge: msgpack of the keys) */
 uint64_t kva_token_extra(const uint8_t *bytes, size_t len);
 
+/*
+ * The extra key of a prompt's first block under vLLM's "cache_salt": its
+ * extra keys are [salt], so the canonical bytes are msgpack of a
+ * one-element array holding the string, as kvbridge packs them.  scratch
+ * has room for len + KVA_TOKEN_SALT_SLACK bytes.
+ */
+#define KVA_TOKEN_SALT_SLACK  6
+
+uint64_t kva_token_salt(const uint8_t *salt, size_t len, uint8_t *scratch);
+
 
 #endif /* _KVA_TOKEN_H_INCLUDED_ */
