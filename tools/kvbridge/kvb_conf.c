@@ -486,7 +486,7 @@ kvb_engine_spec(kvb_conf_t *c, const char *v, char *err, size_t errlen)
     memset(s, 0, sizeof(*s));
     s->engine.topic = "";
 
-    tok = strtok_r(copy, " \t", &save);
+    tok = strtok_r(copy, " \t\r\n", &save);
     if (tok == NULL || strchr(tok, '=') != NULL) {
         snprintf(err, errlen, "invalid engine \"%s\", expected its address "
                  "as nginx's upstream names it first", v);
@@ -501,7 +501,7 @@ kvb_engine_spec(kvb_conf_t *c, const char *v, char *err, size_t errlen)
 
     s->engine.name = tok;
 
-    while ((tok = strtok_r(NULL, " \t", &save)) != NULL) {
+    while ((tok = strtok_r(NULL, " \t\r\n", &save)) != NULL) {
         eq = strchr(tok, '=');
 
         if (eq == NULL || eq[1] == '\0') {
