@@ -3,7 +3,9 @@
  *
  * An open-addressing table with linear probing and backward-shift
  * deletion: no tombstones, so a long-running engine that stores and
- * evicts forever keeps short probes.  The slot comes from the engine hash
+ * evicts forever keeps short probes.  It starts small and doubles when
+ * half full: a mirror sized for max_blocks up front is 192 MB of pages
+ * an engine may never fill (and a clear would have touched them all).  The slot comes from the engine hash
  * times a random odd secret: an engine's hashes are already uniform, the
  * secret keeps a hostile publisher on the engine's port from aiming at
  * one run of slots.
@@ -18,6 +20,9 @@
 #include "kva_token.h"
 #include "kvb_mirror.h"
 
+
+/* the table's first size, 1024 slots (24 KB) */
+#define KVB_MIRROR_MIN_BITS 10
 
 /* groups told apart; a model has a handful */
 #define KVB_GROUPS          64
@@ -80,6 +85,7 @@ static kvb_slot_t *kvb_find(const kvb_mirror_t *m, uint64_t engine);
 static int kvb_insert(kvb_mirror_t *m, uint64_t engine, uint64_t key,
     uint32_t bit);
 static void kvb_delete(kvb_mirror_t *m, kvb_slot_t *s);
+static int kvb_resize(kvb_mirror_t *m, unsigned bits);
 static int kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev);
 static void kvb_removed(kvb_mirror_t *m, const kvb_ev_t *ev);
 static uint32_t kvb_bit(const kvb_ev_t *ev);
@@ -94,7 +100,6 @@ static int kvb_change_hash(kvb_mirror_t *m, uint64_t key);
 kvb_mirror_t *
 kvb_mirror_create(const char *model, size_t max_blocks)
 {
-    unsigned       bits;
     kvb_mirror_t  *m;
 
     m = calloc(1, sizeof(kvb_mirror_t));
@@ -102,18 +107,9 @@ kvb_mirror_create(const char *model, size_t max_blocks)
         return NULL;
     }
 
-    /* at most half full */
-
-    for (bits = 4; ((size_t) 1 << bits) < 2 * max_blocks; bits++) {
-        /* void */
-    }
-
-    m->cap = (size_t) 1 << bits;
-    m->shift = 64 - bits;
     m->max = max_blocks;
 
-    m->slots = calloc(m->cap, sizeof(kvb_slot_t));
-    if (m->slots == NULL) {
+    if (kvb_resize(m, KVB_MIRROR_MIN_BITS) != 0) {
         free(m);
         return NULL;
     }
@@ -238,8 +234,24 @@ kvb_mirror_apply(kvb_mirror_t *m, const kvb_batch_t *in, kva_batch_t *out)
 void
 kvb_mirror_clear(kvb_mirror_t *m)
 {
-    memset(m->slots, 0, m->cap * sizeof(kvb_slot_t));
+    kvb_slot_t  *small;
+
     m->count = 0;
+
+    /* back to the first size, or, without memory for it, emptied */
+
+    small = calloc((size_t) 1 << KVB_MIRROR_MIN_BITS, sizeof(kvb_slot_t));
+
+    if (small != NULL) {
+        free(m->slots);
+        m->slots = small;
+        m->cap = (size_t) 1 << KVB_MIRROR_MIN_BITS;
+        m->shift = 64 - KVB_MIRROR_MIN_BITS;
+
+    } else {
+        memset(m->slots, 0, m->cap * sizeof(kvb_slot_t));
+    }
+
     memset(m->kind, 0, sizeof(m->kind));
     m->st.clears++;
 }
@@ -558,7 +570,18 @@ static int
 kvb_insert(kvb_mirror_t *m, uint64_t engine, uint64_t key, uint32_t bit)
 {
     size_t       i;
+    unsigned     bits;
     kvb_slot_t  *s;
+
+    if (2 * (m->count + 1) > m->cap) {
+        for (bits = 0; ((size_t) 1 << bits) < m->cap; bits++) {
+            /* void */
+        }
+
+        if (kvb_resize(m, bits + 1) != 0) {
+            return -1;
+        }
+    }
 
     i = (size_t) ((engine * m->secret) >> m->shift);
 
@@ -577,6 +600,52 @@ kvb_insert(kvb_mirror_t *m, uint64_t engine, uint64_t key, uint32_t bit)
 
         i = (i + 1) & (m->cap - 1);
     }
+}
+
+
+/*
+ * A table of 2^bits slots with every entry of the current one moved in,
+ * in place of it.  A snapshot walking
+ * the slots meanwhile may miss entries that moved behind its cursor: they
+ * are blocks nginx already heard of, counted again at the next resync.
+ */
+
+static int
+kvb_resize(kvb_mirror_t *m, unsigned bits)
+{
+    size_t       i, j, cap;
+    kvb_slot_t  *slots, *old;
+
+    cap = (size_t) 1 << bits;
+
+    slots = calloc(cap, sizeof(kvb_slot_t));
+    if (slots == NULL) {
+        return -1;
+    }
+
+    old = m->slots;
+
+    for (i = 0; old != NULL && i < m->cap; i++) {
+        if (old[i].mask == 0) {
+            continue;
+        }
+
+        j = (size_t) ((old[i].engine * m->secret) >> (64 - bits));
+
+        while (slots[j].mask) {
+            j = (j + 1) & (cap - 1);
+        }
+
+        slots[j] = old[i];
+    }
+
+    free(old);
+
+    m->slots = slots;
+    m->cap = cap;
+    m->shift = 64 - bits;
+
+    return 0;
 }
 
 
