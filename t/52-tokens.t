@@ -4,7 +4,8 @@
 #   (a) chat requests sharing a long prefix stick to one server, keyed by
 #       the tokenizer's ids (blocks = prompt tokens / block_tokens), and
 #       kvsim finds the prefix cached;
-#   (b) the body that reaches the server is the one the client sent;
+#   (b) the body that reaches the server is the one the client sent, in
+#       memory or in a temp file, the tokenizer answering or not;
 #   (c) a prompt of token ids is keyed without a tokenize call, and its
 #       keys are the tokenized text's;
 #   (d) a tokenizer answering 500, late (2 s), refusing connections or
@@ -138,7 +139,17 @@ $env->conf(http_config => "
     $front->('dead', 'kv', 'dead', '1s'),
     $front->('hang', 'kv', 'hang', '100ms'),
     $front->('echo', 'echo', 'ok', '1s'),
-    $front->('echo-hang', 'echo', 'hang', '100ms'),
+    $front->('echo-hang', 'echo', 'hang', '100ms'), "
+    location /echo-file/ {
+        client_body_buffer_size 1k;     # the body in a temp file
+        kv_aware_tokenize /_tok_ok timeout=1s;
+        proxy_pass http://echo/;$report
+    }
+    location /echo-file-hang/ {
+        client_body_buffer_size 1k;
+        kv_aware_tokenize /_tok_hang timeout=100ms;
+        proxy_pass http://echo/;$report
+    }",
     $front->('pr', 'pr', 'p', '1s'), "
     location /plain/ { proxy_pass http://kv/;$report }
     location = /kv_status { kv_aware_status; }"));
@@ -241,7 +252,7 @@ ok((grep { $_->{cached} >= $BT * 30 } @a[1 .. 3]) == 3,
 is(calls(), 4, '(a) one tokenize call a request');
 
 # (b) the body reaching the server is byte for byte the client's
-for my $path ('echo', 'echo-hang') {
+for my $path ('echo', 'echo-hang', 'echo-file', 'echo-file-hang') {
     my $body = chat_body('bravo', "exactly these bytes \x{e9}t\x{e9} ?");
     my $r = send_body("/$path/v1/chat/completions", $body);
     is($r->{status}, 200, "(b) $path: 200");
