@@ -49,10 +49,22 @@ typedef struct {
     ngx_http_kv_aware_tokenize_conf_t  *conf;
     ngx_event_t                         timer;
     ngx_http_kv_aware_tk_state_e        state;
+    size_t                              answer;     /* bytes kept */
+    unsigned                            too_big:1;
 } ngx_http_kv_aware_tokenize_t;
 
 
 static ngx_int_t ngx_http_kv_aware_tokenize_handler(ngx_http_request_t *r);
+static ngx_http_kv_aware_tokenize_t *ngx_http_kv_aware_tokenize_of(
+    ngx_http_request_t *r);
+static ngx_int_t ngx_http_kv_aware_tokenize_header_filter(
+    ngx_http_request_t *r);
+static ngx_int_t ngx_http_kv_aware_tokenize_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in);
+
+
+static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
+static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 static void ngx_http_kv_aware_tokenize_body(ngx_http_request_t *r);
 static ngx_http_kv_aware_tk_state_e ngx_http_kv_aware_tokenize_start(
     ngx_http_request_t *r, ngx_http_kv_aware_tokenize_t *tk);
@@ -183,6 +195,103 @@ ngx_http_kv_aware_tokenize_init(ngx_conf_t *cf)
     }
 
     *h = ngx_http_kv_aware_tokenize_handler;
+
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_kv_aware_tokenize_header_filter;
+
+    ngx_http_next_body_filter = ngx_http_top_body_filter;
+    ngx_http_top_body_filter = ngx_http_kv_aware_tokenize_body_filter;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The tokenizer's answer goes into memory through nginx's postpone
+ * filter, which fails a subrequest whose answer outgrows
+ * subrequest_output_buffer_size, and marks the connection, the client's
+ * too, in error: the client's request would die of its tokenizer's long
+ * answer.  These two filters, ahead of it, pass on only what fits (a
+ * Content-Length over the buffer is hidden, so that it does not refuse
+ * at the header) and swallow the rest; the answer is then counted as a
+ * failure, and the request goes on keyed by text.
+ */
+
+static ngx_http_kv_aware_tokenize_t *
+ngx_http_kv_aware_tokenize_of(ngx_http_request_t *r)
+{
+    if (r == r->main || r->post_subrequest == NULL
+        || r->post_subrequest->handler != ngx_http_kv_aware_tokenize_done)
+    {
+        return NULL;
+    }
+
+    return r->post_subrequest->data;
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_tokenize_header_filter(ngx_http_request_t *r)
+{
+    if (ngx_http_kv_aware_tokenize_of(r) != NULL) {
+        r->headers_out.content_length_n = -1;
+    }
+
+    return ngx_http_next_header_filter(r);
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_tokenize_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in)
+{
+    size_t                         len, room;
+    ngx_chain_t                   *cl;
+    ngx_http_core_loc_conf_t      *clcf;
+    ngx_http_kv_aware_tokenize_t  *tk;
+
+    tk = ngx_http_kv_aware_tokenize_of(r);
+
+    if (tk == NULL || in == NULL) {
+        return ngx_http_next_body_filter(r, in);
+    }
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+    room = clcf->subrequest_output_buffer_size;
+
+    /* in memory or in a proxy temp file alike: the postpone filter takes
+       last - pos of each, which is the size of a buffer it can copy */
+
+    for (cl = in; cl && !tk->too_big; cl = cl->next) {
+        if (ngx_buf_special(cl->buf)) {
+            continue;
+        }
+
+        len = ngx_buf_in_memory(cl->buf) ? (size_t) (cl->buf->last
+                                                     - cl->buf->pos)
+                                         : (size_t) ngx_buf_size(cl->buf);
+
+        if (len > room - tk->answer) {
+            tk->too_big = 1;
+            break;
+        }
+
+        tk->answer += len;
+    }
+
+    if (!tk->too_big) {
+        return ngx_http_next_body_filter(r, in);
+    }
+
+    /* consumed, as far as the upstream can tell */
+
+    for (cl = in; cl; cl = cl->next) {
+        cl->buf->pos = cl->buf->last;
+
+        if (cl->buf->in_file) {
+            cl->buf->file_pos = cl->buf->file_last;
+        }
+    }
 
     return NGX_OK;
 }
@@ -365,7 +474,13 @@ ngx_http_kv_aware_tokenize_done(ngx_http_request_t *sr, void *data,
 {
     ngx_http_kv_aware_tokenize_t *tk = data;
 
+    ngx_uint_t   failed;
     const char  *why;
+
+    failed = 0;
+
+    /* an answer past the buffer, cut off by our filter */
+    failed = tk->too_big;
 
     /* late: the main request went on without it */
     if (tk->state != NGX_HTTP_KV_AWARE_TK_WAITING || rc == NGX_AGAIN) {
@@ -378,7 +493,8 @@ ngx_http_kv_aware_tokenize_done(ngx_http_request_t *sr, void *data,
         ngx_del_timer(&tk->timer);
     }
 
-    why = ngx_http_kv_aware_tokenize_ids(sr, rc, tk);
+    why = failed ? "answer past subrequest_output_buffer_size"
+                 : ngx_http_kv_aware_tokenize_ids(sr, rc, tk);
 
     if (why) {
         tk->ctx->fallback = NGX_HTTP_KV_AWARE_TOKENIZE_FAILED;

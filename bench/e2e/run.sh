@@ -235,6 +235,7 @@ $tok_servers
         tok_location="location = /_tokenize {
             internal;
             proxy_pass http://tokenizers/tokenize;
+            subrequest_output_buffer_size 1m;
             proxy_http_version 1.1;
             proxy_set_header Connection \"\";
         }" ;;
