@@ -9,7 +9,8 @@
 #   make demo    nginx + the module in front of kvsim servers, narrated
 #   make soak    ten minutes of faults around nginx under load
 #   make bench   routing cost in process, then through nginx with wrk
-#   make bench-events, make bench-e2e   the event path; all policies on kvsim
+#   make bench-events, make bench-e2e   the event path (Redis, kvbridge);
+#                all policies on kvsim
 #   make fuzz    each fuzz/fuzz_<name>.c for FUZZ_SECONDS under libFuzzer
 #   make bench-worst   the longest zone-lock holds adversarial input can cause
 
@@ -204,9 +205,11 @@ bench: deps module $(BENCHES)
 	bash bench/wrk.sh
 
 # the Redis event path: hashes applied per second, publish-to-visible
-# latency, routing latency under an event stream (about a minute)
-bench-events: deps module $(KVA_HASHES)
+# latency, routing latency under an event stream (about a minute); then
+# kvbridge: its cost on one core, publish-to-visible through it
+bench-events: deps module tools $(KVA_HASHES) $(BUILD)/bench_bridge
 	bash bench/bench_events.sh
+	bash bench/bench_bridge.sh
 
 # worst-case lock holds: floods of colliding keys, the largest messages
 bench-worst: $(BUILD)/bench_worst

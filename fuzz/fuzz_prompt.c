@@ -7,6 +7,11 @@
  *     whatever jansson says, and nesting past KVA_PROMPT_MAX_DEPTH is
  *     TOO_DEEP.  Validation alone (no output buffer) agrees too.
  * (2) A smaller output cap gives an exact prefix of the full output.
+ * (3) A prompt of token ids fits in 2 * len + slack, 4 bytes an id, and
+ *     validation alone finds the same ids and the same cache_salt, which
+ *     lies in the body and decodes within its length.
+ * (4) A tokenizer's answer (kva_prompt_token_answer) is valid JSON when
+ *     the prompt scanner says so, and never writes past its ids' cap.
  *
  * Output buffers are sized exactly, so ASan sees a write past out_cap.
  *
@@ -37,6 +42,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static int fz_jansson(const uint8_t *data, size_t size, int *too_deep);
 static uint8_t *fz_extract(const uint8_t *data, size_t size, size_t cap,
     kva_prompt_t *p, kva_prompt_rc_e *rc);
+static void fz_tokens(const uint8_t *data, size_t size, kva_prompt_t *v,
+    int accepted);
 static void fz_prefix(const uint8_t *data, size_t size, const uint8_t *full,
     size_t full_len, size_t cap);
 
@@ -126,6 +133,56 @@ fz_prefix(const uint8_t *data, size_t size, const uint8_t *full,
 }
 
 
+static void
+fz_tokens(const uint8_t *data, size_t size, kva_prompt_t *v, int accepted)
+{
+    size_t            cap, n;
+    uint8_t          *out, *dec;
+    uint32_t          ids[4];
+    kva_prompt_t      p;
+    kva_prompt_rc_e   rc;
+
+    cap = 2 * size + FZ_SLACK;
+    out = fz_extract(data, size, cap, &p, &rc);
+
+    if (p.token_ids != v->token_ids || p.nids != v->nids
+        || p.salt != v->salt || p.salt_len != v->salt_len)
+    {
+        abort();
+    }
+
+    if (p.token_ids && (p.truncated || p.out_len != 4 * p.nids)) {
+        abort();
+    }
+
+    if (p.salt != NULL) {
+        if (p.salt < data || p.salt + p.salt_len > data + size) {
+            abort();
+        }
+
+        dec = malloc(p.salt_len);
+
+        if (dec == NULL
+            || kva_prompt_salt(p.salt, p.salt_len, dec) > p.salt_len)
+        {
+            abort();
+        }
+
+        free(dec);
+    }
+
+    free(out);
+
+    rc = kva_prompt_token_answer(data, size, ids, 4, &n);
+
+    if ((rc == KVA_PROMPT_OK || rc == KVA_PROMPT_NO_PROMPT) != accepted
+        || n > 4)
+    {
+        abort();
+    }
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -163,6 +220,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
         break;
     }
+
+    fz_tokens(data, size, &v, accepted);
 
     /* out_cap 0 is validation only, which says nothing of truncation */
     if (rc == KVA_PROMPT_OK && p.out_len > 1) {

@@ -143,6 +143,11 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
         }
 
         ngx_http_set_ctx(r, ctx, ngx_http_kv_aware_module);
+    }
+
+    /* the context may come from kv_aware_tokenize, with the ids */
+    if (!ctx->hashed) {
+        ctx->hashed = 1;
 
         /* a prompt we cannot read only costs the request its affinity */
         (void) ngx_http_kv_aware_prompt_hashes(r, kcf, ctx);
@@ -151,6 +156,8 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
 
         if (ctx->fallback != NGX_HTTP_KV_AWARE_ROUTED) {
             (void) ngx_atomic_fetch_add(&kcf->sh->fallbacks, 1);
+            (void) ngx_atomic_fetch_add(&kcf->sh->fallback[ctx->fallback],
+                                        1);
         }
     }
 

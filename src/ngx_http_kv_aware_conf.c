@@ -64,6 +64,15 @@ char *
 ngx_http_kv_aware_conf_params(ngx_conf_t *cf,
     ngx_http_kv_aware_param_t *params, void *conf)
 {
+    return ngx_http_kv_aware_conf_params_from(cf, params, conf, 1);
+}
+
+
+/* the same from the argument first on, after positional ones */
+char *
+ngx_http_kv_aware_conf_params_from(ngx_conf_t *cf,
+    ngx_http_kv_aware_param_t *params, void *conf, ngx_uint_t first)
+{
     u_char                     *eq;
     ngx_str_t                  *value, name, v;
     ngx_uint_t                  i;
@@ -71,7 +80,7 @@ ngx_http_kv_aware_conf_params(ngx_conf_t *cf,
 
     value = cf->args->elts;
 
-    for (i = 1; i < cf->args->nelts; i++) {
+    for (i = first; i < cf->args->nelts; i++) {
         eq = ngx_strlchr(value[i].data, value[i].data + value[i].len, '=');
 
         if (eq == NULL) {

@@ -38,6 +38,8 @@ struct ngx_http_kv_aware_param_s {
 
 char *ngx_http_kv_aware_conf_params(ngx_conf_t *cf,
     ngx_http_kv_aware_param_t *params, void *conf);
+char *ngx_http_kv_aware_conf_params_from(ngx_conf_t *cf,
+    ngx_http_kv_aware_param_t *params, void *conf, ngx_uint_t first);
 char *ngx_http_kv_aware_conf_defaults(ngx_conf_t *cf, ngx_str_t *directive,
     ngx_http_kv_aware_param_t *params, void *conf);
 

@@ -119,6 +119,18 @@ ngx_http_kv_aware_events_message(void *data, u_char *msg, size_t len)
         return;
     }
 
+    /* hashes of the other key space would only ever match by accident */
+    if (b.keyspace != (kcf->keys == NGX_HTTP_KV_AWARE_KEYS_TOKENS
+                       ? KVA_KEYSPACE_TOKEN_KEYS : KVA_KEYSPACE_TEXT_KEYS))
+    {
+        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_KEYSPACE,
+                                 kva_event_keyspace_names[b.keyspace],
+                                 ngx_strlen(kva_event_keyspace_names[
+                                                b.keyspace]));
+        kva_batch_free(&b);
+        return;
+    }
+
     slot = ngx_http_kv_aware_slot_by_name(kcf->sh, (u_char *) b.server,
                                           b.server_len);
 

@@ -9,16 +9,30 @@
 #include "ngx_http_kv_aware_events.h"
 #include "ngx_http_kv_aware_status.h"
 #include "ngx_http_kv_aware_variables.h"
+#include "ngx_http_kv_aware_tokenize.h"
 
 
 static void *ngx_http_kv_aware_create_srv_conf(ngx_conf_t *cf);
 static ngx_int_t ngx_http_kv_aware_preconfiguration(ngx_conf_t *cf);
 static char *ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_kv_aware_conf_keys(ngx_conf_t *cf,
+    ngx_http_kv_aware_param_t *p, ngx_str_t *value, void *conf);
 
 
 /* see README, "Directives" */
 static ngx_http_kv_aware_param_t  ngx_http_kv_aware_params[] = {
+
+    { ngx_string("keys"),
+      ngx_http_kv_aware_conf_keys,
+      offsetof(ngx_http_kv_aware_srv_conf_t, keys),
+      0, 0, "text" },
+
+    /* the engines' --block-size; read with keys=tokens only */
+    { ngx_string("block_tokens"),
+      ngx_http_kv_aware_conf_uint,
+      offsetof(ngx_http_kv_aware_srv_conf_t, block_tokens),
+      1, 65536, "16" },
 
     { ngx_string("block_size"),
       ngx_http_kv_aware_conf_size,
@@ -76,6 +90,13 @@ static ngx_command_t  ngx_http_kv_aware_commands[] = {
       0,
       NULL },
 
+    { ngx_string("kv_aware_tokenize"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_kv_aware_tokenize_directive,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("kv_aware_status"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_kv_aware_status_directive,
@@ -89,7 +110,7 @@ static ngx_command_t  ngx_http_kv_aware_commands[] = {
 
 static ngx_http_module_t  ngx_http_kv_aware_module_ctx = {
     ngx_http_kv_aware_preconfiguration,    /* preconfiguration */
-    NULL,                                  /* postconfiguration */
+    ngx_http_kv_aware_tokenize_init,       /* postconfiguration */
 
     NULL,                                  /* create main configuration */
     NULL,                                  /* init main configuration */
@@ -97,8 +118,8 @@ static ngx_http_module_t  ngx_http_kv_aware_module_ctx = {
     ngx_http_kv_aware_create_srv_conf,     /* create server configuration */
     NULL,                                  /* merge server configuration */
 
-    NULL,                                  /* create location configuration */
-    NULL                                   /* merge location configuration */
+    ngx_http_kv_aware_tokenize_create_conf, /* create location configuration */
+    ngx_http_kv_aware_tokenize_merge_conf  /* merge location configuration */
 };
 
 
@@ -220,4 +241,26 @@ ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                   |NGX_HTTP_UPSTREAM_BACKUP;
 
     return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_kv_aware_conf_keys(ngx_conf_t *cf, ngx_http_kv_aware_param_t *p,
+    ngx_str_t *value, void *conf)
+{
+    ngx_uint_t  *kp;
+
+    kp = (ngx_uint_t *) ((u_char *) conf + p->offset);
+
+    if (value->len == 4 && ngx_strncmp(value->data, "text", 4) == 0) {
+        *kp = NGX_HTTP_KV_AWARE_KEYS_TEXT;
+        return NGX_CONF_OK;
+    }
+
+    if (value->len == 6 && ngx_strncmp(value->data, "tokens", 6) == 0) {
+        *kp = NGX_HTTP_KV_AWARE_KEYS_TOKENS;
+        return NGX_CONF_OK;
+    }
+
+    return "text or tokens";
 }

@@ -30,7 +30,10 @@
 #define NGX_HTTP_KV_AWARE_TEXT3(id, key, text)    text,
 
 
-/* why a request was routed by load alone, for $kv_aware_reason */
+/*
+ * why a request was routed by load alone, for $kv_aware_reason; the last
+ * three, of an upstream with keys=tokens, are routed by its text keys
+ */
 #define NGX_HTTP_KV_AWARE_FALLBACKS(X)                                        \
     X(ROUTED, "")                                                             \
     X(NO_BODY, "no_body")                                                     \
@@ -41,7 +44,10 @@
     X(BAD_UTF8, "bad_utf8")                                                   \
     X(TOO_DEEP, "too_deep")                                                   \
     X(NO_PROMPT, "no_prompt")                                                 \
-    X(NO_MEMORY, "no_memory")
+    X(NO_MEMORY, "no_memory")                                                 \
+    X(NO_TOKENS, "no_tokens")                                                 \
+    X(TOKENIZE_FAILED, "tokenize_failed")                                     \
+    X(TOKENIZE_TIMEOUT, "tokenize_timeout")
 
 typedef enum {
     NGX_HTTP_KV_AWARE_FALLBACKS(NGX_HTTP_KV_AWARE_ENUM2)
@@ -55,8 +61,15 @@ typedef struct ngx_http_kv_aware_load_s         ngx_http_kv_aware_load_t;
 typedef struct ngx_http_kv_aware_events_conf_s  ngx_http_kv_aware_events_conf_t;
 
 
+/* the key space of an upstream's blocks (keys=) */
+#define NGX_HTTP_KV_AWARE_KEYS_TEXT     0
+#define NGX_HTTP_KV_AWARE_KEYS_TOKENS   1
+
+
 typedef struct {
+    ngx_uint_t                      keys;
     size_t                          block_size;
+    ngx_uint_t                      block_tokens;
     size_t                          index_size;
     size_t                          max_body;
     ngx_msec_t                      learned_ttl;
@@ -87,6 +100,13 @@ typedef struct {
     uint32_t                        matched;
     ngx_http_kv_aware_fallback_e    fallback;
     kva_why_e                       why;
+
+    /* the tokenizer's ids (kv_aware_tokenize), NULL: none */
+    uint32_t                       *ids;
+    size_t                          nids;
+    void                           *tokenize;     /* its state */
+
+    unsigned                        hashed:1;
     unsigned                        decided:1;
 } ngx_http_kv_aware_ctx_t;
 

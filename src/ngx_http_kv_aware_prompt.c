@@ -11,9 +11,17 @@
 
 #include "kva_hash.h"
 #include "kva_prompt.h"
+#include "kva_token.h"
 
 
-
+static ngx_int_t ngx_http_kv_aware_text_hashes(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
+    u_char *body, size_t len);
+static ngx_int_t ngx_http_kv_aware_token_hashes(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
+    u_char *body, size_t len);
+static ngx_int_t ngx_http_kv_aware_prompt_failed(ngx_http_request_t *r,
+    ngx_http_kv_aware_ctx_t *ctx, kva_prompt_rc_e rc);
 static off_t ngx_http_kv_aware_body_size(ngx_chain_t *bufs,
     ngx_buf_t **only);
 static u_char *ngx_http_kv_aware_read_body(ngx_http_request_t *r,
@@ -29,53 +37,97 @@ ngx_int_t
 ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx)
 {
-    off_t                      len;
-    size_t                     max_blocks, nblocks;
-    u_char                    *body, *out;
-    ngx_buf_t                 *b;
-    kva_prompt_t               prompt;
-    kva_prompt_rc_e            rc;
-    ngx_http_request_body_t   *rb;
+    size_t      len;
+    u_char     *body;
+    ngx_int_t   rc;
+    ngx_uint_t  copied;
+
+    body = ngx_http_kv_aware_request_body(r, kcf->max_body, &len, &copied,
+                                          &ctx->fallback);
+    if (body == NULL) {
+        return NGX_DECLINED;
+    }
+
+    if (kcf->keys == NGX_HTTP_KV_AWARE_KEYS_TOKENS) {
+        rc = ngx_http_kv_aware_token_hashes(r, kcf, ctx, body, len);
+
+    } else {
+        rc = ngx_http_kv_aware_text_hashes(r, kcf, ctx, body, len);
+    }
+
+    if (copied) {
+        ngx_pfree(r->pool, body);
+    }
+
+    return rc;
+}
+
+
+/*
+ * The whole body in one piece: in place when one buffer holds it, else
+ * a copy (*copied).  NULL, and why in *fallback, when there is none to
+ * read: not buffered, empty, over max, unreadable.
+ */
+u_char *
+ngx_http_kv_aware_request_body(ngx_http_request_t *r, size_t max,
+    size_t *len, ngx_uint_t *copied, ngx_http_kv_aware_fallback_e *fallback)
+{
+    off_t                     size;
+    ngx_buf_t                *b;
+    ngx_http_request_body_t  *rb;
 
     rb = r->request_body;
+    *copied = 0;
 
     if (r->request_body_no_buffering) {
-        ctx->fallback = NGX_HTTP_KV_AWARE_UNBUFFERED;
-        return NGX_DECLINED;
+        *fallback = NGX_HTTP_KV_AWARE_UNBUFFERED;
+        return NULL;
     }
 
     if (rb == NULL || rb->bufs == NULL) {
-        ctx->fallback = NGX_HTTP_KV_AWARE_NO_BODY;
-        return NGX_DECLINED;
+        *fallback = NGX_HTTP_KV_AWARE_NO_BODY;
+        return NULL;
     }
 
-    len = ngx_http_kv_aware_body_size(rb->bufs, &b);
+    size = ngx_http_kv_aware_body_size(rb->bufs, &b);
 
-    if (len == 0) {
-        ctx->fallback = NGX_HTTP_KV_AWARE_NO_BODY;
-        return NGX_DECLINED;
+    if (size == 0) {
+        *fallback = NGX_HTTP_KV_AWARE_NO_BODY;
+        return NULL;
     }
 
-    if ((size_t) len > kcf->max_body) {
+    if ((size_t) size > max) {
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                        "kv_aware: body of %O bytes over max_body %uz",
-                       len, kcf->max_body);
-        ctx->fallback = NGX_HTTP_KV_AWARE_TOO_LARGE;
-        return NGX_DECLINED;
+                       size, max);
+        *fallback = NGX_HTTP_KV_AWARE_TOO_LARGE;
+        return NULL;
     }
+
+    *len = (size_t) size;
 
     if (b && ngx_buf_in_memory(b)) {
         /* one buffer holds it all: read it in place */
-        body = b->pos;
-
-    } else {
-        body = ngx_http_kv_aware_read_body(r, (size_t) len, &ctx->fallback);
-        if (body == NULL) {
-            return NGX_DECLINED;
-        }
+        return b->pos;
     }
 
-    max_blocks = kva_hash_body_max((size_t) len, kcf->block_size);
+    *copied = 1;
+
+    return ngx_http_kv_aware_read_body(r, (size_t) size, fallback);
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_text_hashes(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
+    u_char *body, size_t len)
+{
+    size_t            max_blocks, nblocks;
+    u_char           *out;
+    kva_prompt_t      prompt;
+    kva_prompt_rc_e   rc;
+
+    max_blocks = kva_hash_body_max(len, kcf->block_size);
 
     out = ngx_pnalloc(r->pool, len + KVA_PROMPT_OUT_SLACK);
 
@@ -96,14 +148,149 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
 
     ngx_pfree(r->pool, out);
 
-    if (b == NULL || body != b->pos) {
-        ngx_pfree(r->pool, body);
+    if (rc != KVA_PROMPT_OK) {
+        return ngx_http_kv_aware_prompt_failed(r, ctx, rc);
     }
 
-    switch (rc) {
+    ctx->nblocks = (uint32_t) nblocks;
 
-    case KVA_PROMPT_OK:
-        break;
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kv_aware: prompt of %uz bytes, %uD blocks%s",
+                   prompt.out_len, ctx->nblocks,
+                   prompt.truncated ? ", truncated" : "");
+
+    return NGX_OK;
+}
+
+
+/*
+ * keys=tokens: the body's own token ids, or else the tokenizer's, keyed
+ * as the engines' blocks are (kva_token.h); with neither, the text keys,
+ * so that what this nginx learned keeps routing while no tokens come.
+ * The two key spaces are seeded apart and never share a hash.
+ */
+static ngx_int_t
+ngx_http_kv_aware_token_hashes(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
+    u_char *body, size_t len)
+{
+    size_t            cap, n, i, max_blocks, slen;
+    u_char           *out, *salt;
+    uint32_t         *ids;
+    uint64_t          seed;
+    kva_prompt_t      prompt;
+    kva_prompt_rc_e   rc;
+
+    /* an id takes 4 bytes out for 2 or more of the body (kva_prompt.h) */
+    cap = 2 * len + KVA_PROMPT_OUT_SLACK;
+
+    /* aligned: the ids are turned into uint32_t in place */
+    out = ngx_palloc(r->pool, cap);
+    if (out == NULL) {
+        ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
+        return NGX_DECLINED;
+    }
+
+    rc = kva_prompt_extract(body, len, out, cap, &prompt);
+
+    if (rc != KVA_PROMPT_OK) {
+        return ngx_http_kv_aware_prompt_failed(r, ctx, rc);
+    }
+
+    ids = NULL;
+    n = 0;
+
+    if (prompt.token_ids && !prompt.truncated) {
+        n = prompt.nids;
+
+        /* the ids were written as 4 bytes little-endian: in place */
+        ids = (uint32_t *) out;
+
+        for (i = 0; i < n; i++) {
+            ids[i] = (uint32_t) out[4 * i]
+                     | (uint32_t) out[4 * i + 1] << 8
+                     | (uint32_t) out[4 * i + 2] << 16
+                     | (uint32_t) out[4 * i + 3] << 24;
+        }
+
+        /* ids asked of a tokenizer meanwhile would be the same or worse */
+        if (ctx->fallback == NGX_HTTP_KV_AWARE_TOKENIZE_FAILED
+            || ctx->fallback == NGX_HTTP_KV_AWARE_TOKENIZE_TIMEOUT)
+        {
+            ctx->fallback = NGX_HTTP_KV_AWARE_ROUTED;
+        }
+
+    } else if (ctx->ids) {
+        ids = ctx->ids;
+        n = ctx->nids;
+    }
+
+    if (ids == NULL) {
+        if (ctx->fallback == NGX_HTTP_KV_AWARE_ROUTED) {
+            ctx->fallback = NGX_HTTP_KV_AWARE_NO_TOKENS;
+        }
+
+        seed = kva_hash_seed(KVA_KEYSPACE_TEXT, prompt.model,
+                             prompt.model_len);
+        max_blocks = prompt.out_len / kcf->block_size;
+
+    } else {
+        seed = kva_token_seed(prompt.model, prompt.model_len);
+        max_blocks = n / kcf->block_tokens;
+
+        if (prompt.salt) {
+            /*
+             * vLLM keys the first block with [cache_salt] as its extra
+             * keys; an extra key is XORed into the chain before its
+             * block, and before block 0 the chain is the seed.
+             */
+            salt = ngx_pnalloc(r->pool,
+                               2 * prompt.salt_len + KVA_TOKEN_SALT_SLACK);
+            if (salt == NULL) {
+                ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
+                return NGX_DECLINED;
+            }
+
+            slen = kva_prompt_salt(prompt.salt, prompt.salt_len, salt);
+            seed ^= kva_token_salt(salt, slen, salt + prompt.salt_len);
+        }
+    }
+
+    if (max_blocks) {
+        ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
+        ctx->found = ngx_palloc(r->pool, max_blocks * sizeof(uint32_t));
+
+        if (ctx->hashes == NULL || ctx->found == NULL) {
+            ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
+            return NGX_DECLINED;
+        }
+    }
+
+    if (ids == NULL) {
+        ctx->nblocks = (uint32_t) kva_hash_blocks(seed, prompt.out,
+                                                  prompt.out_len,
+                                                  kcf->block_size,
+                                                  ctx->hashes, max_blocks);
+
+    } else {
+        ctx->nblocks = (uint32_t) kva_token_blocks(seed, ids, n,
+                                                   kcf->block_tokens, NULL,
+                                                   ctx->hashes, max_blocks);
+    }
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kv_aware: prompt of %uz token ids, %uD blocks%s",
+                   n, ctx->nblocks, ids ? "" : " (text keys)");
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_prompt_failed(ngx_http_request_t *r,
+    ngx_http_kv_aware_ctx_t *ctx, kva_prompt_rc_e rc)
+{
+    switch (rc) {
 
     case KVA_PROMPT_BAD_UTF8:
         ctx->fallback = NGX_HTTP_KV_AWARE_BAD_UTF8;
@@ -126,22 +313,12 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
         break;
     }
 
-    if (rc != KVA_PROMPT_OK) {
-        /* a client fault, not ours: routed by load, proxied as it came */
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "kv_aware: routing by load, request body: %s",
-                      kva_prompt_strerror(rc));
-        return NGX_DECLINED;
-    }
+    /* a client fault, not ours: routed by load, proxied as it came */
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                  "kv_aware: routing by load, request body: %s",
+                  kva_prompt_strerror(rc));
 
-    ctx->nblocks = (uint32_t) nblocks;
-
-    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "kv_aware: prompt of %uz bytes, %uD blocks%s",
-                   prompt.out_len, ctx->nblocks,
-                   prompt.truncated ? ", truncated" : "");
-
-    return NGX_OK;
+    return NGX_DECLINED;
 }
 
 

@@ -6,12 +6,13 @@
 
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_zone.h"
+#include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_events.h"
 #include "ngx_http_kv_aware_status.h"
 
 
-#define NGX_HTTP_KV_AWARE_STATUS_UPSTREAM  1024
+#define NGX_HTTP_KV_AWARE_STATUS_UPSTREAM  2048
 #define NGX_HTTP_KV_AWARE_STATUS_SERVER    768
 #define NGX_HTTP_KV_AWARE_STATUS_CHECK     128
 
@@ -216,10 +217,21 @@ ngx_http_kv_aware_status_upstream(u_char *p,
     p = (u_char *) ngx_escape_json(p, name->data, name->len);
 
     p = ngx_sprintf(p, "\":{\"requests\":%uA,\"fallbacks\":%uA,"
-                    "\"index\":{\"capacity\":%uD,\"used\":%uD,"
+                    "\"fallback\":{", sh->requests, sh->fallbacks);
+
+    for (why = NGX_HTTP_KV_AWARE_ROUTED + 1;
+         why < NGX_HTTP_KV_AWARE_FALLBACK_LAST;
+         why++)
+    {
+        p = ngx_sprintf(p, "%s\"%s\":%uA",
+                        why == NGX_HTTP_KV_AWARE_ROUTED + 1 ? "" : ",",
+                        ngx_http_kv_aware_fallback_names[why],
+                        sh->fallback[why]);
+    }
+
+    p = ngx_sprintf(p, "},\"index\":{\"capacity\":%uD,\"used\":%uD,"
                     "\"evictions\":%uL,\"chain_evictions\":%uL",
-                    sh->requests, sh->fallbacks, ix->capacity, ix->used,
-                    (uint64_t) ix->evictions,
+                    ix->capacity, ix->used, (uint64_t) ix->evictions,
                     (uint64_t) ix->chain_evictions);
 
     if (check) {

@@ -59,12 +59,20 @@ ngx_http_kv_aware_init_zone(ngx_shm_zone_t *shm_zone, void *data)
         return NGX_ERROR;
     }
 
-    if (kcf->sh->block_size != kcf->block_size) {
+    if (kcf->sh->block_size != kcf->block_size
+        || kcf->sh->keys != kcf->keys
+        || kcf->sh->block_tokens != kcf->block_tokens)
+    {
         /* hashes of another block size never match: start afresh */
-        if (kcf->sh->block_size) {
+        if (kcf->sh->block_size != kcf->block_size && kcf->sh->block_size) {
             ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
                           "kv_aware: block_size of upstream \"%V\" "
                           "changed, index reset", &kcf->upstream);
+
+        } else if (kcf->sh->block_size) {
+            ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
+                          "kv_aware: keys or block_tokens of upstream "
+                          "\"%V\" changed, index reset", &kcf->upstream);
         }
 
         /*
@@ -79,6 +87,8 @@ ngx_http_kv_aware_init_zone(ngx_shm_zone_t *shm_zone, void *data)
         ngx_memzero(kcf->sh->slots, sizeof(kcf->sh->slots));
         kcf->sh->precise = 0;
         kcf->sh->block_size = kcf->block_size;
+        kcf->sh->keys = kcf->keys;
+        kcf->sh->block_tokens = kcf->block_tokens;
 
         ngx_shmtx_unlock(&kcf->shpool->mutex);
     }

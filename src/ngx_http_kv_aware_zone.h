@@ -54,7 +54,8 @@ typedef enum {
     X(REJ_VERSION, "version", "unsupported version")                          \
     X(REJ_TOO_BIG, "too_big", "over a size limit")                            \
     X(REJ_UNKNOWN_SERVER, "unknown_server", "unknown server")                 \
-    X(REJ_FLOOD, "flood", "flood")
+    X(REJ_FLOOD, "flood", "flood")                                            \
+    X(REJ_KEYSPACE, "keyspace", "another key space than the upstream's keys")
 
 typedef enum {
     NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_ENUM3)
@@ -91,11 +92,14 @@ typedef struct {
 /* the zone header, in shpool->data */
 struct ngx_http_kv_aware_shctx_s {
     size_t                          block_size;   /* hashes depend on it */
+    ngx_uint_t                      keys;         /* and on these */
+    ngx_uint_t                      block_tokens;
     ngx_uint_t                      generation;   /* bumped on each reload */
     ngx_atomic_t                    sub_gen;      /* newest subscriber's */
     ngx_atomic_t                    sub_live;     /* the one that applies */
     ngx_atomic_t                    requests;
     ngx_atomic_t                    fallbacks;
+    ngx_atomic_t                    fallback[NGX_HTTP_KV_AWARE_FALLBACK_LAST];
 
     ngx_atomic_t                    precise;      /* slots EV_FRESH */
     ngx_http_kv_aware_redis_stats_t  redis;       /* the link reports here */

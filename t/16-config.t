@@ -999,3 +999,136 @@ qr/nginx\.conf:\d+/
 [emerg]
 kv_aware_events: invalid channel "", expected a non-empty value
 qr/nginx\.conf:\d+/
+
+
+
+=== TEST 48: invalid keys=
+--- http_config
+    upstream llm {
+        kv_aware keys=words;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware: invalid keys "words", expected text or tokens
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 49: invalid block_tokens=0
+--- http_config
+    upstream llm {
+        kv_aware keys=tokens block_tokens=0;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware: invalid block_tokens "0", expected a number from 1 to 65536
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 50: invalid block_tokens=65537
+--- http_config
+    upstream llm {
+        kv_aware keys=tokens block_tokens=65537;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware: invalid block_tokens "65537", expected a number from 1 to 65536
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 51: kv_aware_tokenize: invalid timeout, worded as kv_aware's
+--- http_config
+    upstream llm {
+        kv_aware keys=tokens;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / {
+        kv_aware_tokenize /_tok timeout=0;
+        proxy_pass http://llm;
+    }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_tokenize: invalid timeout "0", expected a time from 1ms to 1m
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 52: kv_aware_tokenize: an unknown parameter
+--- http_config
+    upstream llm {
+        kv_aware keys=tokens;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / {
+        kv_aware_tokenize /_tok timout=10ms;
+        proxy_pass http://llm;
+    }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_tokenize: unknown parameter "timout"
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 53: kv_aware_tokenize: a uri that is not one
+--- http_config
+    upstream llm {
+        kv_aware keys=tokens;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / {
+        kv_aware_tokenize tokenize;
+        proxy_pass http://llm;
+    }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_tokenize: invalid uri "tokenize", expected one that starts with "/", or "off"
+qr/nginx\.conf:\d+/
+
+
+
+=== TEST 54: kv_aware_tokenize off in a location turns an inherited one off
+--- http_config
+    upstream llm {
+        kv_aware keys=tokens;
+        server $TEST_NGINX_BACKEND_1;
+    }
+--- config
+    kv_aware_tokenize /_tok timeout=10ms;
+    location = /_tok { return 500; }
+    location / {
+        kv_aware_tokenize off;
+        proxy_pass http://llm;
+        add_header X-KV-Reason $kv_aware_reason always;
+    }
+--- request
+POST /v1/chat/completions
+{"model":"m","messages":[{"role":"user","content":"hello"}]}
+--- response_headers
+X-KV-Reason: fallback:no_tokens

@@ -82,11 +82,14 @@ my %bad = (
         msg(load => { kv_usage => 1.5 }),
         msg(load => [1]),
         msg(snapshot => 'half'),
-        msg(keyspace => 'tokens'),
+        msg(keyspace => 'words'),
         # valid first event, bad second: nothing may be applied
         msg(events => [stored(@B), stored($B[0], 'zz')]),
     ],
     version => [ msg(v => 2), msg(v => 0) ],
+    # well formed, but hashes of token ids to a text upstream (keys=text)
+    keyspace => [ msg(keyspace => 'tokens'),
+                  msg(keyspace => 'tokens', events => [stored(@B)]) ],
     unknown_server => [ msg(server => '127.0.0.1:1'), msg(server => 'b1'),
                         msg(server => "$X ") ],
     too_big => [
@@ -96,7 +99,7 @@ my %bad = (
     ],
 );
 
-my @classes = qw(malformed bad_field version unknown_server too_big);
+my @classes = qw(malformed bad_field version keyspace unknown_server too_big);
 my %want = map { $_ => 0 } @classes, 'flood';
 for my $class (@classes) {
     for my $m (@{ $bad{$class} }) {

@@ -13,7 +13,7 @@ import os
 import sys
 
 POLICIES = ["round_robin", "least_conn", "random_two", "hash_prefix",
-            "kv_aware", "kv_aware_events"]
+            "kv_aware", "kv_aware_events", "kv_aware_bridge"]
 TITLES = {
     "round_robin": "round-robin",
     "least_conn": "least_conn",
@@ -21,6 +21,7 @@ TITLES = {
     "hash_prefix": "hash $kv_prefix_key consistent",
     "kv_aware": "kv_aware (learned, no events)",
     "kv_aware_events": "kv_aware + KV events",
+    "kv_aware_bridge": "kv_aware + engine events via kvbridge (tokens)",
 }
 WORKLOADS = ["shared-prefix", "multi-turn", "no-sharing"]
 
@@ -126,7 +127,7 @@ def config_line(run):
 def kv_status(work):
     rows = []
     for wl in WORKLOADS:
-        for pol in ("kv_aware", "kv_aware_events"):
+        for pol in ("kv_aware", "kv_aware_events", "kv_aware_bridge"):
             path = os.path.join(work, wl, pol + ".status.json")
             try:
                 with open(path) as f:

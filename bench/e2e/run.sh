@@ -7,7 +7,7 @@
 #   bash bench/e2e/run.sh --quick     smoke run (about 1 minute)
 #
 #   --policies a,b     subset of: round_robin least_conn random_two
-#                      hash_prefix kv_aware kv_aware_events
+#                      hash_prefix kv_aware kv_aware_events kv_aware_bridge
 #   --scale S          time compression (default: see below)
 #   --stage-seconds T, --stage-requests N   stage bounds (uncompressed)
 #   --workloads a,b    subset of: shared-prefix multi-turn no-sharing; the
@@ -31,15 +31,18 @@ NGINX=${NGINX:-/usr/sbin/nginx}
 MODULE=$BUILD/ngx_http_kv_aware_module.so
 KVSIM=$BUILD/kvsim
 KVLOAD=$BUILD/kvload
+KVBRIDGE=$BUILD/kvbridge
 PY=/usr/bin/python3
 
 ALL_POLICIES="round_robin least_conn random_two hash_prefix kv_aware"
-ALL_POLICIES+=" kv_aware_events"
+ALL_POLICIES+=" kv_aware_events kv_aware_bridge"
 
 # The model servers: llm-d's benchmark pods (8 x 4802 blocks of 64 tokens).
 SERVERS=8
 BLOCKS=4802
 BLOCK_TOKENS=64
+# what kvload's requests say in "model": the token keys' seed
+MODEL=kvsim
 
 # ---------------------------------------------------------------------------
 # KV events: `kv_aware_events redis=... channel=...` in the upstream, after
@@ -172,10 +175,34 @@ start_kvsim() {
     KVSIM_PID=$(launch pid "$WORK" kvsim)
 }
 
+# kvsim publishing vLLM's wire format (ZeroMQ, msgpack, token keys) and
+# kvbridge following its servers: the kv_aware_bridge policy
+start_engines() {
+    local out=$1 zmq k engines=()
+    zmq=$(free_port $(( 2 * SERVERS )))
+    launch start --log "$out.kvsim.log" kvsim "$WORK" "$KV_BASE" $SERVERS \
+        --block-tokens $BLOCK_TOKENS --num-blocks $BLOCKS \
+        --time-scale "$SCALE" --max-conns 4096 --redis off \
+        --keyspace tokens --events zmq --zmq-port "$zmq" --seed 1 \
+        2>/dev/null || die "kvsim did not start: $(tail -3 "$out.kvsim.log")"
+    KVSIM_PID=$(launch pid "$WORK" kvsim)
+    for k in $(seq 0 $(( SERVERS - 1 ))); do
+        engines+=(--engine "127.0.0.1:$(( KV_BASE + k )) model=$MODEL"\
+" events=tcp://127.0.0.1:$(( zmq + 2 * k ))"\
+" replay=tcp://127.0.0.1:$(( zmq + 2 * k + 1 ))"\
+" metrics=http://127.0.0.1:$(( KV_BASE + k ))/metrics")
+    done
+    launch start --log "$out.kvbridge.log" kvbridge "$WORK" \
+        --redis "127.0.0.1:$REDIS_PORT" --channel "$CHANNEL" \
+        "${engines[@]}" \
+        || die "kvbridge did not start: $(tail -3 "$out.kvbridge.log")"
+}
+
 # nginx.conf for one policy into $1
 write_conf() {
     local conf=$1 policy=$2 prefix=$3 line="" mod="" http_extra="" ups_extra=""
-    local k servers="" user="" status=""
+    local k servers="" user="" status="" loc_extra="" tok_servers=""
+    local tok_location=""
     case $policy in
     round_robin) line="" ;;
     least_conn) line="least_conn;" ;;
@@ -191,6 +218,27 @@ write_conf() {
         else
             ups_extra=$ev
         fi ;;
+    kv_aware_bridge)
+        # the engines' own events (vLLM's wire format) through kvbridge,
+        # in the token key space; nginx tokenizes with the engines'
+        # /tokenize (docs/engines.md)
+        line="kv_aware keys=tokens block_tokens=$BLOCK_TOKENS ${KV_AWARE_PARAMS:-};"
+        ups_extra="kv_aware_events redis=127.0.0.1:$REDIS_PORT channel=$CHANNEL;"
+        loc_extra="kv_aware_tokenize /_tokenize;"
+        for k in $(seq 0 $(( SERVERS - 1 ))); do
+            tok_servers+="        server 127.0.0.1:$(( KV_BASE + k ));"$'\n'
+        done
+        http_extra="upstream tokenizers {
+$tok_servers
+        keepalive 64;
+    }"
+        tok_location="location = /_tokenize {
+            internal;
+            proxy_pass http://tokenizers/tokenize;
+            subrequest_output_buffer_size 1m;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }" ;;
     *) die "unknown policy $policy" ;;
     esac
     case $policy in
@@ -260,7 +308,10 @@ $servers
             proxy_read_timeout 3600s;
             proxy_send_timeout 3600s;
             add_header X-Upstream-Addr \$upstream_addr always;
+            $loc_extra
         }
+
+        $tok_location
 
         $status
     }
@@ -300,8 +351,9 @@ run_one() {
     write_conf "$prefix/conf/nginx.conf" "$policy" "$prefix"
 
     if ! err=$(launch test "$prefix" 2>&1); then
-        if [ "$policy" = kv_aware_events ]; then
-            echo "$wl/$policy: skipped, nginx rejects the events directive" \
+        if [ "$policy" = kv_aware_events ] || [ "$policy" = kv_aware_bridge ]
+        then
+            echo "$wl/$policy: skipped, nginx rejects its directives" \
                  "(KV_EVENTS_CONF in run.sh): $(echo "$err" | grep emerg \
                  | head -1)" | tee -a "$WORK/skipped.txt"
             return 0
@@ -309,7 +361,11 @@ run_one() {
         die "nginx -t failed for $policy: $err"
     fi
 
-    start_kvsim "$out.kvsim.log"
+    if [ "$policy" = kv_aware_bridge ]; then
+        start_engines "$out"
+    else
+        start_kvsim "$out.kvsim.log"
+    fi
 
     NGINX_PREFIX=$prefix
     launch start nginx "$prefix" >"$out.nginx.log" 2>&1 \
@@ -344,6 +400,7 @@ run_one() {
     launch stop "$prefix" nginx
     NGINX_PREFIX=
     launch stop "$WORK" kvsim
+    [ "$policy" = kv_aware_bridge ] && launch stop "$WORK" kvbridge
 
     if [ ! -s "$out.json" ]; then
         echo "$wl/$policy: kvload failed (rc $rc): $(tail -2 "$out.err")" \

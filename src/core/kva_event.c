@@ -42,6 +42,11 @@
  */
 #define KVA_TRIM_MIN         (256 * 1024)
 
+const char  *const kva_event_keyspace_names[] = {
+    "text", "tokens"
+};
+
+
 const char  *const kva_event_snap_names[] = {
     NULL, "full", "begin", "more", "end"
 };
@@ -290,10 +295,16 @@ kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
 
     j = json_object_get(root, "keyspace");
 
-    if (j != NULL
-        && !(json_is_string(j) && strcmp(json_string_value(j), "text") == 0))
-    {
-        return kva_errf(e, KVA_EVENT_BAD_FIELD, "keyspace: not \"text\"");
+    if (j != NULL) {
+        k = kva_lookup(kva_event_keyspace_names,
+                       KVA_KEYSPACE_TOKEN_KEYS + 1, j);
+
+        if (k < 0) {
+            return kva_errf(e, KVA_EVENT_BAD_FIELD,
+                            "keyspace: not \"text\" or \"tokens\"");
+        }
+
+        b->keyspace = (kva_keyspace_e) k;
     }
 
     j = json_object_get(root, "snapshot");
@@ -612,7 +623,7 @@ kva_batch_equal(const kva_batch_t *a, const kva_batch_t *b)
     if (a->server_len != b->server_len
         || memcmp(a->server, b->server, a->server_len) != 0
         || a->seq != b->seq || a->snapshot != b->snapshot
-        || a->heartbeat != b->heartbeat || a->has_load != b->has_load
+        || a->keyspace != b->keyspace || a->heartbeat != b->heartbeat || a->has_load != b->has_load
         || a->nevents != b->nevents || a->hash_count != b->hash_count)
     {
         return 0;

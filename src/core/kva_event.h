@@ -59,11 +59,19 @@ typedef struct {
 } kva_ev_t;
 
 
+/* which keys the hashes are: text blocks or token blocks (kva_token.h) */
+typedef enum {
+    KVA_KEYSPACE_TEXT_KEYS = 0,
+    KVA_KEYSPACE_TOKEN_KEYS
+} kva_keyspace_e;
+
+
 typedef struct {
     char                server[KVA_EVENT_SERVER_MAX];
     size_t              server_len;
     uint64_t            seq;
     kva_snap_e          snapshot;
+    kva_keyspace_e      keyspace;       /* "keyspace", text when absent */
     unsigned            heartbeat:1;    /* no events, no snapshot */
     unsigned            has_load:1;
     uint32_t            waiting;
@@ -152,6 +160,7 @@ const char *kva_event_strerror(kva_event_rc_e rc);
 
 /* the protocol's spellings, indexed by kva_snap_e (0: none), kva_ev_type_e */
 extern const char  *const kva_event_snap_names[];
+extern const char  *const kva_event_keyspace_names[];
 extern const char  *const kva_event_type_names[];
 
 /* 16 lowercase hex digits, no NUL; and back (returns -1 if not hex) */

@@ -57,6 +57,15 @@ kva_event_encode(const kva_batch_t *b, size_t *len)
         goto failed;
     }
 
+    /* text is the default: its messages stay as they were */
+
+    if (b->keyspace == KVA_KEYSPACE_TOKEN_KEYS
+        && kva_set(root, "keyspace",
+                   json_string(kva_event_keyspace_names[b->keyspace])) != 0)
+    {
+        goto failed;
+    }
+
     if (b->snapshot > KVA_SNAP_NONE && b->snapshot <= KVA_SNAP_END
         && kva_set(root, "snapshot",
                    json_string(kva_event_snap_names[b->snapshot])) != 0)

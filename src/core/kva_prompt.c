@@ -31,7 +31,9 @@ typedef enum {
     KVA_KEY_TOOLS,
     KVA_KEY_ROLE,
     KVA_KEY_CONTENT,
-    KVA_KEY_TEXT
+    KVA_KEY_TEXT,
+    KVA_KEY_CACHE_SALT,
+    KVA_KEY_TOKENS                  /* of a tokenizer's answer */
 } kva_key_e;
 
 
@@ -43,7 +45,18 @@ typedef struct {
     unsigned          model_seen;
     const uint8_t    *tools_start;
     const uint8_t    *tools_end;
+    unsigned          ids_mixed;    /* a prompt element not a token id */
+    size_t            nids;         /* token ids directly in "prompt" */
 } kva_parse_t;
+
+
+/* a tokenizer's answer: where its ids go */
+typedef struct {
+    uint32_t         *ids;
+    size_t            max;
+    size_t            n;
+    unsigned          found;
+} kva_answer_t;
 
 
 typedef struct {
@@ -71,6 +84,8 @@ static int kva_part_item(kva_parse_t *ps, kva_key_e key, void *ctx);
 static int kva_parse_text(kva_parse_t *ps);
 static int kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx);
 static void kva_place_tools(kva_parse_t *ps);
+static int kva_answer_item(kva_parse_t *ps, kva_key_e key, void *ctx);
+static int kva_answer_id(kva_parse_t *ps, kva_key_e key, void *ctx);
 
 
 static void
@@ -101,7 +116,11 @@ kva_key_id(const uint8_t *key, size_t len)
         { "tools", 5, KVA_KEY_TOOLS },
         { "role", 4, KVA_KEY_ROLE },
         { "content", 7, KVA_KEY_CONTENT },
-        { "text", 4, KVA_KEY_TEXT }
+        { "text", 4, KVA_KEY_TEXT },
+        { "cache_salt", 10, KVA_KEY_CACHE_SALT },
+        { "tokens", 6, KVA_KEY_TOKENS },
+        { "token_ids", 9, KVA_KEY_TOKENS },
+        { "prompt_token_ids", 16, KVA_KEY_TOKENS }
     };
 
     for (i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
@@ -315,6 +334,17 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
                           : kva_walk(ps, kva_message_item, ps);
     }
 
+    if (key == KVA_KEY_CACHE_SALT && p->salt == NULL && c == '"') {
+        p->salt = ps->lx.pos;
+
+        if (kva_skip_value(ps) != 0) {
+            return -1;
+        }
+
+        p->salt_len = (size_t) (ps->lx.pos - p->salt);
+        return 0;
+    }
+
     if (key == KVA_KEY_TOOLS && ps->tools_start == NULL) {
         ps->tools_start = ps->lx.pos;
 
@@ -465,6 +495,10 @@ kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx)
 
     c = *ps->lx.pos;
 
+    if (ctx == NULL && (c != '-' && !kva_is_digit(c))) {
+        ps->ids_mixed = 1;
+    }
+
     if (ctx == NULL && c == '"') {
         return kva_parse_text(ps);
     }
@@ -484,6 +518,15 @@ kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx)
 
     if (kva_json_number(&ps->lx, &token, &is_token) != 0) {
         return -1;
+    }
+
+    if (ctx == NULL) {
+        if (is_token) {
+            ps->nids++;
+
+        } else {
+            ps->ids_mixed = 1;
+        }
     }
 
     if (is_token) {
@@ -546,6 +589,10 @@ kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
     p->truncated = 0;
     p->kind = KVA_PROMPT_KIND_NONE;
     p->model_len = 0;
+    p->token_ids = 0;
+    p->nids = 0;
+    p->salt = NULL;
+    p->salt_len = 0;
 
     if (len == 0) {
         return KVA_PROMPT_EMPTY;
@@ -561,6 +608,8 @@ kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
     ps.model_seen = 0;
     ps.tools_start = NULL;
     ps.tools_end = NULL;
+    ps.ids_mixed = 0;
+    ps.nids = 0;
 
     kva_json_skip_ws(&ps.lx);
 
@@ -582,6 +631,8 @@ kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
     if (rc != 0) {
         p->kind = KVA_PROMPT_KIND_NONE;
         p->model_len = 0;
+        p->salt = NULL;
+        p->salt_len = 0;
         return ps.lx.rc;
     }
 
@@ -596,7 +647,158 @@ kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
     p->out_len = (ps.out.len < out_cap) ? ps.out.len : out_cap;
     p->truncated = (ps.out.len > out_cap);
 
+    if (p->kind == KVA_PROMPT_KIND_PROMPT && !ps.ids_mixed && ps.nids) {
+        p->token_ids = 1;
+        p->nids = ps.nids;
+    }
+
     return KVA_PROMPT_OK;
+}
+
+
+size_t
+kva_prompt_salt(const uint8_t *str, size_t len, uint8_t *out)
+{
+    kva_sink_t      sink;
+    kva_json_lex_t  lx;
+
+    lx.pos = str;
+    lx.end = str + len;
+    lx.rc = KVA_PROMPT_OK;
+
+    sink.buf = out;
+    sink.len = 0;
+    sink.cap = len;
+
+    /* the scan that found it has validated it */
+    if (kva_json_string(&lx, &sink) != 0) {
+        return 0;
+    }
+
+    return (sink.len < len) ? sink.len : len;
+}
+
+
+kva_prompt_rc_e
+kva_prompt_token_answer(const uint8_t *body, size_t len, uint32_t *ids,
+    size_t max, size_t *n)
+{
+    int           rc;
+    kva_parse_t   ps;
+    kva_answer_t  a;
+
+    *n = 0;
+
+    if (len == 0) {
+        return KVA_PROMPT_EMPTY;
+    }
+
+    memset(&ps, 0, sizeof(kva_parse_t));
+
+    ps.lx.pos = body;
+    ps.lx.end = body + len;
+    ps.lx.rc = KVA_PROMPT_OK;
+
+    a.ids = ids;
+    a.max = max;
+    a.n = 0;
+    a.found = 0;
+
+    kva_json_skip_ws(&ps.lx);
+
+    if (ps.lx.pos < ps.lx.end && (*ps.lx.pos == '{' || *ps.lx.pos == '[')) {
+        rc = kva_walk(&ps, kva_answer_item, &a);
+
+    } else {
+        rc = kva_skip_value(&ps);
+    }
+
+    if (rc == 0) {
+        kva_json_skip_ws(&ps.lx);
+
+        if (ps.lx.pos != ps.lx.end) {
+            rc = kva_json_fail(&ps.lx, KVA_PROMPT_NOT_JSON);
+        }
+    }
+
+    if (rc != 0) {
+        return ps.lx.rc;
+    }
+
+    if (!a.found) {
+        return KVA_PROMPT_NO_PROMPT;
+    }
+
+    *n = (a.n < max) ? a.n : max;
+
+    return KVA_PROMPT_OK;
+}
+
+
+/* any value of an answer: the ids' array is looked for at every depth */
+
+static int
+kva_answer_item(kva_parse_t *ps, kva_key_e key, void *ctx)
+{
+    kva_answer_t  *a;
+
+    a = ctx;
+
+    if (key == KVA_KEY_TOKENS && !a->found && *ps->lx.pos == '[') {
+        a->n = 0;
+
+        /* a->found goes back to 0 on an element that is not an id */
+        a->found = 1;
+
+        if (kva_walk(ps, kva_answer_id, a) != 0) {
+            return -1;
+        }
+
+        if (!a->found) {
+            a->n = 0;
+        }
+
+        return 0;
+    }
+
+    if (*ps->lx.pos == '{' || *ps->lx.pos == '[') {
+        return kva_walk(ps, kva_answer_item, a);
+    }
+
+    return kva_skip_value(ps);
+}
+
+
+static int
+kva_answer_id(kva_parse_t *ps, kva_key_e key, void *ctx)
+{
+    uint32_t       token;
+    unsigned       is_token;
+    kva_answer_t  *a;
+
+    a = ctx;
+
+    if (*ps->lx.pos != '-' && !kva_is_digit(*ps->lx.pos)) {
+        a->found = 0;
+        return kva_skip_value(ps);
+    }
+
+    if (kva_json_number(&ps->lx, &token, &is_token) != 0) {
+        return -1;
+    }
+
+    if (!is_token) {
+        a->found = 0;
+
+    } else if (a->found && a->n < a->max) {
+        a->ids[a->n++] = token;
+
+    } else if (a->found) {
+        /* past max: a prefix is all routing needs, counted for *n only */
+        a->n++;
+    }
+
+    return 0;
 }
 
 

@@ -48,6 +48,22 @@ typedef struct {
     size_t          model_len;      /* 0 when there is no "model" string,
                                        or when the body is not valid JSON;
                                        set with KVA_PROMPT_NO_PROMPT too */
+
+    /*
+     * "prompt" is a flat array of token ids only (the completions API's
+     * pre-tokenized form): out holds exactly nids ids, 4 bytes each,
+     * little-endian, unless truncated.  4 * nids never passes
+     * 2 * len + KVA_PROMPT_OUT_SLACK: an id takes 2 bytes of the body.
+     */
+    unsigned        token_ids:1;
+    size_t          nids;
+
+    /*
+     * The top-level "cache_salt" string (vLLM's API), still quoted and
+     * escaped, in the body: kva_prompt_salt() decodes it.  NULL: none.
+     */
+    const uint8_t  *salt;
+    size_t          salt_len;
 } kva_prompt_t;
 
 
@@ -79,6 +95,24 @@ kva_prompt_rc_e kva_prompt_extract(const uint8_t *body, size_t len,
     uint8_t *out, size_t out_cap, kva_prompt_t *p);
 
 const char *kva_prompt_strerror(kva_prompt_rc_e rc);
+
+/*
+ * The decoded bytes of a JSON string token (p->salt) into out, which has
+ * room for len bytes (decoding never makes a string longer); returns
+ * their length.
+ */
+size_t kva_prompt_salt(const uint8_t *str, size_t len, uint8_t *out);
+
+/*
+ * A tokenizer's answer: vLLM's /tokenize ({"tokens": [...]}) or a
+ * render-style object with "token_ids" or "prompt_token_ids" at any
+ * depth.  The first such member whose value is an array of token ids
+ * (integers 0 .. 2^32-1) wins; its first max ids go to ids, *n says how
+ * many.  KVA_PROMPT_NO_PROMPT when the answer holds no such array.
+ * Validates the whole answer as kva_prompt_extract() does.
+ */
+kva_prompt_rc_e kva_prompt_token_answer(const uint8_t *body, size_t len,
+    uint32_t *ids, size_t max, size_t *n);
 
 
 #endif /* _KVA_PROMPT_H_INCLUDED_ */

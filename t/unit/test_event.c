@@ -303,8 +303,10 @@ test_errors(void)
            "kv_usage \"0.5\"");
     expect("{" HDR ",\"keyspace\":\"text\"}", KVA_EVENT_OK,
            "keyspace text");
-    expect("{" HDR ",\"keyspace\":\"tokens\"}", KVA_EVENT_BAD_FIELD,
+    expect("{" HDR ",\"keyspace\":\"tokens\"}", KVA_EVENT_OK,
            "keyspace tokens");
+    expect("{" HDR ",\"keyspace\":\"bytes\"}", KVA_EVENT_BAD_FIELD,
+           "keyspace bytes");
     expect("{" HDR ",\"keyspace\":null}", KVA_EVENT_BAD_FIELD,
            "keyspace null");
 

@@ -323,10 +323,60 @@ test_fuzz(void)
 }
 
 
+/* the token key space is said; text, the default, is not */
+
+static void
+test_keyspace(void)
+{
+    char            *s;
+    size_t           len;
+    char             err[128];
+    uint64_t         h;
+    kva_ev_t         ev;
+    kva_batch_t      b, d;
+    kva_event_rc_e   rc;
+
+    memset(&b, 0, sizeof(b));
+    memset(&ev, 0, sizeof(ev));
+    strcpy(b.server, "127.0.0.1:8001");
+    b.server_len = 14;
+    b.seq = 7;
+    h = 0x1122334455667788ULL;
+    ev.type = KVA_EV_STORED;
+    ev.hashes = &h;
+    ev.nhashes = 1;
+    b.events = &ev;
+    b.nevents = 1;
+    b.hash_count = 1;
+
+    s = kva_event_encode(&b, &len);
+    ok(s != NULL && strstr(s, "keyspace") == NULL,
+       "a text batch does not name its key space");
+    free(s);
+
+    b.keyspace = KVA_KEYSPACE_TOKEN_KEYS;
+    s = kva_event_encode(&b, &len);
+    ok(s != NULL && strstr(s, "\"keyspace\":\"tokens\"") != NULL,
+       "a token batch says \"keyspace\":\"tokens\"");
+
+    rc = (s != NULL) ? kva_event_decode(s, len, NULL, &d, err, sizeof(err))
+                     : KVA_EVENT_NO_MEMORY;
+    ok(rc == KVA_EVENT_OK && d.keyspace == KVA_KEYSPACE_TOKEN_KEYS
+       && kva_batch_equal(&b, &d), "and decodes to the same batch");
+
+    if (rc == KVA_EVENT_OK) {
+        kva_batch_free(&d);
+    }
+
+    free(s);
+}
+
+
 int
 main(void)
 {
     test_encode();
+    test_keyspace();
     test_round_trip();
     test_resync();
     test_fuzz();

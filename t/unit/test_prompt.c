@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kva_prompt.h"
+#include "kva_token.h"
 #include "tap.h"
 #include "prompt_gen.h"
 
@@ -38,6 +39,9 @@ static void test_tools(void);
 static void test_strings(void);
 static void test_errors(void);
 static void test_truncation(void);
+static void test_token_ids(void);
+static void test_salt(void);
+static void test_token_answer(void);
 
 
 static void
@@ -559,6 +563,151 @@ test_truncation(void)
 }
 
 
+/* token_ids and nids: a flat array of ids only, for keys=tokens */
+static void
+test_token_ids(void)
+{
+    size_t           i;
+    uint8_t          out[256];
+    kva_prompt_t     p;
+    kva_prompt_rc_e  rc;
+
+    static const struct {
+        const char  *body;
+        unsigned     ids;
+        size_t       n;
+    } cases[] = {
+        { "{\"prompt\":[1,2,3]}", 1, 3 },
+        { "{\"model\":\"m\",\"prompt\":[ 0 , 4294967295 ]}", 1, 2 },
+        { "{\"prompt\":[-0]}", 1, 1 },
+        { "{\"prompt\":[]}", 0, 0 },
+        { "{\"prompt\":[1,\"x\"]}", 0, 0 },
+        { "{\"prompt\":[1,[2]]}", 0, 0 },
+        { "{\"prompt\":[[1,2]]}", 0, 0 },
+        { "{\"prompt\":[1,4294967296]}", 0, 0 },
+        { "{\"prompt\":[1,-1]}", 0, 0 },
+        { "{\"prompt\":[1,1.5]}", 0, 0 },
+        { "{\"prompt\":[1,null]}", 0, 0 },
+        { "{\"prompt\":\"1 2 3\"}", 0, 0 },
+        { "{\"messages\":[{\"content\":\"x\"}],\"prompt\":[1]}", 0, 0 },
+        { "{\"input\":[1,2]}", 0, 0 },
+    };
+
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        rc = kva_prompt_extract((const uint8_t *) cases[i].body,
+                                strlen(cases[i].body), out, sizeof(out), &p);
+
+        ok(rc == KVA_PROMPT_OK && p.token_ids == cases[i].ids
+           && p.nids == cases[i].n,
+           "token ids: %s -> %u, %zu", cases[i].body, cases[i].ids,
+           cases[i].n);
+    }
+
+    /* validation only gives the same verdict */
+    rc = kva_prompt_extract(S("{\"prompt\":[7,8]}"), NULL, 0, &p);
+    ok(rc == KVA_PROMPT_OK && p.token_ids && p.nids == 2,
+       "token ids: validation only");
+
+    rc = kva_prompt_extract(S("{\"prompt\":[7,8]"), out, sizeof(out), &p);
+    ok(rc != KVA_PROMPT_OK && !p.token_ids && p.salt == NULL,
+       "token ids: invalid JSON says nothing");
+
+    /* 4 bytes out for each id, which takes 2 or more of the body */
+    rc = kva_prompt_extract(S("{\"prompt\":[1,2,3,4,5,6,7,8,9,0]}"), out,
+                            2 * 31 + KVA_PROMPT_OUT_SLACK, &p);
+    ok(rc == KVA_PROMPT_OK && !p.truncated && p.out_len == 40
+       && out[36] == 0 && out[4] == 2,
+       "token ids: 2 * len + slack holds them all");
+}
+
+
+static void
+test_salt(void)
+{
+    size_t           n;
+    uint8_t          out[64], dec[64], scratch[64 + KVA_TOKEN_SALT_SLACK];
+    uint8_t          want[300];
+    uint64_t         a, b;
+    kva_prompt_t     p;
+    kva_prompt_rc_e  rc;
+
+    rc = kva_prompt_extract(S("{\"cache_salt\":\"s\\u00e9\",\"prompt\":\"x\","
+                              "\"cache_salt\":\"other\"}"),
+                            out, sizeof(out), &p);
+    ok(rc == KVA_PROMPT_OK && p.salt != NULL && p.salt_len == 9
+       && memcmp(p.salt, "\"s\\u00e9\"", 9) == 0,
+       "salt: the first top-level cache_salt, as it is in the body");
+
+    n = kva_prompt_salt(p.salt, p.salt_len, dec);
+    ok(n == 3 && memcmp(dec, "s\xc3\xa9", 3) == 0, "salt: decoded");
+
+    rc = kva_prompt_extract(S("{\"cache_salt\":5,\"prompt\":\"x\","
+                              "\"messages\":[{\"cache_salt\":\"no\"}]}"),
+                            out, sizeof(out), &p);
+    ok(rc == KVA_PROMPT_OK && p.salt == NULL,
+       "salt: not a string, or not at the top: none");
+
+    /* msgpack of ["s"]: 0x91 0xa1 's', as kvbridge packs extra keys */
+    a = kva_token_salt((const uint8_t *) "s", 1, scratch);
+    b = kva_token_extra((const uint8_t *) "\x91\xa1s", 3);
+    ok(a == b, "salt: msgpack fixstr");
+
+    memset(want, 'z', sizeof(want));
+    want[0] = 0x91;
+    want[1] = 0xd9;
+    want[2] = 40;
+    ok(kva_token_salt(want + 3, 40, scratch)
+       == kva_token_extra(want, 43), "salt: msgpack str8");
+
+    ok(kva_token_salt((const uint8_t *) "s", 1, scratch)
+       != kva_token_salt((const uint8_t *) "t", 1, scratch),
+       "salt: different salts, different keys");
+}
+
+
+static void
+test_token_answer(void)
+{
+    size_t           i, n;
+    uint32_t         ids[8];
+    kva_prompt_rc_e  rc;
+
+    static const struct {
+        const char       *body;
+        kva_prompt_rc_e   rc;
+        size_t            n;
+        uint32_t          first;
+    } cases[] = {
+        { "{\"count\":3,\"max_model_len\":9,\"tokens\":[5,6,7],"
+          "\"token_strs\":null}", KVA_PROMPT_OK, 3, 5 },
+        { "{\"token_ids\":[9]}", KVA_PROMPT_OK, 1, 9 },
+        { "{\"request\":{\"x\":[{\"prompt_token_ids\":[4,4]}]}}",
+          KVA_PROMPT_OK, 2, 4 },
+        { "[{\"tokens\":[1]}]", KVA_PROMPT_OK, 1, 1 },
+        { "{\"tokens\":[1,\"a\"],\"token_ids\":[2,3]}",
+          KVA_PROMPT_OK, 2, 2 },
+        { "{\"tokens\":[1,2.5]}", KVA_PROMPT_NO_PROMPT, 0, 0 },
+        { "{\"tokens\":\"1 2\"}", KVA_PROMPT_NO_PROMPT, 0, 0 },
+        { "{\"tokens\":[]}", KVA_PROMPT_OK, 0, 0 },
+        { "{\"count\":0}", KVA_PROMPT_NO_PROMPT, 0, 0 },
+        { "{\"tokens\":[1,2]", KVA_PROMPT_NOT_JSON, 0, 0 },
+        { "{\"tokens\":[1,2]}x", KVA_PROMPT_NOT_JSON, 0, 0 },
+        { "", KVA_PROMPT_EMPTY, 0, 0 },
+        { "{\"tokens\":[1,2,3,4,5,6,7,8,9,10]}", KVA_PROMPT_OK, 8, 1 },
+    };
+
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ids[0] = 0;
+        rc = kva_prompt_token_answer((const uint8_t *) cases[i].body,
+                                     strlen(cases[i].body), ids, 8, &n);
+
+        ok(rc == cases[i].rc && n == cases[i].n
+           && (n == 0 || ids[0] == cases[i].first),
+           "answer: %s -> rc %d, %zu ids", cases[i].body, rc, n);
+    }
+}
+
+
 int
 main(void)
 {
@@ -570,6 +719,9 @@ main(void)
     test_strings();
     test_errors();
     test_truncation();
+    test_token_ids();
+    test_salt();
+    test_token_answer();
 
     return done_testing();
 }

@@ -1,6 +1,7 @@
 /*
  * kvsim: simulated OpenAI-compatible model servers with a paged KV cache
- * model, publishing KV events (docs/events.md) to Redis.
+ * model, publishing KV events (docs/events.md) to Redis, or as vLLM does
+ * on ZeroMQ (kvsim_zmq.h).
  *
  * One process, one libevent loop, N servers on consecutive loopback ports.
  */
@@ -25,6 +26,13 @@
 typedef struct kvs_sim_s     kvs_sim_t;
 typedef struct kvs_events_s  kvs_events_t;
 typedef struct kvs_http_s    kvs_http_t;
+typedef struct kvs_zmq_s     kvs_zmq_t;
+
+
+typedef enum {
+    KVS_EVENTS_REDIS = 0,               /* the module's JSON */
+    KVS_EVENTS_ZMQ                      /* vLLM's ZeroMQ and msgpack */
+} kvs_events_e;
 
 
 typedef struct {
@@ -47,6 +55,21 @@ typedef struct {
     long                die_after_ms;   /* -1: never */
     uint64_t            seed;
     unsigned            quiet:1;
+
+    /* the token key space, vLLM's wire format, /tokenize */
+    unsigned            tokens:1;       /* --keyspace tokens */
+    unsigned            zmq_replay_topic:1;
+    unsigned            tokenize_fail:1;
+    kvs_events_e        events;
+    unsigned            zmq_port;
+    const char         *zmq_topic;
+    unsigned            zmq_encoding;   /* kvs_venc_e */
+    unsigned            zmq_hash;       /* kvs_vhash_e */
+    unsigned            zmq_buffer;
+    double              zmq_drop;
+    char              **lora;           /* adapters' names */
+    unsigned            nlora;
+    unsigned            tokenize_delay_ms;
 } kvs_conf_t;
 
 
@@ -83,7 +106,9 @@ struct kvs_sim_s {
     struct event_base  *base;
     kvs_server_t       *servers;
     kvs_events_t       *events;
+    kvs_zmq_t          *zmq;
     uint64_t            rng;            /* kva_rand.h */
+    uint64_t            engine_seed;    /* random per process, as vLLM's */
     double              t0;             /* ms, monotonic */
     uint64_t            req_ids;
 };

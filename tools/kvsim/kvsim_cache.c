@@ -14,8 +14,10 @@
 static void kvs_lru_unlink(kvs_cache_t *c, uint32_t b);
 static void kvs_lru_append(kvs_cache_t *c, uint32_t b);
 static void kvs_table_del(kvs_cache_t *c, uint32_t b);
-static void kvs_op_add(kvs_cache_t *c, kvs_op_e type, uint64_t hash,
+static kvs_op_t *kvs_op_add(kvs_cache_t *c, kvs_op_e type, uint64_t hash,
     uint64_t parent);
+static void kvs_op_engine(kvs_cache_t *c, kvs_op_t *op,
+    const kvs_engine_block_t *eb);
 
 
 int
@@ -62,6 +64,7 @@ kvs_cache_free(kvs_cache_t *c)
     free(c->blocks);
     free(c->buckets);
     free(c->ops);
+    free(c->ids);
     memset(c, 0, sizeof(kvs_cache_t));
 }
 
@@ -112,6 +115,7 @@ uint32_t
 kvs_cache_alloc(kvs_cache_t *c)
 {
     uint32_t      b;
+    kvs_op_t     *op;
     kvs_block_t  *blk;
 
     if (c->free_head != KVS_NIL) {
@@ -123,7 +127,12 @@ kvs_cache_alloc(kvs_cache_t *c)
         b = c->lru_head;
         kvs_lru_unlink(c, b);
         kvs_table_del(c, b);
-        kvs_op_add(c, KVS_OP_REMOVED, c->blocks[b].hash, 0);
+        op = kvs_op_add(c, KVS_OP_REMOVED, c->blocks[b].hash, 0);
+
+        if (op != NULL) {
+            op->ehash = c->blocks[b].ehash;
+        }
+
         c->evictions++;
 
     } else {
@@ -169,7 +178,16 @@ kvs_cache_release(kvs_cache_t *c, uint32_t b)
 int
 kvs_cache_commit(kvs_cache_t *c, uint32_t b, uint64_t hash, uint64_t parent)
 {
+    return kvs_cache_commit_engine(c, b, hash, parent, NULL);
+}
+
+
+int
+kvs_cache_commit_engine(kvs_cache_t *c, uint32_t b, uint64_t hash,
+    uint64_t parent, const kvs_engine_block_t *eb)
+{
     uint32_t      bucket;
+    kvs_op_t     *op;
     kvs_block_t  *blk;
 
     blk = &c->blocks[b];
@@ -186,7 +204,15 @@ kvs_cache_commit(kvs_cache_t *c, uint32_t b, uint64_t hash, uint64_t parent)
     c->buckets[bucket] = b;
     c->nhashed++;
 
-    kvs_op_add(c, KVS_OP_STORED, hash, parent);
+    op = kvs_op_add(c, KVS_OP_STORED, hash, parent);
+
+    if (eb != NULL) {
+        blk->ehash = eb->ehash;
+
+        if (op != NULL) {
+            kvs_op_engine(c, op, eb);
+        }
+    }
 
     return 1;
 }
@@ -213,6 +239,7 @@ void
 kvs_cache_ops_clear(kvs_cache_t *c)
 {
     c->nops = 0;
+    c->nids = 0;
     c->ops_lost = 0;
 }
 
@@ -282,7 +309,7 @@ kvs_table_del(kvs_cache_t *c, uint32_t b)
 }
 
 
-static void
+static kvs_op_t *
 kvs_op_add(kvs_cache_t *c, kvs_op_e type, uint64_t hash, uint64_t parent)
 {
     size_t     cap;
@@ -295,16 +322,54 @@ kvs_op_add(kvs_cache_t *c, kvs_op_e type, uint64_t hash, uint64_t parent)
         if (ops == NULL) {
             /* the publisher skips a seq, receivers resync */
             c->nops = 0;
+            c->nids = 0;
             c->ops_lost = 1;
-            return;
+            return NULL;
         }
 
         c->ops = ops;
         c->ops_cap = cap;
     }
 
+    memset(&c->ops[c->nops], 0, sizeof(kvs_op_t));
     c->ops[c->nops].type = type;
     c->ops[c->nops].hash = hash;
     c->ops[c->nops].parent = parent;
-    c->nops++;
+    c->ops[c->nops].ids = KVS_NIL;
+
+    return &c->ops[c->nops++];
+}
+
+
+static void
+kvs_op_engine(kvs_cache_t *c, kvs_op_t *op, const kvs_engine_block_t *eb)
+{
+    size_t     cap;
+    uint32_t  *ids;
+
+    if (c->nids + eb->nids > c->ids_cap) {
+        for (cap = c->ids_cap ? c->ids_cap : 4096; cap < c->nids + eb->nids;
+             cap *= 2)
+        { /* void */ }
+
+        ids = (cap <= (size_t) KVS_OPS_MAX * 16)
+              ? realloc(c->ids, cap * sizeof(uint32_t)) : NULL;
+        if (ids == NULL) {
+            /* as a lost op log: the publisher skips a seq */
+            c->nops = 0;
+            c->nids = 0;
+            c->ops_lost = 1;
+            return;
+        }
+
+        c->ids = ids;
+        c->ids_cap = cap;
+    }
+
+    memcpy(&c->ids[c->nids], eb->ids, eb->nids * sizeof(uint32_t));
+    op->ids = c->nids;
+    op->lora = eb->lora;
+    op->ehash = eb->ehash;
+    op->eparent = eb->eparent;
+    c->nids += eb->nids;
 }

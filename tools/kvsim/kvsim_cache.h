@@ -29,12 +29,29 @@ typedef struct {
     uint64_t            hash;
     uint64_t            parent;         /* stored: previous block, 0: none */
     kvs_op_e            type;
+
+    /* an engine's view (--events zmq), when the sequence had one */
+    uint32_t            ids;            /* in ids of the cache, or KVS_NIL */
+    uint32_t            lora;           /* 0: none, else adapter index + 1 */
+    uint64_t            ehash;
+    uint64_t            eparent;        /* 0: none */
 } kvs_op_t;
+
+
+/* what an engine says about a block besides our key (kvs_seq_t has it) */
+typedef struct {
+    const uint32_t     *ids;            /* the block's token ids */
+    uint32_t            nids;
+    uint32_t            lora;
+    uint64_t            ehash;
+    uint64_t            eparent;
+} kvs_engine_block_t;
 
 
 typedef struct {
     uint64_t            hash;
     uint64_t            parent;
+    uint64_t            ehash;          /* the engine's, 0: none */
     uint32_t            ref;
     uint32_t            prev;           /* LRU list */
     uint32_t            next;           /* LRU list or free list */
@@ -61,6 +78,10 @@ typedef struct {
     size_t              ops_cap;
     unsigned            ops_lost:1;     /* op log overflowed since clear */
 
+    uint32_t           *ids;            /* token ids of stored ops */
+    size_t              nids;
+    size_t              ids_cap;
+
     uint64_t            evictions;
 } kvs_cache_t;
 
@@ -79,6 +100,9 @@ void kvs_cache_release(kvs_cache_t *c, uint32_t b);
 /* names a computed anonymous block; 0 when the hash is already cached */
 int kvs_cache_commit(kvs_cache_t *c, uint32_t b, uint64_t hash,
     uint64_t parent);
+/* the same, the op logged with the engine's view of the block */
+int kvs_cache_commit_engine(kvs_cache_t *c, uint32_t b, uint64_t hash,
+    uint64_t parent, const kvs_engine_block_t *eb);
 
 /* every hashed block, out must hold c->nhashed; returns the count */
 uint32_t kvs_cache_snapshot(kvs_cache_t *c, uint64_t *out);

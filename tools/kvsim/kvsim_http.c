@@ -2,10 +2,11 @@
  * kvsim: the OpenAI-compatible HTTP side of one server (evhttp).
  *
  * POST /v1/chat/completions, /v1/completions (streaming or not),
- * GET /v1/models, /health, /metrics.  Here: the listener, routing, the
- * connections and a request's life on them; kvsim_request.c turns a body
- * into a sequence of the server's scheduler, kvsim_reply.c writes the
- * tokens as the steps produce them.
+ * /tokenize, GET /v1/models, /health, /metrics.  Here: the listener,
+ * routing, the connections and a request's life on them; kvsim_request.c
+ * turns a body into a sequence of the server's scheduler, kvsim_reply.c
+ * writes the tokens as the steps produce them, kvsim_tokenize.c answers
+ * /tokenize.
  */
 
 #include <errno.h>
@@ -24,6 +25,7 @@
 #include "kvsim_reply.h"
 #include "kvsim_request.h"
 #include "kvsim_server.h"
+#include "kvsim_tokenize.h"
 
 
 #define KVS_IDLE_TIMEOUT    300         /* s, per connection */
@@ -33,6 +35,7 @@ struct kvs_conn_s {
     kvs_server_t               *srv;
     struct evhttp_connection   *evcon;
     kvs_req_t                  *req;    /* in flight */
+    kvs_tok_t                  *tok;    /* a /tokenize reply waiting */
     unsigned                    index;  /* in srv->http->conns */
 };
 
@@ -201,6 +204,9 @@ kvs_http_handler(struct evhttp_request *req, void *arg)
         } else if (kvs_path("/v1/completions")) {
             kvs_completion(srv, conn, req, 0);
 
+        } else if (kvs_path("/tokenize")) {
+            kvs_tokenize(srv, req, &conn->tok);
+
         } else {
             kvs_reply_error(srv, req, 404, "no such endpoint");
         }
@@ -285,6 +291,10 @@ kvs_conn_close(struct evhttp_connection *evcon, void *arg)
 
     h->conns[c->index] = h->conns[--h->nconns];
     h->conns[c->index]->index = c->index;
+
+    if (c->tok) {
+        kvs_tokenize_cancel(c->tok);
+    }
 
     if (r) {
         r->conn = NULL;

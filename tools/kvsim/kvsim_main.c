@@ -3,6 +3,7 @@
  */
 
 #include <errno.h>
+#include <limits.h>
 #include <getopt.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -17,9 +18,31 @@
 #include "kvsim.h"
 #include "kvsim_events.h"
 #include "kvsim_server.h"
+#include "kvsim_vllm.h"
+#include "kvsim_zmq.h"
+
+
+/* options without a one-letter code */
+enum {
+    KVS_OPT_KEYSPACE = 256,
+    KVS_OPT_EVENTS,
+    KVS_OPT_ZMQ_PORT,
+    KVS_OPT_ZMQ_TOPIC,
+    KVS_OPT_ZMQ_ENCODING,
+    KVS_OPT_ZMQ_HASH,
+    KVS_OPT_ZMQ_BUFFER,
+    KVS_OPT_ZMQ_DROP,
+    KVS_OPT_ZMQ_REPLAY_TOPIC,
+    KVS_OPT_LORA,
+    KVS_OPT_TOKENIZE_DELAY,
+    KVS_OPT_TOKENIZE_FAIL
+};
 
 
 static int kvs_parse_args(kvs_conf_t *conf, int argc, char **argv);
+static int kvs_parse_word(int c, const char *arg, kvs_conf_t *conf);
+static int kvs_parse_lora(kvs_conf_t *conf, const char *arg);
+static uint64_t kvs_random_seed(void);
 static int kvs_number(const char *s, double min, double max, double *v);
 static void kvs_usage(void);
 static void kvs_fd_limit(kvs_conf_t *conf);
@@ -45,6 +68,19 @@ static struct option  kvs_options[] = {
     { "pause-ms",           required_argument, NULL, 'Q' },
     { "die-after-ms",       required_argument, NULL, 'D' },
     { "seed",               required_argument, NULL, 'S' },
+    { "keyspace",           required_argument, NULL, KVS_OPT_KEYSPACE },
+    { "events",             required_argument, NULL, KVS_OPT_EVENTS },
+    { "zmq-port",           required_argument, NULL, KVS_OPT_ZMQ_PORT },
+    { "zmq-topic",          required_argument, NULL, KVS_OPT_ZMQ_TOPIC },
+    { "zmq-encoding",       required_argument, NULL, KVS_OPT_ZMQ_ENCODING },
+    { "zmq-hash",           required_argument, NULL, KVS_OPT_ZMQ_HASH },
+    { "zmq-buffer",         required_argument, NULL, KVS_OPT_ZMQ_BUFFER },
+    { "zmq-drop",           required_argument, NULL, KVS_OPT_ZMQ_DROP },
+    { "zmq-replay-topic",   no_argument,       NULL,
+      KVS_OPT_ZMQ_REPLAY_TOPIC },
+    { "lora",               required_argument, NULL, KVS_OPT_LORA },
+    { "tokenize-delay-ms",  required_argument, NULL, KVS_OPT_TOKENIZE_DELAY },
+    { "tokenize-fail",      no_argument,       NULL, KVS_OPT_TOKENIZE_FAIL },
     { "quiet",              no_argument,       NULL, 'q' },
     { "help",               no_argument,       NULL, 'H' },
     { NULL, 0, NULL, 0 }
@@ -87,6 +123,7 @@ main(int argc, char **argv)
 
     sim.t0 = kvs_now_ms();
     sim.rng = sim.conf.seed;
+    sim.engine_seed = kvs_random_seed();
     sim.servers = calloc(sim.conf.servers, sizeof(kvs_server_t));
     sigint = evsignal_new(sim.base, SIGINT, kvs_signal_handler, &sim);
     sigterm = evsignal_new(sim.base, SIGTERM, kvs_signal_handler, &sim);
@@ -108,7 +145,13 @@ main(int argc, char **argv)
         }
     }
 
-    if (sim.conf.redis_host[0]) {
+    if (sim.conf.events == KVS_EVENTS_ZMQ) {
+        sim.zmq = kvs_zmq_create(&sim);
+        if (sim.zmq == NULL) {
+            goto done;
+        }
+
+    } else if (sim.conf.redis_host[0]) {
         sim.events = kvs_events_create(&sim);
         if (sim.events == NULL) {
             fprintf(stderr, "kvsim: events: out of memory\n");
@@ -122,7 +165,17 @@ main(int argc, char **argv)
         evtimer_add(die, &tv);
     }
 
-    if (!sim.conf.quiet) {
+    if (!sim.conf.quiet && sim.zmq) {
+        fprintf(stderr, "kvsim: %u servers on 127.0.0.1:%u..%u, %u blocks "
+                "of %u tokens, time scale %g, events zmq tcp://127.0.0.1:"
+                "%u..%u\n",
+                sim.conf.servers, sim.conf.base_port,
+                sim.conf.base_port + sim.conf.servers - 1,
+                sim.conf.num_blocks, sim.conf.block_tokens,
+                sim.conf.time_scale, sim.conf.zmq_port,
+                sim.conf.zmq_port + 2 * sim.conf.servers - 1);
+
+    } else if (!sim.conf.quiet) {
         fprintf(stderr, "kvsim: %u servers on 127.0.0.1:%u..%u, %u blocks "
                 "of %u tokens, time scale %g, events %s\n",
                 sim.conf.servers, sim.conf.base_port,
@@ -140,11 +193,20 @@ done:
         kvs_events_destroy(sim.events);
     }
 
+    if (sim.zmq) {
+        kvs_zmq_destroy(sim.zmq);
+    }
+
     for (i = 0; sim.servers && i < sim.conf.servers; i++) {
         kvs_server_free(&sim.servers[i]);
     }
 
     free(sim.servers);
+
+    if (sim.conf.lora) {
+        free(sim.conf.lora[0]);
+        free(sim.conf.lora);
+    }
 
     if (sigint) {
         event_free(sigint);
@@ -212,6 +274,7 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
     int              c, li = 0;
     char            *colon;
     double           v;
+    unsigned         block_tokens;
     const char      *redis;
     struct in_addr   addr;
 
@@ -229,7 +292,11 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
     conf->pause_after_ms = -1;
     conf->die_after_ms = -1;
     conf->seed = 1;
+    conf->zmq_port = 5557;
+    conf->zmq_topic = "";
+    conf->zmq_buffer = 10000;
     redis = "127.0.0.1:6379";
+    block_tokens = UINT_MAX;            /* not given */
 
     while ((c = getopt_long(argc, argv, "", kvs_options, &li)) != -1) {
         v = 0;
@@ -250,6 +317,36 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         case 'H':
             kvs_usage();
             exit(0);
+        case KVS_OPT_KEYSPACE:
+        case KVS_OPT_EVENTS:
+        case KVS_OPT_ZMQ_ENCODING:
+        case KVS_OPT_ZMQ_HASH:
+            if (kvs_parse_word(c, optarg, conf) != 0) {
+                goto invalid;
+            }
+
+            continue;
+        case KVS_OPT_ZMQ_TOPIC:
+            conf->zmq_topic = optarg;
+            continue;
+        case KVS_OPT_ZMQ_REPLAY_TOPIC:
+            conf->zmq_replay_topic = 1;
+            continue;
+        case KVS_OPT_TOKENIZE_FAIL:
+            conf->tokenize_fail = 1;
+            continue;
+        case KVS_OPT_LORA:
+            if (kvs_parse_lora(conf, optarg) != 0) {
+                goto invalid;
+            }
+
+            continue;
+        case KVS_OPT_ZMQ_DROP:
+            if (kvs_number(optarg, 0, 1, &conf->zmq_drop) != 0) {
+                goto invalid;
+            }
+
+            continue;
         case 'd':
         case 's':
             if (kvs_number(optarg, c == 's' ? 1e-3 : 0, c == 's' ? 1e6 : 1,
@@ -272,7 +369,7 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         switch (c) {
         case 'n': conf->servers = v; break;
         case 'p': conf->base_port = v; break;
-        case 'b': conf->block_tokens = v; break;
+        case 'b': block_tokens = v; break;
         case 'k': conf->num_blocks = v; break;
         case 'm': conf->max_seqs = v; break;
         case 't': conf->token_budget = v; break;
@@ -282,8 +379,15 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         case 'Q': conf->pause_ms = v; break;
         case 'D': conf->die_after_ms = v; break;
         case 'S': conf->seed = v; break;
+        case KVS_OPT_ZMQ_PORT: conf->zmq_port = v; break;
+        case KVS_OPT_ZMQ_BUFFER: conf->zmq_buffer = v; break;
+        case KVS_OPT_TOKENIZE_DELAY: conf->tokenize_delay_ms = v; break;
         }
     }
+
+    /* an engine's --block-size is 16 by default */
+    conf->block_tokens = (block_tokens != UINT_MAX) ? block_tokens
+                         : conf->tokens ? 16 : 64;
 
     if (optind < argc || conf->servers < 1 || conf->servers > 256
         || conf->base_port < 1 || conf->base_port + conf->servers > 65536
@@ -291,10 +395,19 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         || conf->num_blocks < 1 || conf->num_blocks > (1u << 26)
         || conf->max_seqs < 1 || conf->max_seqs > 65536
         || conf->token_budget < 1 || conf->max_conns < 1
-        || conf->heartbeat_ms < 10 || strlen(conf->channel) > 200)
+        || conf->heartbeat_ms < 10 || strlen(conf->channel) > 200
+        || conf->zmq_port < 1 || conf->zmq_port + 2 * conf->servers > 65536
+        || conf->zmq_buffer < 1 || conf->zmq_buffer > (1u << 24)
+        || conf->tokenize_delay_ms > 600000 || strlen(conf->zmq_topic) > 200)
     {
         fprintf(stderr, "kvsim: invalid arguments\n");
         kvs_usage();
+        return -1;
+    }
+
+    /* the bridge keys engine events by token ids: so must the servers */
+    if (conf->events == KVS_EVENTS_ZMQ && !conf->tokens) {
+        fprintf(stderr, "kvsim: --events zmq needs --keyspace tokens\n");
         return -1;
     }
 
@@ -332,6 +445,142 @@ invalid:
 
 
 static int
+kvs_parse_word(int c, const char *arg, kvs_conf_t *conf)
+{
+    switch (c) {
+
+    case KVS_OPT_KEYSPACE:
+        if (strcmp(arg, "text") == 0 || strcmp(arg, "tokens") == 0) {
+            conf->tokens = (arg[0] == 't' && arg[1] == 'o');
+            return 0;
+        }
+
+        return -1;
+
+    case KVS_OPT_EVENTS:
+        if (strcmp(arg, "redis") == 0) {
+            conf->events = KVS_EVENTS_REDIS;
+
+        } else if (strcmp(arg, "zmq") == 0) {
+            conf->events = KVS_EVENTS_ZMQ;
+
+        } else {
+            return -1;
+        }
+
+        return 0;
+
+    case KVS_OPT_ZMQ_ENCODING:
+        if (strcmp(arg, "map") == 0) {
+            conf->zmq_encoding = KVS_VENC_MAP;
+
+        } else if (strcmp(arg, "array") == 0) {
+            conf->zmq_encoding = KVS_VENC_ARRAY;
+
+        } else {
+            return -1;
+        }
+
+        return 0;
+
+    case KVS_OPT_ZMQ_HASH:
+        if (strcmp(arg, "uint64") == 0) {
+            conf->zmq_hash = KVS_VHASH_UINT64;
+
+        } else if (strcmp(arg, "int64") == 0) {
+            conf->zmq_hash = KVS_VHASH_INT64;
+
+        } else if (strcmp(arg, "bytes") == 0) {
+            conf->zmq_hash = KVS_VHASH_BYTES;
+
+        } else {
+            return -1;
+        }
+
+        return 0;
+    }
+
+    return -1;
+}
+
+
+/* NAME[,NAME]: one copy of the list, the names pointing into it */
+static int
+kvs_parse_lora(kvs_conf_t *conf, const char *arg)
+{
+    char      *s, *p, **names;
+    unsigned   n;
+
+    if (conf->lora) {
+        free(conf->lora[0]);
+        free(conf->lora);
+        conf->lora = NULL;
+        conf->nlora = 0;
+    }
+
+    for (n = 1, p = (char *) arg; *p; p++) {
+        n += (*p == ',');
+    }
+
+    s = strdup(arg);
+    names = calloc(n, sizeof(char *));
+
+    if (s == NULL || names == NULL) {
+        free(s);
+        free(names);
+        return -1;
+    }
+
+    conf->lora = names;
+
+    for (p = s; p != NULL; /* void */ ) {
+        names[conf->nlora++] = p;
+        p = strchr(p, ',');
+
+        if (p != NULL) {
+            *p++ = '\0';
+        }
+    }
+
+    for (n = 0; n < conf->nlora; n++) {
+        if (names[n][0] == '\0') {
+            return -1;
+        }
+    }
+
+    return 0;
+}
+
+
+/* a new one each run, as a vLLM process's hash seed */
+static uint64_t
+kvs_random_seed(void)
+{
+    FILE            *f;
+    uint64_t         v;
+    struct timespec  ts;
+
+    v = 0;
+    f = fopen("/dev/urandom", "r");
+
+    if (f != NULL) {
+        if (fread(&v, sizeof(v), 1, f) != 1) {
+            v = 0;
+        }
+
+        fclose(f);
+    }
+
+    if (v == 0) {
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = ((uint64_t) ts.tv_sec << 32) ^ ts.tv_nsec ^ getpid();
+    }
+
+    return v;
+}
+
+
+static int
 kvs_number(const char *s, double min, double max, double *v)
 {
     char  *end;
@@ -357,5 +606,11 @@ kvs_usage(void)
         "    [--redis 127.0.0.1:6379|off] [--channel kv_aware:events]\n"
         "    [--heartbeat-ms 1000] [--drop-events 0.0]\n"
         "    [--pause-publish-after-ms N --pause-ms M] [--die-after-ms N]\n"
-        "    [--seed 1] [--quiet]\n");
+        "    [--seed 1] [--quiet]\n"
+        "    [--keyspace text|tokens] [--lora NAME[,NAME]]\n"
+        "    [--events redis|zmq] [--zmq-port 5557] [--zmq-topic \"\"]\n"
+        "    [--zmq-encoding map|array] [--zmq-hash uint64|int64|bytes]\n"
+        "    [--zmq-buffer 10000] [--zmq-drop 0.0] [--zmq-replay-topic]\n"
+        "    [--tokenize-delay-ms 0] [--tokenize-fail]\n"
+        "--block-tokens defaults to 16 with --keyspace tokens\n");
 }

@@ -15,17 +15,27 @@
 
 #include "kva_hash.h"
 #include "kva_prompt.h"
+#include "kva_token.h"
 #include "kvsim_reply.h"
 #include "kvsim_request.h"
+#include "kvsim_token.h"
+#include "kvsim_vllm.h"
 
 
 #define KVS_MAX_TOKENS      (1u << 20)
 #define KVS_DEFAULT_TOKENS  16
 
 
+static kvs_seq_t *kvs_seq_text(kvs_server_t *srv,
+    struct evhttp_request *req, const uint8_t *body, size_t len,
+    kva_prompt_t *p);
+static kvs_seq_t *kvs_seq_tokens(kvs_server_t *srv,
+    struct evhttp_request *req, const uint8_t *body, size_t len,
+    kva_prompt_t *p);
+static uint32_t kvs_lora_index(const kvs_conf_t *conf, const char *name,
+    size_t len);
 static void kvs_scan_options(const char *p, const char *end, int *stream,
     long *max_tokens);
-static const char *kvs_skip_value(const char *p, const char *end);
 static void kvs_json_escape(char *dst, const uint8_t *src, size_t len);
 
 
@@ -35,45 +45,27 @@ kvs_request_create(kvs_server_t *srv, kvs_conn_t *conn,
 {
     int               stream;
     long              max_tokens;
-    char              msg[128];
-    size_t            len, nh, bs, mlen;
-    uint8_t          *body, *out;
+    size_t            len, mlen;
+    uint8_t          *body;
     const uint8_t    *model;
-    uint64_t         *hashes;
     kvs_req_t        *r;
     kvs_seq_t        *seq;
     kva_prompt_t      p;
     kvs_submit_e      rc;
-    kva_prompt_rc_e   prc;
     struct evbuffer  *in;
 
     in = evhttp_request_get_input_buffer(req);
     len = evbuffer_get_length(in);
     body = evbuffer_pullup(in, -1);
 
-    bs = 4 * (size_t) srv->sim->conf.block_tokens;
-    nh = kva_hash_body_max(len, bs);
-
-    out = malloc(len + KVA_PROMPT_OUT_SLACK);
-    hashes = malloc((nh + 1) * sizeof(uint64_t));
-
-    if ((body == NULL && len) || out == NULL || hashes == NULL) {
-        free(out);
-        free(hashes);
+    if (body == NULL && len) {
         kvs_reply_error(srv, req, 503, "out of memory");
         return NULL;
     }
 
-    /* the module's own definition, so that our events match its lookups */
-    prc = kva_hash_body(body, len, bs, out, hashes, &nh, &p);
-
-    free(out);
-
-    if (prc != KVA_PROMPT_OK) {
-        free(hashes);
-        snprintf(msg, sizeof(msg), "invalid request body: %s",
-                 kva_prompt_strerror(prc));
-        kvs_reply_error(srv, req, 400, msg);
+    seq = srv->sim->conf.tokens ? kvs_seq_tokens(srv, req, body, len, &p)
+                                : kvs_seq_text(srv, req, body, len, &p);
+    if (seq == NULL) {
         return NULL;
     }
 
@@ -83,10 +75,12 @@ kvs_request_create(kvs_server_t *srv, kvs_conn_t *conn,
                      &max_tokens);
 
     if (max_tokens < 1 || max_tokens > KVS_MAX_TOKENS) {
-        free(hashes);
+        kvs_seq_free(seq);
         kvs_reply_error(srv, req, 400, "max_tokens out of range");
         return NULL;
     }
+
+    seq->max_out = max_tokens;
 
     if (p.model_len == 0) {
         model = (const uint8_t *) srv->sim->conf.model;
@@ -97,13 +91,9 @@ kvs_request_create(kvs_server_t *srv, kvs_conn_t *conn,
         mlen = p.model_len;
     }
 
-    seq = kvs_seq_new((p.out_len + 3) / 4, max_tokens, hashes, nh);
     r = malloc(sizeof(kvs_req_t) + 6 * mlen + 1);
 
-    free(hashes);
-
-    if (seq == NULL || r == NULL) {
-        free(r);
+    if (r == NULL) {
         kvs_seq_free(seq);
         kvs_reply_error(srv, req, 503, "out of memory");
         return NULL;
@@ -144,6 +134,174 @@ kvs_request_create(kvs_server_t *srv, kvs_conn_t *conn,
 }
 
 
+/* text: the prompt's blocks hashed as the module hashes the body */
+static kvs_seq_t *
+kvs_seq_text(kvs_server_t *srv, struct evhttp_request *req,
+    const uint8_t *body, size_t len, kva_prompt_t *p)
+{
+    char              msg[128];
+    size_t            nh, bs;
+    uint8_t          *out;
+    uint64_t         *hashes;
+    kvs_seq_t        *seq;
+    kva_prompt_rc_e   prc;
+
+    bs = 4 * (size_t) srv->sim->conf.block_tokens;
+    nh = kva_hash_body_max(len, bs);
+
+    out = malloc(len + KVA_PROMPT_OUT_SLACK);
+    hashes = malloc((nh + 1) * sizeof(uint64_t));
+
+    if (out == NULL || hashes == NULL) {
+        free(out);
+        free(hashes);
+        kvs_reply_error(srv, req, 503, "out of memory");
+        return NULL;
+    }
+
+    /* the module's own definition, so that our events match its lookups */
+    prc = kva_hash_body(body, len, bs, out, hashes, &nh, p);
+
+    free(out);
+
+    if (prc != KVA_PROMPT_OK) {
+        free(hashes);
+        snprintf(msg, sizeof(msg), "invalid request body: %s",
+                 kva_prompt_strerror(prc));
+        kvs_reply_error(srv, req, 400, msg);
+        return NULL;
+    }
+
+    seq = kvs_seq_new((p->out_len + 3) / 4, KVS_DEFAULT_TOKENS, hashes, nh);
+
+    free(hashes);
+
+    if (seq == NULL) {
+        kvs_reply_error(srv, req, 503, "out of memory");
+    }
+
+    return seq;
+}
+
+
+/*
+ * tokens: the prompt's ids (the body's, or the pseudo-tokenizer's) keyed
+ * by the core's token key space, seeded by the request's model, which is
+ * an adapter's name for an adapter; with --events zmq the sequence also
+ * carries what an engine publishes: the ids and its own chained hashes.
+ */
+static kvs_seq_t *
+kvs_seq_tokens(kvs_server_t *srv, struct evhttp_request *req,
+    const uint8_t *body, size_t len, kva_prompt_t *p)
+{
+    char              msg[128];
+    size_t            nh, b, mlen, bt;
+    uint32_t          lora;
+    uint64_t          salt, prev;
+    uint64_t         *hashes;
+    const char       *model;
+    kvs_seq_t        *seq;
+    kvs_tokens_t      t;
+    kvs_conf_t       *conf = &srv->sim->conf;
+    kva_prompt_rc_e   prc;
+
+    prc = kvs_tokens_body(body, len, &t);
+
+    if (t.nomem) {
+        kvs_tokens_free(&t);
+        kvs_reply_error(srv, req, 503, "out of memory");
+        return NULL;
+    }
+
+    if (prc != KVA_PROMPT_OK) {
+        kvs_tokens_free(&t);
+        snprintf(msg, sizeof(msg), "invalid request body: %s",
+                 kva_prompt_strerror(prc));
+        kvs_reply_error(srv, req, 400, msg);
+        return NULL;
+    }
+
+    *p = t.p;
+    bt = conf->block_tokens;
+    nh = t.n / bt;
+
+    if (p->model_len) {
+        model = (const char *) p->model;
+        mlen = p->model_len;
+
+    } else {
+        model = conf->model;
+        mlen = strlen(model);
+    }
+
+    lora = kvs_lora_index(conf, model, mlen);
+
+    hashes = malloc((nh + 1) * sizeof(uint64_t));
+    if (hashes == NULL) {
+        kvs_tokens_free(&t);
+        kvs_reply_error(srv, req, 503, "out of memory");
+        return NULL;
+    }
+
+    nh = kva_token_blocks(kva_token_seed((const uint8_t *) model, mlen),
+                          t.ids, t.n, bt, NULL, hashes, nh);
+
+    seq = kvs_seq_new(t.n, KVS_DEFAULT_TOKENS, hashes, nh);
+
+    free(hashes);
+
+    if (seq == NULL) {
+        kvs_tokens_free(&t);
+        kvs_reply_error(srv, req, 503, "out of memory");
+        return NULL;
+    }
+
+    if (conf->events != KVS_EVENTS_ZMQ) {
+        kvs_tokens_free(&t);
+        return seq;
+    }
+
+    seq->ehashes = malloc((nh + 1) * sizeof(uint64_t));
+    if (seq->ehashes == NULL) {
+        kvs_tokens_free(&t);
+        kvs_seq_free(seq);
+        kvs_reply_error(srv, req, 503, "out of memory");
+        return NULL;
+    }
+
+    salt = kvs_vllm_salt(model, mlen);
+    prev = srv->sim->engine_seed;
+
+    for (b = 0; b < nh; b++) {
+        prev = kvs_vllm_hash(prev, salt, &t.ids[b * bt], bt);
+        seq->ehashes[b] = prev;
+    }
+
+    /* the sequence owns the ids now */
+    seq->ids = t.ids;
+    seq->lora = lora;
+
+    return seq;
+}
+
+
+static uint32_t
+kvs_lora_index(const kvs_conf_t *conf, const char *name, size_t len)
+{
+    unsigned  i;
+
+    for (i = 0; i < conf->nlora; i++) {
+        if (strlen(conf->lora[i]) == len
+            && memcmp(conf->lora[i], name, len) == 0)
+        {
+            return i + 1;
+        }
+    }
+
+    return 0;
+}
+
+
 /* top-level "stream" and "max_tokens" of a body already validated */
 static void
 kvs_scan_options(const char *p, const char *end, int *stream,
@@ -171,7 +329,7 @@ kvs_scan_options(const char *p, const char *end, int *stream,
         }
 
         key = p + 1;
-        p = kvs_skip_value(p, end);
+        p = kvs_json_skip(p, end);
         klen = p - key - 1;
 
         kvs_ws(p);
@@ -182,7 +340,7 @@ kvs_scan_options(const char *p, const char *end, int *stream,
 
         kvs_ws(p);
         v = p;
-        p = kvs_skip_value(p, end);
+        p = kvs_json_skip(p, end);
 
         if (kvs_key("stream")) {
             *stream = (p - v == 4 && memcmp(v, "true", 4) == 0);
@@ -204,64 +362,6 @@ kvs_scan_options(const char *p, const char *end, int *stream,
 
 #undef kvs_ws
 #undef kvs_key
-}
-
-
-static const char *
-kvs_skip_value(const char *p, const char *end)
-{
-    int  depth, in_str;
-
-    depth = 0;
-    in_str = 0;
-
-    for ( /* void */ ; p < end; p++) {
-        if (in_str) {
-            if (*p == '\\') {
-                p++;
-
-            } else if (*p == '"') {
-                in_str = 0;
-
-                if (depth == 0) {
-                    return p + 1;
-                }
-            }
-
-            continue;
-        }
-
-        switch (*p) {
-        case '"':
-            in_str = 1;
-            break;
-        case '{':
-        case '[':
-            depth++;
-            break;
-        case '}':
-        case ']':
-            if (depth == 0) {
-                return p;
-            }
-
-            if (--depth == 0) {
-                return p + 1;
-            }
-
-            break;
-        case ',':
-        case ' ':
-        case '\t':
-        case '\r':
-        case '\n':
-            if (depth == 0) {
-                return p;
-            }
-        }
-    }
-
-    return end;
 }
 
 

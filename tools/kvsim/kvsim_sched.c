@@ -51,6 +51,8 @@ kvs_seq_free(kvs_seq_t *seq)
 {
     if (seq) {
         free(seq->blocks);
+        free(seq->ids);
+        free(seq->ehashes);
         free(seq);
     }
 }
@@ -189,8 +191,9 @@ kvs_sched_plan(kvs_sched_t *s, double now)
 void
 kvs_sched_complete(kvs_sched_t *s, kvs_seq_pt cb, void *arg)
 {
-    uint32_t    i, b, last, bt, nstep;
-    kvs_seq_t  *seq;
+    uint32_t             i, b, last, bt, nstep;
+    kvs_seq_t           *seq;
+    kvs_engine_block_t   eb;
 
     bt = s->conf.block_tokens;
     nstep = s->nstep;
@@ -212,8 +215,19 @@ kvs_sched_complete(kvs_sched_t *s, kvs_seq_pt cb, void *arg)
         last = kvs_min(seq->computed / bt, seq->nhashes);
 
         for ( /* void */ ; b < last; b++) {
-            kvs_cache_commit(s->cache, seq->blocks[b], seq->hashes[b],
-                             b ? seq->hashes[b - 1] : 0);
+            if (seq->ehashes == NULL) {
+                kvs_cache_commit(s->cache, seq->blocks[b], seq->hashes[b],
+                                 b ? seq->hashes[b - 1] : 0);
+                continue;
+            }
+
+            eb.ids = &seq->ids[(size_t) b * bt];
+            eb.nids = bt;
+            eb.lora = seq->lora;
+            eb.ehash = seq->ehashes[b];
+            eb.eparent = b ? seq->ehashes[b - 1] : 0;
+            kvs_cache_commit_engine(s->cache, seq->blocks[b], seq->hashes[b],
+                                    b ? seq->hashes[b - 1] : 0, &eb);
         }
 
         if (seq->computed < seq->prompt + seq->out) {

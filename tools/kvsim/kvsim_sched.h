@@ -48,6 +48,12 @@ struct kvs_seq_s {
     uint32_t            blocks_cap;
 
     uint32_t            nhashes;        /* full prompt blocks */
+
+    /* the engine's view (--events zmq), malloc'ed, freed with the seq */
+    uint32_t           *ids;            /* the prompt's token ids */
+    uint64_t           *ehashes;        /* nhashes of the engine's */
+    uint32_t            lora;           /* 0, or an adapter's index + 1 */
+
     kvs_seq_state_e     state;
     unsigned            admitted:1;
     unsigned            in_step:1;

@@ -12,6 +12,7 @@
 #include "kvsim_events.h"
 #include "kvsim_http.h"
 #include "kvsim_server.h"
+#include "kvsim_zmq.h"
 
 
 static void kvs_step_start(kvs_server_t *srv, double start);
@@ -128,6 +129,9 @@ kvs_step_handler(evutil_socket_t fd, short what, void *arg)
 
     if (srv->sim->events) {
         kvs_events_step(srv->sim->events, srv);
+
+    } else if (srv->sim->zmq) {
+        kvs_zmq_step(srv->sim->zmq, srv);
 
     } else {
         kvs_cache_ops_clear(&srv->cache);

@@ -18,6 +18,7 @@ package KvAware::Launch;
 #   $pid = $l->spawn($name, \@cmd, ready => sub {...}, timeout => 5)
 #   $pid = $l->start_redis($port, @extra_redis_args)        # PING-ready
 #   $pid = $l->start_kvsim($base, $servers, @extra_kvsim_args)  # ports open
+#   $pid = $l->start_kvbridge(@kvbridge_args)   # both Redis links up
 #   $l->stop($name); $l->stop_all
 #
 # Conventions every caller shares:
@@ -32,7 +33,8 @@ package KvAware::Launch;
 #     SIGTERM to the group, SIGKILL after 5 s;
 #   * binaries: TEST_NGINX_BINARY (else /usr/sbin/nginx), KV_AWARE_MODULE
 #     (else build/ngx_http_kv_aware_module.so), KVSIM_BINARY (else
-#     build/kvsim), TEST_REDIS_SERVER (else redis-server);
+#     build/kvsim), KVBRIDGE_BINARY (else build/kvbridge),
+#     TEST_REDIS_SERVER (else redis-server);
 #   * a sanitizer build writes its reports to PREFIX/logs/sanitizer.PID;
 #   * everything started is stopped when the object goes away or the
 #     process exits (END, or SIGINT/TERM/PIPE), unless detach => 1 (the
@@ -54,7 +56,8 @@ use Time::HiRes qw(time sleep);
 
 use Exporter qw(import);
 our @EXPORT_OK = qw(wait_until free_ports free_run port_open module_path
-                    nginx_binary kvsim_binary slurp write_file alive
+                    nginx_binary kvsim_binary kvbridge_binary slurp
+                    write_file alive
                     workers_of read_pid);
 
 my %LIVE;                       # refaddr => weak ref, for END cleanup
@@ -63,6 +66,9 @@ sub nginx_binary { $ENV{TEST_NGINX_BINARY} || '/usr/sbin/nginx' }
 sub redis_binary { $ENV{TEST_REDIS_SERVER} || 'redis-server' }
 sub kvsim_binary {
     File::Spec->rel2abs($ENV{KVSIM_BINARY} || 'build/kvsim');
+}
+sub kvbridge_binary {
+    File::Spec->rel2abs($ENV{KVBRIDGE_BINARY} || 'build/kvbridge');
 }
 sub module_path {
     File::Spec->rel2abs($ENV{KV_AWARE_MODULE}
@@ -437,6 +443,23 @@ sub start_kvsim {
          '--base-port', $base, @extra],
         ready => sub { !grep { !port_open($_) } @ports },
         what => "kvsim on ports $ports[0]-$ports[-1]", timeout => 10, %o);
+}
+
+# kvbridge with @args (its --redis, --engine ...); ready when both of its
+# Redis links are up (its log says so), timeout 10 s
+sub start_kvbridge {
+    my ($self, @args) = @_;
+    my %o = ref $args[0] eq 'HASH' ? %{ shift @args } : ();
+    my $name = $o{name} // 'kvbridge';
+    my $log = $o{log} // "$self->{prefix}/logs/$name.log";
+    my $from = -s $log // 0;
+    return $self->spawn($name, [$o{binary} // kvbridge_binary(), @args],
+        ready => sub {
+            my $t = substr(slurp($log) // '', $from);
+            return ($t =~ /publishing on/ && $t =~ /answering resyncs/)
+                   ? 1 : 0;
+        },
+        what => 'kvbridge', timeout => 10, %o);
 }
 
 sub redis_ping {

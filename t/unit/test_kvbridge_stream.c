@@ -1,0 +1,326 @@
+/*
+ * kvbridge's stream (tools/kvbridge/kvb_stream.c): batches handed on once
+ * and in order across duplicates, gaps, replays that work, replays that
+ * skip or never end, and engines that restart.  The replay side is a
+ * real ZeroMQ ROUTER socket answering as vLLM's publisher does.
+ */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "tap.h"
+#include "kvb_stream.h"
+
+
+#define EP  "inproc://replay"
+
+
+static void     *zctx, *router;
+static uint64_t  got[256];
+static size_t    ngot;
+static int       resets, restarts;
+static char      last_reset[128];
+
+
+static void
+on_batch(void *data, uint64_t seq, const char *payload, size_t len)
+{
+    /* the payload says its seq too: "b<seq>" */
+    char  want[32];
+
+    snprintf(want, sizeof(want), "b%llu", (unsigned long long) seq);
+
+    if (len != strlen(want) || memcmp(payload, want, len) != 0) {
+        seq += 1000000;     /* shows up as wrong in the test */
+    }
+
+    if (ngot < 256) {
+        got[ngot++] = seq;
+    }
+}
+
+
+static void
+on_reset(void *data, kvb_reset_e why, const char *detail)
+{
+    resets++;
+    restarts += (why == KVB_RESET_RESTART);
+    snprintf(last_reset, sizeof(last_reset), "%s", detail);
+}
+
+
+static void
+be64(uint64_t v, unsigned char *p)
+{
+    int  i;
+
+    for (i = 0; i < 8; i++) {
+        p[i] = (unsigned char) (v >> (56 - 8 * i));
+    }
+}
+
+
+static void
+live(kvb_stream_t *st, uint64_t seq)
+{
+    char           payload[32];
+    unsigned char  s[8];
+
+    be64(seq, s);
+    snprintf(payload, sizeof(payload), "b%llu", (unsigned long long) seq);
+    kvb_stream_frame(st, s, 8, payload, strlen(payload), 0);
+}
+
+
+/* the engine's side: reads one request, returns its start seq */
+
+static int64_t
+replay_request(unsigned char *id, size_t *id_len)
+{
+    int            n;
+    uint64_t       v;
+    unsigned char  empty[8], start[8];
+    zmq_pollitem_t it = { router, 0, ZMQ_POLLIN, 0 };
+
+    if (zmq_poll(&it, 1, 1000) != 1) {
+        return -1;
+    }
+
+    n = zmq_recv(router, id, 64, 0);
+    *id_len = (size_t) n;
+    zmq_recv(router, empty, sizeof(empty), 0);
+    n = zmq_recv(router, start, sizeof(start), 0);
+
+    if (n != 8) {
+        return -1;
+    }
+
+    v = 0;
+
+    for (n = 0; n < 8; n++) {
+        v = (v << 8) | start[n];
+    }
+
+    return (int64_t) v;
+}
+
+
+static void
+replay_send(unsigned char *id, size_t id_len, int64_t seq, int topic)
+{
+    char           payload[32];
+    unsigned char  s[8];
+
+    be64((uint64_t) seq, s);
+    snprintf(payload, sizeof(payload), "b%lld", (long long) seq);
+
+    zmq_send(router, id, id_len, ZMQ_SNDMORE);
+    zmq_send(router, "", 0, ZMQ_SNDMORE);
+
+    if (topic) {
+        zmq_send(router, "kv@pod-1@llama", 14, ZMQ_SNDMORE);
+    }
+
+    zmq_send(router, s, 8, ZMQ_SNDMORE);
+    zmq_send(router, seq < 0 ? "" : payload, seq < 0 ? 0 : strlen(payload),
+             0);
+}
+
+
+/* lets the stream read what the router sent */
+
+static void
+pump(kvb_stream_t *st)
+{
+    int             i;
+    zmq_pollitem_t  it;
+
+    for (i = 0; i < 50 && kvb_stream_socket(st) != NULL; i++) {
+        it.socket = kvb_stream_socket(st);
+        it.fd = 0;
+        it.events = ZMQ_POLLIN;
+        it.revents = 0;
+
+        if (zmq_poll(&it, 1, 20) > 0) {
+            kvb_stream_io(st, 0);
+        }
+    }
+}
+
+
+static int
+got_is(const uint64_t *want, size_t n)
+{
+    size_t  i;
+
+    if (ngot != n) {
+        printf("# got %zu batches:", ngot);
+        for (i = 0; i < ngot; i++) {
+            printf(" %llu", (unsigned long long) got[i]);
+        }
+        printf("\n");
+        return 0;
+    }
+
+    for (i = 0; i < n; i++) {
+        if (got[i] != want[i]) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+static kvb_stream_t *
+fresh(const char *ep, size_t hold)
+{
+    kvb_stream_handler_t  h = { on_batch, on_reset, NULL };
+
+    ngot = 0;
+    resets = 0;
+    restarts = 0;
+
+    return kvb_stream_create(zctx, ep, 300, hold, &h);
+}
+
+
+int
+main(void)
+{
+    size_t          id_len;
+    int64_t         from;
+    unsigned        i;
+    kvb_stream_t   *st;
+    unsigned char   id[64];
+
+    zctx = zmq_ctx_new();
+    router = zmq_socket(zctx, ZMQ_ROUTER);
+    zmq_bind(router, EP);
+
+    /* in order */
+    st = fresh(EP, 64);
+    for (i = 0; i < 5; i++) {
+        live(st, i);
+    }
+    ok(got_is((uint64_t[]) { 0, 1, 2, 3, 4 }, 5) && resets == 0,
+       "in order");
+
+    /* a gap: replayed, the held batch follows, overlap dropped */
+    live(st, 7);
+    live(st, 8);
+    from = replay_request(id, &id_len);
+    ok(from == 5, "a gap asks for a replay from the first missing seq");
+    replay_send(id, id_len, 5, 0);
+    replay_send(id, id_len, 6, 0);
+    replay_send(id, id_len, 7, 0);
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    live(st, 9);
+    ok(got_is((uint64_t[]) { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 }, 10)
+       && resets == 0 && kvb_stream_stats(st)->replays_ok == 1,
+       "replayed 5..7, then the held 8 and the live 9, no reset");
+
+    /* newer vLLM: a topic frame in the replies */
+    live(st, 12);
+    from = replay_request(id, &id_len);
+    replay_send(id, id_len, 10, 1);
+    replay_send(id, id_len, 11, 1);
+    replay_send(id, id_len, -1, 1);
+    pump(st);
+    ok(from == 10 && ngot == 13 && got[12] == 12 && resets == 0,
+       "replies with a topic frame");
+
+    /* the ROUTER dropped one: the replay skips */
+    live(st, 16);
+    from = replay_request(id, &id_len);
+    replay_send(id, id_len, 13, 0);
+    replay_send(id, id_len, 15, 0);
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    ok(from == 13 && resets == 1 && strstr(last_reset, "skipped") != NULL
+       && got[ngot - 1] == 16 && kvb_stream_stats(st)->replays_failed == 1,
+       "a replay that skips a seq resets: %s", last_reset);
+
+    /* no answer at all */
+    live(st, 20);
+    from = replay_request(id, &id_len);
+    kvb_stream_tick(st, 100);
+    ok(kvb_stream_socket(st) != NULL, "still waiting before the timeout");
+    kvb_stream_tick(st, 1000);
+    ok(from == 17 && resets == 2 && strstr(last_reset, "timed out") != NULL
+       && got[ngot - 1] == 20 && kvb_stream_socket(st) == NULL,
+       "a replay that never ends times out and resets");
+
+    /* the engine restarts: seq back to 0 */
+    live(st, 0);
+    live(st, 1);
+    ok(restarts == 1 && got[ngot - 2] == 0 && got[ngot - 1] == 1,
+       "seq 0 again: a restart, and the new stream goes on");
+
+    kvb_stream_destroy(st);
+
+    /* restarted, its seq 0 missed: any seq going back is a restart */
+    st = fresh(NULL, 64);
+    for (i = 0; i < 40; i++) {
+        live(st, i);
+    }
+    live(st, 3);
+    ok(restarts == 1 && got[ngot - 1] == 3 && ngot == 41,
+       "a seq below the expected one: a restart, on from there");
+    kvb_stream_destroy(st);
+
+    /* no replay endpoint: a gap resets at once */
+    st = fresh(NULL, 64);
+    live(st, 0);
+    live(st, 5);
+    ok(resets == 1 && ngot == 2 && got[1] == 5
+       && strstr(last_reset, "no replay") != NULL,
+       "without a replay endpoint a gap resets: %s", last_reset);
+    kvb_stream_destroy(st);
+
+    /* joining late: replayed from 0 */
+    st = fresh(EP, 64);
+    live(st, 3);
+    from = replay_request(id, &id_len);
+    for (i = 0; i < 3; i++) {
+        replay_send(id, id_len, i, 0);
+    }
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    ok(from == 0 && got_is((uint64_t[]) { 0, 1, 2, 3 }, 4) && resets == 0,
+       "a bridge that joins late replays the engine from seq 0");
+    kvb_stream_destroy(st);
+
+    /* the replay's buffer no longer reaches back */
+    st = fresh(EP, 64);
+    live(st, 0);
+    live(st, 9);
+    from = replay_request(id, &id_len);
+    replay_send(id, id_len, 5, 0);
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    ok(from == 1 && resets == 1 && got[ngot - 1] == 9,
+       "seqs no longer buffered: reset, then on from the live batch");
+    kvb_stream_destroy(st);
+
+    /* more live batches than may be held during a replay */
+    st = fresh(EP, 4);
+    live(st, 0);
+    for (i = 2; i < 8; i++) {
+        live(st, i);
+    }
+    from = replay_request(id, &id_len);
+    ok(from == 1 && resets == 1 && got[ngot - 1] == 7
+       && kvb_stream_socket(st) == NULL,
+       "past the hold limit the replay is abandoned: %s", last_reset);
+    kvb_stream_destroy(st);
+
+    zmq_close(router);
+    zmq_ctx_term(zctx);
+
+    return done_testing();
+}

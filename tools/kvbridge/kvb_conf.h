@@ -1,0 +1,69 @@
+/*
+ * kvbridge: its configuration, from the command line or a file of the
+ * same directives (one a line, the option's name without its dashes):
+ *
+ *   redis 127.0.0.1:6379
+ *   engine 127.0.0.1:8001 model=llama events=tcp://127.0.0.1:5557
+ *          replay=tcp://127.0.0.1:5558 metrics=http://127.0.0.1:8001/metrics
+ *
+ * Errors name the directive, the value and what was expected, as nginx -t
+ * does, and stop the bridge before it starts.
+ */
+
+#ifndef _KVB_CONF_H_INCLUDED_
+#define _KVB_CONF_H_INCLUDED_
+
+
+#include <stddef.h>
+
+#include "kvb_engine.h"
+
+
+#define KVB_ENGINES_MAX  256
+
+
+typedef struct {
+    kvb_engine_conf_t       engine;
+    const char             *metrics;    /* NULL: no load from it */
+} kvb_engine_spec_t;
+
+
+typedef struct {
+    char                   *redis_host;
+    int                     redis_port;
+    const char             *redis_user;
+    const char             *redis_password;
+    const char             *channel;
+    const char             *collect;    /* a bound SUB for engines that
+                                           connect, told apart by topic */
+
+    kvb_engine_spec_t       engines[KVB_ENGINES_MAX];
+    size_t                  nengines;
+
+    kvb_engine_limits_t     lim;
+    unsigned                metrics_ms;
+    unsigned                daemon:1;
+    const char             *pid_file;
+    int                     log_level;
+} kvb_conf_t;
+
+
+void kvb_conf_defaults(kvb_conf_t *c);
+
+/*
+ * 0 and c filled, 1 when --help or --version was answered, -1 with err
+ * set on a mistake.  The strings in c point into argv or into memory
+ * that lives as long as the process.
+ */
+int kvb_conf_args(kvb_conf_t *c, int argc, char **argv, char *err,
+    size_t errlen);
+int kvb_conf_file(kvb_conf_t *c, const char *path, char *err,
+    size_t errlen);
+
+/* what can only be judged once everything is read */
+int kvb_conf_check(kvb_conf_t *c, char *err, size_t errlen);
+
+void kvb_conf_usage(void);
+
+
+#endif /* _KVB_CONF_H_INCLUDED_ */

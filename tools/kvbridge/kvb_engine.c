@@ -1,0 +1,574 @@
+/*
+ * kvbridge: one engine, from its socket to nginx (kvb_engine.h).
+ */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "kva_event.h"
+#include "kvb_engine.h"
+#include "kvb_log.h"
+#include "kvb_mirror.h"
+#include "kvb_stream.h"
+
+
+/* a load older than this is not sent: nginx falls back to its own count */
+#define KVB_LOAD_FRESH_MS   5000
+
+/* a hash costs about 19 bytes in a message: 16 hex digits, quotes, comma */
+#define KVB_HASH_BYTES      19
+
+/* the snapshot goes out in slices of a tenth of a second */
+#define KVB_SNAPSHOT_TICK   100
+
+
+struct kvb_engine_s {
+    kvb_engine_conf_t       conf;
+    kvb_engine_limits_t     lim;
+    char                   *name;
+    char                   *model;
+    char                   *topic;
+    void                   *sub;
+    kvb_stream_t           *stream;
+    kvb_mirror_t           *mirror;
+    kvb_redis_t            *redis;
+
+    uint64_t                seq;            /* the last one published */
+    uint64_t                last_pub;       /* ms */
+
+    unsigned                has_load:1;
+    uint32_t                waiting, running;
+    double                  kv_usage;
+    uint64_t                load_at;
+
+    unsigned                snapshotting:1;
+    unsigned                snapshot_parts;
+    size_t                  cursor;
+    uint64_t                next_slice;     /* ms */
+    uint64_t               *keys;           /* one part's */
+
+    uint64_t                now;
+    uint64_t                replays_seen;   /* ok + failed, logged */
+    kvb_engine_stats_t      st;
+    kvb_log_limit_t         bad_log;        /* batches refused */
+    kvb_log_limit_t         skip_log;       /* events skipped */
+};
+
+
+static void kvb_engine_on_batch(void *data, uint64_t seq, const char *payload,
+    size_t len);
+static void kvb_engine_on_reset(void *data, kvb_reset_e why,
+    const char *detail);
+static void kvb_engine_publish(kvb_engine_t *e, kva_batch_t *b);
+static void kvb_engine_send(kvb_engine_t *e, kva_batch_t *m);
+static void kvb_engine_slice(kvb_engine_t *e);
+
+
+kvb_engine_t *
+kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
+    const kvb_engine_limits_t *lim, kvb_redis_t *redis, char *err,
+    size_t errlen)
+{
+    int                    hwm;
+    int64_t                max;
+    kvb_engine_t          *e;
+    kvb_stream_handler_t   h;
+
+    e = calloc(1, sizeof(kvb_engine_t));
+    if (e == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+
+    e->conf = *conf;
+    e->lim = *lim;
+    e->redis = redis;
+    e->name = strdup(conf->name);
+    e->model = strdup(conf->model);
+    e->topic = strdup(conf->topic ? conf->topic : "");
+    e->keys = malloc(lim->max_hashes * sizeof(uint64_t));
+    e->mirror = kvb_mirror_create(conf->model, lim->max_blocks);
+
+    h.batch = kvb_engine_on_batch;
+    h.reset = kvb_engine_on_reset;
+    h.data = e;
+    e->stream = kvb_stream_create(zctx, conf->replay, lim->replay_ms,
+                                  lim->replay_hold, &h);
+
+    if (e->name == NULL || e->model == NULL || e->topic == NULL
+        || e->keys == NULL || e->mirror == NULL || e->stream == NULL)
+    {
+        snprintf(err, errlen, "out of memory");
+        kvb_engine_destroy(e);
+        return NULL;
+    }
+
+    if (conf->events == NULL) {
+        return e;
+    }
+
+    e->sub = zmq_socket(zctx, ZMQ_SUB);
+    if (e->sub == NULL) {
+        snprintf(err, errlen, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+        kvb_engine_destroy(e);
+        return NULL;
+    }
+
+    /*
+     * A batch past max_bytes would be refused anyway: ZeroMQ drops the
+     * peer that sends it before it is buffered.  No high-water mark on
+     * our side: the bridge reads as fast as it can, and what it cannot
+     * keep up with the engine drops (seen here as a gap).
+     */
+    max = (int64_t) lim->decode.max_bytes + 64;
+    hwm = 0;
+    zmq_setsockopt(e->sub, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+    zmq_setsockopt(e->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+
+    if (zmq_setsockopt(e->sub, ZMQ_SUBSCRIBE, e->topic, strlen(e->topic))
+        != 0
+        || zmq_connect(e->sub, conf->events) != 0)
+    {
+        snprintf(err, errlen, "events=%s: %s", conf->events,
+                 zmq_strerror(zmq_errno()));
+        kvb_engine_destroy(e);
+        return NULL;
+    }
+
+    return e;
+}
+
+
+void
+kvb_engine_destroy(kvb_engine_t *e)
+{
+    if (e == NULL) {
+        return;
+    }
+
+    if (e->sub != NULL) {
+        zmq_close(e->sub);
+    }
+
+    kvb_stream_destroy(e->stream);
+    kvb_mirror_destroy(e->mirror);
+    free(e->keys);
+    free(e->topic);
+    free(e->model);
+    free(e->name);
+    free(e);
+}
+
+
+const char *
+kvb_engine_name(const kvb_engine_t *e)
+{
+    return e->name;
+}
+
+
+const char *
+kvb_engine_topic(const kvb_engine_t *e)
+{
+    return e->topic;
+}
+
+
+void *
+kvb_engine_sub(const kvb_engine_t *e)
+{
+    return e->sub;
+}
+
+
+void *
+kvb_engine_replay(const kvb_engine_t *e)
+{
+    return kvb_stream_socket(e->stream);
+}
+
+
+void
+kvb_engine_sub_io(kvb_engine_t *e, uint64_t now_ms)
+{
+    int        n, more;
+    size_t     nparts, i;
+    zmq_msg_t  parts[3], skip;
+
+    /* [topic, seq, payload]; a bounded number a call, others wait */
+
+    for (n = 0; n < 256; n++) {
+        nparts = 0;
+        more = 1;
+
+        while (more && nparts < 3) {
+            zmq_msg_init(&parts[nparts]);
+
+            if (zmq_msg_recv(&parts[nparts], e->sub, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&parts[nparts]);
+                break;
+            }
+
+            more = zmq_msg_more(&parts[nparts]);
+            nparts++;
+        }
+
+        if (nparts == 0) {
+            return;
+        }
+
+        while (more) {
+            /* more parts than vLLM sends */
+            zmq_msg_init(&skip);
+            more = zmq_msg_recv(&skip, e->sub, ZMQ_DONTWAIT) >= 0
+                   && zmq_msg_more(&skip);
+            zmq_msg_close(&skip);
+            nparts = 4;
+        }
+
+        if (nparts == 3) {
+            kvb_engine_frame(e, zmq_msg_data(&parts[1]),
+                             zmq_msg_size(&parts[1]),
+                             zmq_msg_data(&parts[2]),
+                             zmq_msg_size(&parts[2]), now_ms);
+
+        } else {
+            e->st.bad_batches++;
+            kvb_log_limited(&e->bad_log, now_ms, KVB_LOG_WARN,
+                            "engine %s: a message of %zu parts, not 3",
+                            e->name, nparts);
+        }
+
+        for (i = 0; i < nparts && i < 3; i++) {
+            zmq_msg_close(&parts[i]);
+        }
+    }
+}
+
+
+void
+kvb_engine_replay_io(kvb_engine_t *e, uint64_t now_ms)
+{
+    e->now = now_ms;
+    kvb_stream_io(e->stream, now_ms);
+}
+
+
+void
+kvb_engine_frame(kvb_engine_t *e, const void *seq, size_t seq_len,
+    const char *payload, size_t len, uint64_t now_ms)
+{
+    e->now = now_ms;
+    kvb_stream_frame(e->stream, seq, seq_len, payload, len, now_ms);
+}
+
+
+void
+kvb_engine_resync(kvb_engine_t *e)
+{
+    e->snapshotting = 1;
+    e->snapshot_parts = 0;
+    e->cursor = 0;
+    e->next_slice = 0;
+    e->st.snapshots++;
+}
+
+
+void
+kvb_engine_load(kvb_engine_t *e, uint32_t waiting, uint32_t running,
+    double kv_usage, uint64_t now_ms)
+{
+    e->has_load = 1;
+    e->waiting = waiting;
+    e->running = running;
+    e->kv_usage = kv_usage;
+    e->load_at = now_ms;
+}
+
+
+uint64_t
+kvb_engine_deadline(const kvb_engine_t *e)
+{
+    uint64_t  d;
+
+    d = e->last_pub + e->lim.heartbeat_ms;
+
+    if (e->snapshotting && e->next_slice < d) {
+        d = e->next_slice;
+    }
+
+    if (kvb_stream_deadline(e->stream) < d) {
+        d = kvb_stream_deadline(e->stream);
+    }
+
+    return d;
+}
+
+
+void
+kvb_engine_tick(kvb_engine_t *e, uint64_t now_ms)
+{
+    kva_batch_t                hb;
+    const kvb_stream_stats_t  *ss;
+
+    e->now = now_ms;
+    kvb_stream_tick(e->stream, now_ms);
+
+    ss = kvb_stream_stats(e->stream);
+
+    if (ss->replays_ok + ss->replays_failed != e->replays_seen) {
+        e->replays_seen = ss->replays_ok + ss->replays_failed;
+        kvb_log(KVB_LOG_INFO, "engine %s: gaps %llu, replayed %llu, "
+                "lost %llu, duplicates %llu, restarts %llu", e->name,
+                (unsigned long long) ss->gaps,
+                (unsigned long long) ss->replays_ok,
+                (unsigned long long) ss->replays_failed,
+                (unsigned long long) ss->duplicates,
+                (unsigned long long) ss->restarts);
+    }
+
+    if (e->snapshotting && now_ms >= e->next_slice) {
+        kvb_engine_slice(e);
+        e->next_slice = now_ms + KVB_SNAPSHOT_TICK;
+    }
+
+    if (now_ms >= e->last_pub + e->lim.heartbeat_ms) {
+
+        if (!kvb_redis_up(e->redis)) {
+            /*
+             * a heartbeat lost changes nothing nginx knows: it does not
+             * spend a seq, which would make nginx ask for a resync
+             */
+            e->last_pub = now_ms;
+            return;
+        }
+
+        memset(&hb, 0, sizeof(hb));
+        hb.heartbeat = 1;
+        kvb_engine_send(e, &hb);
+    }
+}
+
+
+const kvb_engine_stats_t *
+kvb_engine_stats(const kvb_engine_t *e)
+{
+    return &e->st;
+}
+
+
+static void
+kvb_engine_on_batch(void *data, uint64_t seq, const char *payload,
+    size_t len)
+{
+    char           err[160];
+    kvb_rc_e       rc;
+    kvb_batch_t    in;
+    kva_batch_t    out;
+    kvb_engine_t  *e = data;
+
+    e->st.batches++;
+
+    rc = kvb_decode(payload, len, &e->lim.decode, &in, err, sizeof(err));
+
+    if (rc != KVB_OK) {
+        /* lost: what it said stays unknown until a snapshot is asked */
+        e->st.bad_batches++;
+        kvb_log_limited(&e->bad_log, e->now, KVB_LOG_WARN,
+                        "engine %s: batch %llu refused (%s): %s", e->name,
+                        (unsigned long long) seq, kvb_strerror(rc), err);
+        kvb_batch_free(&in);
+        return;
+    }
+
+    e->st.bad_events += in.malformed;
+    e->st.unknown_events += in.unknown;
+
+    if (in.malformed) {
+        kvb_log_limited(&e->skip_log, e->now, KVB_LOG_WARN,
+                        "engine %s: batch %llu: %u malformed events skipped",
+                        e->name, (unsigned long long) seq, in.malformed);
+    }
+
+    memset(&out, 0, sizeof(out));
+
+    if (kvb_mirror_apply(e->mirror, &in, &out) != 0) {
+        kvb_log(KVB_LOG_ERR, "engine %s: out of memory applying batch %llu",
+                e->name, (unsigned long long) seq);
+    }
+
+    kvb_batch_free(&in);
+
+    if (out.nevents) {
+        kvb_engine_publish(e, &out);
+    }
+
+    kva_batch_free(&out);
+}
+
+
+static void
+kvb_engine_on_reset(void *data, kvb_reset_e why, const char *detail)
+{
+    kva_batch_t    m;
+    kva_ev_t       cleared;
+    kvb_engine_t  *e = data;
+
+    if (why == KVB_RESET_RESTART) {
+        kvb_log(KVB_LOG_INFO, "engine %s restarted (%s): its cache is empty",
+                e->name, detail);
+        kvb_mirror_clear(e->mirror);
+
+        if (e->snapshotting) {
+            /* the snapshot starts again, now of nothing */
+            kvb_engine_resync(e);
+            return;
+        }
+
+        memset(&m, 0, sizeof(m));
+        memset(&cleared, 0, sizeof(cleared));
+        cleared.type = KVA_EV_CLEARED;
+        m.events = &cleared;
+        m.nevents = 1;
+        kvb_engine_send(e, &m);
+        return;
+    }
+
+    /* events lost for good: nginx gets what the mirror holds, afresh */
+
+    kvb_log(KVB_LOG_WARN, "engine %s: events lost (%s), sending a snapshot "
+            "of %zu blocks", e->name, detail, kvb_mirror_size(e->mirror));
+    kvb_engine_resync(e);
+}
+
+
+/* a batch of changes, cut into messages within nginx's caps */
+
+static void
+kvb_engine_publish(kvb_engine_t *e, kva_batch_t *b)
+{
+    size_t       i, off, take, nhashes;
+    kva_ev_t     evs[64], *ev;
+    kva_batch_t  m;
+
+    memset(&m, 0, sizeof(m));
+    m.events = evs;
+    nhashes = 0;
+
+    for (i = 0; i < b->nevents; i++) {
+        ev = &b->events[i];
+        off = 0;
+
+        do {
+            if (m.nevents == 64 || m.nevents == e->lim.max_events
+                || (nhashes == e->lim.max_hashes && ev->nhashes))
+            {
+                kvb_engine_send(e, &m);
+                m.nevents = 0;
+                nhashes = 0;
+            }
+
+            take = ev->nhashes - off;
+            take = (take < e->lim.max_hashes - nhashes)
+                   ? take : e->lim.max_hashes - nhashes;
+
+            evs[m.nevents] = *ev;
+            evs[m.nevents].hashes = ev->nhashes ? ev->hashes + off : NULL;
+            evs[m.nevents].nhashes = take;
+            evs[m.nevents].has_parent = ev->has_parent && off == 0;
+            m.nevents++;
+            nhashes += take;
+            off += take;
+
+        } while (off < ev->nhashes);
+    }
+
+    if (m.nevents) {
+        kvb_engine_send(e, &m);
+    }
+}
+
+
+static void
+kvb_engine_send(kvb_engine_t *e, kva_batch_t *m)
+{
+    char    *msg;
+    size_t   len, i;
+
+    m->server_len = strlen(e->name);
+    memcpy(m->server, e->name, m->server_len + 1);
+    m->seq = ++e->seq;
+    m->keyspace = KVA_KEYSPACE_TOKEN_KEYS;
+    m->hash_count = 0;
+
+    for (i = 0; i < m->nevents; i++) {
+        m->hash_count += m->events[i].nhashes;
+    }
+
+    if (e->has_load && e->now < e->load_at + KVB_LOAD_FRESH_MS) {
+        m->has_load = 1;
+        m->waiting = e->waiting;
+        m->running = e->running;
+        m->kv_usage = e->kv_usage;
+    }
+
+    msg = kva_event_encode(m, &len);
+    if (msg == NULL) {
+        kvb_log(KVB_LOG_ERR, "engine %s: out of memory encoding", e->name);
+        return;
+    }
+
+    /* dropped or not, the seq is spent: nginx sees the gap and asks */
+    (void) kvb_redis_publish(e->redis, msg, len);
+    free(msg);
+
+    e->st.messages++;
+    e->last_pub = e->now;
+}
+
+
+/* one tenth of a second's share of the snapshot */
+
+static void
+kvb_engine_slice(kvb_engine_t *e)
+{
+    size_t       n, parts, budget;
+    kva_ev_t     ev;
+    kva_batch_t  m;
+
+    budget = e->lim.snapshot_bytes / (1000 / KVB_SNAPSHOT_TICK)
+             / (KVB_HASH_BYTES * e->lim.max_hashes);
+    budget = budget ? budget : 1;
+
+    for (parts = 0; parts < budget && e->snapshotting; parts++) {
+        n = kvb_mirror_keys(e->mirror, &e->cursor, e->keys,
+                            e->lim.max_hashes);
+
+        memset(&m, 0, sizeof(m));
+        memset(&ev, 0, sizeof(ev));
+
+        if (n) {
+            ev.type = KVA_EV_STORED;
+            ev.hashes = e->keys;
+            ev.nhashes = n;
+            m.events = &ev;
+            m.nevents = 1;
+        }
+
+        /* fewer than a part's worth: the mirror is walked to its end */
+
+        if (n < e->lim.max_hashes) {
+            m.snapshot = e->snapshot_parts ? KVA_SNAP_END : KVA_SNAP_FULL;
+            e->snapshotting = 0;
+
+        } else {
+            m.snapshot = e->snapshot_parts ? KVA_SNAP_MORE : KVA_SNAP_BEGIN;
+        }
+
+        e->snapshot_parts++;
+        kvb_engine_send(e, &m);
+    }
+}

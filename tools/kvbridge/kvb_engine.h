@@ -1,0 +1,92 @@
+/*
+ * kvbridge: one engine (one data-parallel rank of one model server) as
+ * nginx sees it: a server of the upstream, whose cached blocks and load
+ * the bridge publishes in the module's protocol (docs/events.md).
+ *
+ * Its batches come from its SUB socket (the bridge connects to an engine
+ * that binds), or from the bridge's collector (engines that connect to
+ * one bound socket, told apart by topic).  Each batch runs through the
+ * stream (order, replay), the decoder, the mirror, and out to Redis as
+ * one or more messages within the module's caps.  A stream reset and a
+ * resync request from nginx are answered with a snapshot of the mirror,
+ * paced so that nginx's per-server budget is not exceeded.
+ */
+
+#ifndef _KVB_ENGINE_H_INCLUDED_
+#define _KVB_ENGINE_H_INCLUDED_
+
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvb_redis.h"
+#include "kvb_vllm.h"
+
+
+typedef struct {
+    const char             *name;       /* the upstream's server address */
+    const char             *model;      /* the base model's served name */
+    const char             *events;     /* NULL: fed by the collector */
+    const char             *replay;     /* NULL: no replay */
+    const char             *topic;      /* "" subscribes to all */
+    unsigned                rank;
+} kvb_engine_conf_t;
+
+
+typedef struct {
+    kvb_limits_t            decode;     /* one engine batch */
+    size_t                  max_hashes; /* one message to nginx */
+    size_t                  max_events;
+    size_t                  max_blocks; /* the mirror */
+    unsigned                heartbeat_ms;
+    unsigned                replay_ms;
+    size_t                  replay_hold;
+    size_t                  snapshot_bytes; /* a second, to nginx */
+} kvb_engine_limits_t;
+
+
+typedef struct {
+    uint64_t                batches;
+    uint64_t                bad_batches;    /* refused by the decoder */
+    uint64_t                bad_events;     /* skipped: malformed */
+    uint64_t                unknown_events;
+    uint64_t                messages;       /* published to nginx */
+    uint64_t                snapshots;
+} kvb_engine_stats_t;
+
+
+typedef struct kvb_engine_s  kvb_engine_t;
+
+
+kvb_engine_t *kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
+    const kvb_engine_limits_t *lim, kvb_redis_t *redis, char *err,
+    size_t errlen);
+void kvb_engine_destroy(kvb_engine_t *e);
+
+const char *kvb_engine_name(const kvb_engine_t *e);
+const char *kvb_engine_topic(const kvb_engine_t *e);
+
+/* sockets to poll: its SUB (if it has one) and a replay in progress */
+void *kvb_engine_sub(const kvb_engine_t *e);
+void *kvb_engine_replay(const kvb_engine_t *e);
+void kvb_engine_sub_io(kvb_engine_t *e, uint64_t now_ms);
+void kvb_engine_replay_io(kvb_engine_t *e, uint64_t now_ms);
+
+/* a [topic, seq, payload] message from the collector */
+void kvb_engine_frame(kvb_engine_t *e, const void *seq, size_t seq_len,
+    const char *payload, size_t len, uint64_t now_ms);
+
+/* nginx asked: a snapshot, from the start */
+void kvb_engine_resync(kvb_engine_t *e);
+
+/* the engine's load, from its metrics */
+void kvb_engine_load(kvb_engine_t *e, uint32_t waiting, uint32_t running,
+    double kv_usage, uint64_t now_ms);
+
+uint64_t kvb_engine_deadline(const kvb_engine_t *e);
+void kvb_engine_tick(kvb_engine_t *e, uint64_t now_ms);
+
+const kvb_engine_stats_t *kvb_engine_stats(const kvb_engine_t *e);
+
+
+#endif /* _KVB_ENGINE_H_INCLUDED_ */

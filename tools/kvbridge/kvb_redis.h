@@ -1,0 +1,75 @@
+/*
+ * kvbridge: the bridge's two Redis links, driven by its poll loop.
+ *
+ * One link publishes the module's event messages; the other subscribes to
+ * the resync channel, where nginx asks for a server's snapshot.  Both are
+ * hiredis' asynchronous client on non-blocking sockets: a slow or dead
+ * Redis never stops the bridge from draining the engines' sockets (what
+ * the engines publish while nobody reads is lost, silently, past ZeroMQ's
+ * high-water mark).  A link that drops is reconnected with a backoff; what
+ * was to be published meanwhile is dropped, and the seq it would have
+ * taken makes nginx ask for a resync once Redis is back.
+ */
+
+#ifndef _KVB_REDIS_H_INCLUDED_
+#define _KVB_REDIS_H_INCLUDED_
+
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <zmq.h>
+
+
+typedef struct {
+    /* nginx asks for this server's snapshot */
+    void                  (*resync)(void *data, const char *server,
+                                    size_t len);
+    void                   *data;
+} kvb_redis_handler_t;
+
+
+typedef struct {
+    const char             *host;
+    int                     port;
+    const char             *user;       /* NULL: AUTH with password alone */
+    const char             *password;   /* NULL: no AUTH */
+    const char             *channel;    /* the events channel */
+    size_t                  max_pending; /* PUBLISHes not yet answered */
+} kvb_redis_conf_t;
+
+
+typedef struct {
+    uint64_t                published;
+    uint64_t                dropped;    /* Redis down or behind */
+    uint64_t                resyncs;    /* requests heard */
+    uint64_t                bad_requests;
+    uint64_t                reconnects;
+} kvb_redis_stats_t;
+
+
+typedef struct kvb_redis_s  kvb_redis_t;
+
+
+kvb_redis_t *kvb_redis_create(const kvb_redis_conf_t *conf,
+    const kvb_redis_handler_t *h);
+void kvb_redis_destroy(kvb_redis_t *r);
+
+/* 0: on its way; -1: dropped (the publishing link is down or behind) */
+int kvb_redis_publish(kvb_redis_t *r, const char *msg, size_t len);
+
+/* 1 when the publishing link is up */
+int kvb_redis_up(const kvb_redis_t *r);
+
+/* adds the links' sockets to items (at most 2), returns how many */
+int kvb_redis_watch(kvb_redis_t *r, zmq_pollitem_t *items);
+/* after zmq_poll(): the same items, with their revents */
+void kvb_redis_io(kvb_redis_t *r, const zmq_pollitem_t *items, int n);
+
+uint64_t kvb_redis_deadline(const kvb_redis_t *r);
+void kvb_redis_tick(kvb_redis_t *r, uint64_t now_ms);
+
+const kvb_redis_stats_t *kvb_redis_stats(const kvb_redis_t *r);
+
+
+#endif /* _KVB_REDIS_H_INCLUDED_ */

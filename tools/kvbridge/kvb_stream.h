@@ -1,0 +1,90 @@
+/*
+ * kvbridge: one engine's event stream in order, whatever the wire loses.
+ *
+ * vLLM and SGLang number their batches (seq, 8 bytes big-endian, from 0
+ * per process) and keep the last buffer_steps of them for replay behind a
+ * ROUTER socket.  This file turns the frames the SUB socket delivers into
+ * batches handed on exactly once and in order:
+ *
+ *   - the next seq: handed on;
+ *   - a seq that goes back: the engine restarted (live batches never
+ *     repeat; a replay overlapping them is sorted out while they wait);
+ *   - a gap: the stream asks the replay socket for everything from the
+ *     first missing seq, holds live batches meanwhile (bounded), hands on
+ *     the replayed ones and then the held ones.  A replay that skips a
+ *     seq (ROUTER drops past its high-water mark, silently), never ends,
+ *     or does not reach the held batches, fails;
+ *   - a restart, or a gap that replay cannot close (no replay endpoint,
+ *     the seq no longer buffered, a failed replay): the stream says so
+ *     (on_reset), so that the engine's owner starts again from a clean
+ *     slate, and goes on from the batch at hand.
+ *
+ * The first batch after the bridge starts is a gap from 0 when its seq is
+ * not 0: an engine that ran before the bridge is replayed from its start
+ * if it still buffers it.
+ */
+
+#ifndef _KVB_STREAM_H_INCLUDED_
+#define _KVB_STREAM_H_INCLUDED_
+
+
+#include <stddef.h>
+#include <stdint.h>
+
+
+typedef enum {
+    KVB_RESET_RESTART = 0,      /* seq went back: a new engine process */
+    KVB_RESET_GAP               /* batches lost for good */
+} kvb_reset_e;
+
+
+typedef struct {
+    /* a batch, in order; payload is the msgpack frame */
+    void                  (*batch)(void *data, uint64_t seq,
+                                   const char *payload, size_t len);
+    /* what the batches so far said may be wrong: start again */
+    void                  (*reset)(void *data, kvb_reset_e why,
+                                   const char *detail);
+    void                   *data;
+} kvb_stream_handler_t;
+
+
+typedef struct {
+    uint64_t                batches;
+    uint64_t                duplicates;
+    uint64_t                gaps;
+    uint64_t                replays_ok;
+    uint64_t                replays_failed;
+    uint64_t                restarts;
+    uint64_t                resets;
+    uint64_t                bad_frames;
+} kvb_stream_stats_t;
+
+
+typedef struct kvb_stream_s  kvb_stream_t;
+
+
+/*
+ * zctx: the ZeroMQ context; replay: the engine's replay endpoint or NULL.
+ * timeout_ms bounds a replay, hold_max the live batches held during one.
+ */
+kvb_stream_t *kvb_stream_create(void *zctx, const char *replay,
+    unsigned timeout_ms, size_t hold_max, const kvb_stream_handler_t *h);
+void kvb_stream_destroy(kvb_stream_t *st);
+
+/* a live frame pair from the SUB socket: seq (8 bytes), payload */
+void kvb_stream_frame(kvb_stream_t *st, const void *seq, size_t seq_len,
+    const char *payload, size_t len, uint64_t now_ms);
+
+/* the replay socket to poll while a replay runs (else NULL), and its I/O */
+void *kvb_stream_socket(const kvb_stream_t *st);
+void kvb_stream_io(kvb_stream_t *st, uint64_t now_ms);
+
+/* when kvb_stream_tick() must run without I/O (UINT64_MAX: never) */
+uint64_t kvb_stream_deadline(const kvb_stream_t *st);
+void kvb_stream_tick(kvb_stream_t *st, uint64_t now_ms);
+
+const kvb_stream_stats_t *kvb_stream_stats(const kvb_stream_t *st);
+
+
+#endif /* _KVB_STREAM_H_INCLUDED_ */
