@@ -25,6 +25,10 @@ use Data::MessagePack;
 use Getopt::Long qw(GetOptionsFromArray);
 use IO::Socket::INET;
 use Time::HiRes qw(time sleep);
+
+use FindBin;
+use lib $FindBin::Bin;
+use ProbeHttp qw(http_post);
 use ZMQ::FFI;
 use ZMQ::FFI::Constants qw(ZMQ_PUB ZMQ_SNDHWM);
 
@@ -63,34 +67,6 @@ sub removed {
              medium => 'GPU' };
 }
 
-my $HTTP_BUF = '';
-
-sub http_post {
-    my ($s, $body) = @_;
-    print {$s} "POST /v1/completions HTTP/1.1\r\nHost: bench\r\n"
-             . "Content-Type: application/json\r\n"
-             . "Content-Length: " . length($body) . "\r\n\r\n$body";
-    my $deadline = time + 10;
-    while (1) {
-        my $e = index($HTTP_BUF, "\r\n\r\n");
-        if ($e >= 0) {
-            my $head = substr($HTTP_BUF, 0, $e);
-            my ($cl) = $head =~ /^Content-Length:\s*(\d+)/mi;
-            $cl //= 0;
-            if (length($HTTP_BUF) >= $e + 4 + $cl) {
-                substr($HTTP_BUF, 0, $e + 4 + $cl, '');
-                die "HTTP error: " . ($head =~ /^(\S+ \d+)/)[0] . "\n"
-                    unless $head =~ m{^HTTP/1\.1 200};
-                my ($m) = $head =~ /^X-KV-Matched:\s*(\d+)/mi;
-                return $m // -1;
-            }
-        }
-        die "HTTP timeout\n" if time > $deadline;
-        my $n = sysread($s, $HTTP_BUF, 65536, length $HTTP_BUF);
-        die "nginx closed the connection\n" unless $n;
-    }
-}
-
 if ($mode eq 'latency') {
     my $h = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$o{port}",
                                   Proto => 'tcp') or die "nginx: $!\n";
@@ -100,7 +76,7 @@ if ($mode eq 'latency') {
         my @ids = map { int(rand 151936) } 1 .. 4 * $o{block};
         my $body = '{"model":"' . $o{model} . '","max_tokens":1,'
                  . '"prompt":[' . join(',', @ids) . ']}';
-        http_post($h, $body) == 0
+        http_post($h, $body, '/v1/completions') == 0
             or die "probe prompt matched before it was published\n";
         my @hashes = map { $hash++ } 1 .. 4;
         my $t0 = time;
@@ -108,7 +84,7 @@ if ($mode eq 'latency') {
         my $n = 0;
         while (1) {
             $n++;
-            last if http_post($h, $body) > 0;
+            last if http_post($h, $body, '/v1/completions') > 0;
             die "not visible after 2 s\n" if time - $t0 > 2;
         }
         printf "%.6f %d\n", time - $t0, $n;

@@ -36,6 +36,10 @@ use IO::Socket::INET;
 use Socket qw(IPPROTO_TCP TCP_NODELAY);
 use Time::HiRes qw(time sleep);
 
+use FindBin;
+use lib $FindBin::Bin;
+use ProbeHttp qw(write_all http_post);
+
 my $mode = shift @ARGV // '';
 my %o = (channel => 'kv_aware:events', timeout => 30, interval => 1);
 GetOptionsFromArray(\@ARGV, \%o, 'out=s', 'messages=i', 'hashes=i',
@@ -71,17 +75,6 @@ sub connect_tcp {
     return $s;
 }
 
-sub write_all {
-    my ($s, $data) = @_;
-    my $off = 0;
-    while ($off < length $data) {
-        my $n = syswrite($s, $data, length($data) - $off, $off);
-        die "write: $!\n" unless defined $n;
-        $off += $n;
-    }
-}
-
-# Reads and discards whatever Redis answered so far (PUBLISH replies).
 sub drain {
     my ($s) = @_;
     my $sel = IO::Select->new($s);
@@ -89,34 +82,6 @@ sub drain {
     while ($sel->can_read(0)) {
         my $n = sysread($s, $buf, 1 << 20);
         die "redis closed the connection\n" unless $n;
-    }
-}
-
-# One HTTP/1.1 keep-alive request; returns X-KV-Matched (or -1).
-my $HTTP_BUF = '';
-sub http_post {
-    my ($s, $body) = @_;
-    write_all($s, "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\n"
-                . "Content-Type: application/json\r\n"
-                . "Content-Length: " . length($body) . "\r\n\r\n$body");
-    my $deadline = time + 10;
-    while (1) {
-        my $e = index($HTTP_BUF, "\r\n\r\n");
-        if ($e >= 0) {
-            my $head = substr($HTTP_BUF, 0, $e);
-            my ($cl) = $head =~ /^Content-Length:\s*(\d+)/mi;
-            $cl //= 0;
-            if (length($HTTP_BUF) >= $e + 4 + $cl) {
-                substr($HTTP_BUF, 0, $e + 4 + $cl, '');
-                die "HTTP error: " . ($head =~ /^(\S+ \d+)/)[0] . "\n"
-                    unless $head =~ m{^HTTP/1\.1 200};
-                my ($m) = $head =~ /^X-KV-Matched:\s*(\d+)/mi;
-                return $m // -1;
-            }
-        }
-        die "HTTP timeout\n" if time > $deadline;
-        my $n = sysread($s, $HTTP_BUF, 65536, length $HTTP_BUF);
-        die "nginx closed the connection\n" unless $n;
     }
 }
 

@@ -13,6 +13,7 @@
 #include "kvb_log.h"
 #include "kvb_mirror.h"
 #include "kvb_stream.h"
+#include "kvb_zmsg.h"
 
 
 /* a load older than this is not sent: nginx falls back to its own count */
@@ -194,57 +195,27 @@ kvb_engine_replay(const kvb_engine_t *e)
 void
 kvb_engine_sub_io(kvb_engine_t *e, uint64_t now_ms)
 {
-    int        n, more;
-    size_t     nparts, i;
-    zmq_msg_t  parts[3], skip;
+    int         n;
+    kvb_zmsg_t  m;
 
     /* [topic, seq, payload]; a bounded number a call, others wait */
 
-    for (n = 0; n < 256; n++) {
-        nparts = 0;
-        more = 1;
+    for (n = 0; n < 256 && kvb_zmsg_recv(e->sub, &m, 3); n++) {
 
-        while (more && nparts < 3) {
-            zmq_msg_init(&parts[nparts]);
-
-            if (zmq_msg_recv(&parts[nparts], e->sub, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&parts[nparts]);
-                break;
-            }
-
-            more = zmq_msg_more(&parts[nparts]);
-            nparts++;
-        }
-
-        if (nparts == 0) {
-            return;
-        }
-
-        while (more) {
-            /* more parts than vLLM sends */
-            zmq_msg_init(&skip);
-            more = zmq_msg_recv(&skip, e->sub, ZMQ_DONTWAIT) >= 0
-                   && zmq_msg_more(&skip);
-            zmq_msg_close(&skip);
-            nparts = 4;
-        }
-
-        if (nparts == 3) {
-            kvb_engine_frame(e, zmq_msg_data(&parts[1]),
-                             zmq_msg_size(&parts[1]),
-                             zmq_msg_data(&parts[2]),
-                             zmq_msg_size(&parts[2]), now_ms);
+        if (m.n == 3 && !m.too_long) {
+            kvb_engine_frame(e, zmq_msg_data(&m.part[1]),
+                             zmq_msg_size(&m.part[1]),
+                             zmq_msg_data(&m.part[2]),
+                             zmq_msg_size(&m.part[2]), now_ms);
 
         } else {
             e->st.bad_batches++;
             kvb_log_limited(&e->bad_log, now_ms, KVB_LOG_WARN,
-                            "engine %s: a message of %zu parts, not 3",
-                            e->name, nparts);
+                            "engine %s: a message of %s%zu parts, not 3",
+                            e->name, m.too_long ? "more than " : "", m.n);
         }
 
-        for (i = 0; i < nparts && i < 3; i++) {
-            zmq_msg_close(&parts[i]);
-        }
+        kvb_zmsg_close(&m);
     }
 }
 

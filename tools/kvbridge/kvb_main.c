@@ -22,6 +22,7 @@
 #include "kvb_log.h"
 #include "kvb_scrape.h"
 #include "kvb_redis.h"
+#include "kvb_zmsg.h"
 
 
 /*
@@ -364,47 +365,23 @@ kvb_scrape_done(size_t e, uint64_t now_ms)
 static void
 kvb_collect_io(void *collect, uint64_t now_ms)
 {
-    int                     n, more;
-    size_t                  nparts, i, e;
-    zmq_msg_t               parts[3], skip;
+    int                     n;
+    size_t                  e, len;
+    kvb_zmsg_t              m;
+    const char             *topic;
     kvb_engine_t           *engine;
     static kvb_log_limit_t  unknown_log;
 
-    for (n = 0; n < 256; n++) {
-        nparts = 0;
-        more = 1;
-
-        while (more && nparts < 3) {
-            zmq_msg_init(&parts[nparts]);
-
-            if (zmq_msg_recv(&parts[nparts], collect, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&parts[nparts]);
-                break;
-            }
-
-            more = zmq_msg_more(&parts[nparts]);
-            nparts++;
-        }
-
-        if (nparts == 0) {
-            return;
-        }
-
-        while (more) {
-            zmq_msg_init(&skip);
-            more = zmq_msg_recv(&skip, collect, ZMQ_DONTWAIT) >= 0
-                   && zmq_msg_more(&skip);
-            zmq_msg_close(&skip);
-            nparts = 4;
-        }
+    for (n = 0; n < 256 && kvb_zmsg_recv(collect, &m, 3); n++) {
 
         engine = NULL;
 
-        for (e = 0; nparts == 3 && e < kvb_conf.nengines; e++) {
-            const char  *t = kvb_engine_topic(kvb_engines[e]);
+        for (e = 0; m.n == 3 && !m.too_long && e < kvb_conf.nengines; e++) {
+            topic = kvb_engine_topic(kvb_engines[e]);
+            len = strlen(topic);
 
-            if (strlen(t) == zmq_msg_size(&parts[0])
-                && memcmp(t, zmq_msg_data(&parts[0]), strlen(t)) == 0)
+            if (len == zmq_msg_size(&m.part[0])
+                && memcmp(topic, zmq_msg_data(&m.part[0]), len) == 0)
             {
                 engine = kvb_engines[e];
                 break;
@@ -412,28 +389,26 @@ kvb_collect_io(void *collect, uint64_t now_ms)
         }
 
         if (engine != NULL) {
-            kvb_engine_frame(engine, zmq_msg_data(&parts[1]),
-                             zmq_msg_size(&parts[1]),
-                             zmq_msg_data(&parts[2]),
-                             zmq_msg_size(&parts[2]), now_ms);
+            kvb_engine_frame(engine, zmq_msg_data(&m.part[1]),
+                             zmq_msg_size(&m.part[1]),
+                             zmq_msg_data(&m.part[2]),
+                             zmq_msg_size(&m.part[2]), now_ms);
 
-        } else if (nparts != 3) {
+        } else if (m.n != 3 || m.too_long) {
             kvb_log_limited(&unknown_log, now_ms, KVB_LOG_WARN,
-                            "collect: a message of %zu parts, not 3",
-                            nparts);
+                            "collect: a message of %s%zu parts, not 3",
+                            m.too_long ? "more than " : "", m.n);
 
         } else {
             kvb_log_limited(&unknown_log, now_ms, KVB_LOG_WARN,
                             "collect: a message on topic \"%.*s\", which "
                             "no engine names",
-                            (int) (zmq_msg_size(&parts[0]) > 64
-                                   ? 64 : zmq_msg_size(&parts[0])),
-                            (char *) zmq_msg_data(&parts[0]));
+                            (int) (zmq_msg_size(&m.part[0]) > 64
+                                   ? 64 : zmq_msg_size(&m.part[0])),
+                            (char *) zmq_msg_data(&m.part[0]));
         }
 
-        for (i = 0; i < nparts && i < 3; i++) {
-            zmq_msg_close(&parts[i]);
-        }
+        kvb_zmsg_close(&m);
     }
 }
 

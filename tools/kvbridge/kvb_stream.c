@@ -9,6 +9,7 @@
 #include <zmq.h>
 
 #include "kvb_stream.h"
+#include "kvb_zmsg.h"
 
 
 /* what batches held during a replay may take, whatever their number */
@@ -147,62 +148,25 @@ kvb_stream_socket(const kvb_stream_t *st)
 void
 kvb_stream_io(kvb_stream_t *st, uint64_t now_ms)
 {
-    int        n, more;
-    char       detail[96];
-    size_t     nparts, i;
-    uint64_t   seq;
-    zmq_msg_t  parts[4], skip;
+    char        detail[96];
+    size_t      n;
+    uint64_t    seq;
+    kvb_zmsg_t  m;
 
     (void) now_ms;
 
-    while (st->replaying) {
+    /* ["", [topic,] seq, payload]: newer vLLM adds the topic */
 
-        /* [""] [topic] seq payload: newer vLLM adds the topic */
+    while (st->replaying && kvb_zmsg_recv(st->dealer, &m, 4)) {
+        n = m.n;
 
-        nparts = 0;
-        more = 1;
-
-        while (more && nparts < 4) {
-            zmq_msg_init(&parts[nparts]);
-            n = zmq_msg_recv(&parts[nparts], st->dealer, ZMQ_DONTWAIT);
-
-            if (n < 0) {
-                /* EAGAIN: nothing more now (parts arrive all at once) */
-                zmq_msg_close(&parts[nparts]);
-                break;
-            }
-
-            more = zmq_msg_more(&parts[nparts]);
-            nparts++;
-        }
-
-        if (nparts == 0) {
-            return;
-        }
-
-        if (more) {
-            /* more parts than any engine sends: drop the rest */
-            nparts = 0;
-
-            do {
-                zmq_msg_init(&skip);
-                n = zmq_msg_recv(&skip, st->dealer, ZMQ_DONTWAIT);
-                more = (n >= 0) && zmq_msg_more(&skip);
-                zmq_msg_close(&skip);
-            } while (more);
-
-            for (i = 0; i < 4; i++) {
-                zmq_msg_close(&parts[i]);
-            }
-        }
-
-        if (nparts < 3 || zmq_msg_size(&parts[0]) != 0
-            || zmq_msg_size(&parts[nparts - 2]) != 8)
+        if (m.too_long || n < 3 || zmq_msg_size(&m.part[0]) != 0
+            || zmq_msg_size(&m.part[n - 2]) != 8)
         {
             st->st.bad_frames++;
 
         } else {
-            seq = kvb_be64(zmq_msg_data(&parts[nparts - 2]));
+            seq = kvb_be64(zmq_msg_data(&m.part[n - 2]));
 
             if (seq == KVB_SEQ_END) {
                 kvb_stream_close(st);
@@ -212,8 +176,8 @@ kvb_stream_io(kvb_stream_t *st, uint64_t now_ms)
                 st->st.duplicates++;
 
             } else if (seq == st->next) {
-                kvb_stream_deliver(st, seq, zmq_msg_data(&parts[nparts - 1]),
-                                   zmq_msg_size(&parts[nparts - 1]));
+                kvb_stream_deliver(st, seq, zmq_msg_data(&m.part[n - 1]),
+                                   zmq_msg_size(&m.part[n - 1]));
 
             } else {
                 snprintf(detail, sizeof(detail),
@@ -224,9 +188,7 @@ kvb_stream_io(kvb_stream_t *st, uint64_t now_ms)
             }
         }
 
-        for (i = 0; i < nparts; i++) {
-            zmq_msg_close(&parts[i]);
-        }
+        kvb_zmsg_close(&m);
     }
 }
 
