@@ -43,6 +43,8 @@ BLOCKS=4802
 BLOCK_TOKENS=64
 # what kvload's requests say in "model": the token keys' seed
 MODEL=kvsim
+# kv_aware_bridge: how long a request waits for its token ids
+TOKENIZE_TIMEOUT=${TOKENIZE_TIMEOUT:-200ms}
 
 # ---------------------------------------------------------------------------
 # KV events: `kv_aware_events redis=... channel=...` in the upstream, after
@@ -145,6 +147,7 @@ NGINX_PREFIX=
 cleanup() {
     [ -n "$NGINX_PREFIX" ] && launch stop "$NGINX_PREFIX"
     [ -d "$WORK/logs" ] && launch stop "$WORK"
+    [ -d "$WORK/tokenizer/logs" ] && launch stop "$WORK/tokenizer"
     return 0
 }
 trap cleanup EXIT
@@ -196,12 +199,17 @@ start_engines() {
         --redis "127.0.0.1:$REDIS_PORT" --channel "$CHANNEL" \
         "${engines[@]}" \
         || die "kvbridge did not start: $(tail -3 "$out.kvbridge.log")"
+    launch prefix "$WORK/tokenizer" >/dev/null
+    launch start --log "$out.tokenizer.log" kvsim "$WORK/tokenizer" \
+        "$TOK_PORT" 1 --block-tokens $BLOCK_TOKENS --keyspace tokens \
+        --redis off --max-conns 4096 \
+        || die "the tokenizer did not start: $(tail -3 "$out.tokenizer.log")"
 }
 
 # nginx.conf for one policy into $1
 write_conf() {
     local conf=$1 policy=$2 prefix=$3 line="" mod="" http_extra="" ups_extra=""
-    local k servers="" user="" status="" loc_extra="" tok_servers=""
+    local k servers="" user="" status="" loc_extra=""
     local tok_location=""
     case $policy in
     round_robin) line="" ;;
@@ -220,22 +228,22 @@ write_conf() {
         fi ;;
     kv_aware_bridge)
         # the engines' own events (vLLM's wire format) through kvbridge,
-        # in the token key space; nginx tokenizes with the engines'
-        # /tokenize (docs/engines.md)
+        # in the token key space; nginx tokenizes with /tokenize of a
+        # kvsim of its own, as vLLM serves /tokenize from its API server,
+        # not from the engine's step loop (docs/engines.md)
         line="kv_aware keys=tokens block_tokens=$BLOCK_TOKENS ${KV_AWARE_PARAMS:-};"
         ups_extra="kv_aware_events redis=127.0.0.1:$REDIS_PORT channel=$CHANNEL;"
-        loc_extra="kv_aware_tokenize /_tokenize;"
-        for k in $(seq 0 $(( SERVERS - 1 ))); do
-            tok_servers+="        server 127.0.0.1:$(( KV_BASE + k ));"$'\n'
-        done
+        loc_extra="kv_aware_tokenize /_tokenize timeout=$TOKENIZE_TIMEOUT;"
         http_extra="upstream tokenizers {
-$tok_servers
+        server 127.0.0.1:$TOK_PORT;
         keepalive 64;
     }"
         tok_location="location = /_tokenize {
             internal;
             proxy_pass http://tokenizers/tokenize;
             subrequest_output_buffer_size 1m;
+            proxy_buffer_size 64k;
+            proxy_buffers 16 64k;
             proxy_http_version 1.1;
             proxy_set_header Connection \"\";
         }" ;;
@@ -348,6 +356,7 @@ run_one() {
         NGINX_PORT=$(free_port)
     done
 
+    TOK_PORT=$(free_port)
     write_conf "$prefix/conf/nginx.conf" "$policy" "$prefix"
 
     if ! err=$(launch test "$prefix" 2>&1); then
@@ -400,7 +409,10 @@ run_one() {
     launch stop "$prefix" nginx
     NGINX_PREFIX=
     launch stop "$WORK" kvsim
-    [ "$policy" = kv_aware_bridge ] && launch stop "$WORK" kvbridge
+    if [ "$policy" = kv_aware_bridge ]; then
+        launch stop "$WORK" kvbridge
+        launch stop "$WORK/tokenizer" kvsim
+    fi
 
     if [ ! -s "$out.json" ]; then
         echo "$wl/$policy: kvload failed (rc $rc): $(tail -2 "$out.err")" \
