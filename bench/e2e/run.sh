@@ -43,7 +43,10 @@ BLOCKS=4802
 BLOCK_TOKENS=64
 # what kvload's requests say in "model": the token keys' seed
 MODEL=kvsim
-# kv_aware_bridge: how long a request waits for its token ids
+# kv_aware_bridge: prompts as token ids (kvload --prompt-ids 1: the event
+# path alone, no tokenizer), or chat that nginx tokenizes (BRIDGE_PROMPTS=
+# chat); how long a request waits for its token ids then
+BRIDGE_PROMPTS=${BRIDGE_PROMPTS:-ids}
 TOKENIZE_TIMEOUT=${TOKENIZE_TIMEOUT:-200ms}
 
 # ---------------------------------------------------------------------------
@@ -381,7 +384,10 @@ run_one() {
         || die "nginx did not start: $(tail -3 "$out.nginx.log")"
     NGINX_PID=$(launch pid "$prefix" nginx)
 
-    local k0 n0 t0 t1 rc=0
+    local k0 n0 t0 t1 rc=0 ids=()
+    if [ "$policy" = kv_aware_bridge ] && [ "$BRIDGE_PROMPTS" = ids ]; then
+        ids=(--prompt-ids 1)
+    fi
     k0=$(cpu_ticks "$KVSIM_PID")
     n0=$(cpu_ticks "$NGINX_PID")
     t0=$(date +%s.%N)
@@ -390,7 +396,7 @@ run_one() {
     # SIGINT: kvload stops sending and still writes what it measured
     { time timeout -s INT -k 120 "$RUN_LIMIT_S" "$KVLOAD" \
         --target "127.0.0.1:$NGINX_PORT" --workload "$wl" \
-        --time-scale "$SCALE" --seed 1 --label "$policy" \
+        --time-scale "$SCALE" --seed 1 --label "$policy" "${ids[@]}" \
         --metrics "127.0.0.1:$KV_BASE-$(( KV_BASE + SERVERS - 1 ))" \
         --json "$out.json" --csv "$out.csv" "$@" \
         >"$out.txt" 2>"$out.err" ; } 2>"$out.time" || rc=$?

@@ -50,6 +50,8 @@ static kvl_opt_t  kvl_opts[] = {
     { "question-tokens", 'u', &ctx.wl.question_tokens, "1200", "" },
     { "output-tokens", 'u', &ctx.wl.output_tokens, "1000", "max_tokens" },
     { "model", 's', &ctx.wl.model, "kvsim", "" },
+    { "prompt-ids", 'u', &ctx.wl.prompt_ids, "0",
+      "1: /v1/completions, prompts as token ids (no tokenizer needed)" },
     { "seed", 'U', &ctx.wl.seed, "1", "prompts and arrivals" },
     { "max-inflight", 'U', &ctx.max_inflight, "2048", "drop beyond" },
     { "timeout", 'd', &ctx.timeout, "600", "idle seconds per request" },

@@ -183,7 +183,9 @@ kvl_issue(kvl_ctx_t *ctx, kvl_stage_t *st, double t)
     rq->http.done = kvl_on_done;
     rq->http.data = rq;
 
-    if (kvl_http_send(&rq->http, "/v1/chat/completions", body, len,
+    if (kvl_http_send(&rq->http, ctx->wl.prompt_ids ? "/v1/completions"
+                                                    : "/v1/chat/completions",
+                      body, len,
                       ctx->timeout / ctx->scale)
         != 0)
     {
@@ -217,6 +219,11 @@ kvl_on_event(kvl_http_req_t *hr, const char *d, size_t len, double now)
 
     ctx = rq->ctx;
     v = kvl_json_value(d, len, "\"content\"");
+
+    if (v == NULL) {
+        /* a text completion's chunk */
+        v = kvl_json_value(d, len, "\"text\"");
+    }
 
     if (v != NULL && v[0] == '"' && v[1] != '"') {
         if (rq->chunks++ == 0) {

@@ -38,6 +38,8 @@ struct kvl_workload_s {
 static void kvl_shuffle(kvl_workload_t *wl);
 static char *kvl_texts(uint64_t *rng, size_t n, unsigned tokens);
 static void kvl_text_fill(uint64_t *rng, char *p, unsigned tokens);
+static void kvl_message_ids(kvl_workload_t *wl, const char *role,
+    const char *texts, size_t i, unsigned tokens);
 static char *kvl_reserve(kvl_workload_t *wl, size_t n);
 static void kvl_append(kvl_workload_t *wl, const char *s);
 static void kvl_message(kvl_workload_t *wl, const char *role,
@@ -98,7 +100,8 @@ kvl_workload_next(kvl_workload_t *wl, const char **body, size_t *len)
     wl->len = 0;
     wl->nomem = 0;
 
-    snprintf(head, sizeof(head), "{\"model\":\"%s\",\"messages\":[", c->model);
+    snprintf(head, sizeof(head), "{\"model\":\"%s\",\"%s\":[", c->model,
+             c->prompt_ids ? "prompt" : "messages");
     kvl_append(wl, head);
 
     if (c->kind == KVL_WL_NO_SHARING) {
@@ -273,8 +276,13 @@ static void
 kvl_message(kvl_workload_t *wl, const char *role, const char *texts,
     size_t i, unsigned tokens)
 {
-    char    *p, head[64];
-    size_t   n = (size_t) tokens * 4;
+    char     *p, head[64];
+    size_t    n = (size_t) tokens * 4;
+
+    if (wl->conf.prompt_ids) {
+        kvl_message_ids(wl, role, texts, i, tokens);
+        return;
+    }
 
     /* texts NULL: fresh random text */
 
@@ -289,5 +297,53 @@ kvl_message(kvl_workload_t *wl, const char *role, const char *texts,
         kvl_text_fill(&wl->rng, p, tokens);
     }
 
-    kvl_append(wl, "\"},");
+        kvl_append(wl, "\"},");
+}
+
+
+/*
+ * The same message as token ids: the role's id (1, 2, 3: system, user,
+ * assistant), then one id a 4-byte pseudo-token, base 37 over [a-z0-9 ]
+ * folded into 151936 ids; "N," each.
+ */
+
+static void
+kvl_message_ids(kvl_workload_t *wl, const char *role, const char *texts,
+    size_t i, unsigned tokens)
+{
+    char        num[16];
+    char       *text;
+    size_t      n = (size_t) tokens * 4, k;
+    uint32_t    id;
+    unsigned    j;
+
+    snprintf(num, sizeof(num), "%d,",
+             role[0] == 's' ? 1 : role[0] == 'u' ? 2 : 3);
+    kvl_append(wl, num);
+
+    text = texts ? (char *) texts + i * n : malloc(n);
+
+    if (text == NULL) {
+        wl->nomem = 1;
+        return;
+    }
+
+    if (texts == NULL) {
+        kvl_text_fill(&wl->rng, text, tokens);
+    }
+
+    for (k = 0; k < n; k += 4) {
+        id = 0;
+
+        for (j = 0; j < 4; j++) {
+            id = id * 37 + (uint32_t) (unsigned char) text[k + j];
+        }
+
+        snprintf(num, sizeof(num), "%u,", (unsigned) (id % 151936));
+        kvl_append(wl, num);
+    }
+
+    if (texts == NULL) {
+        free(text);
+    }
 }

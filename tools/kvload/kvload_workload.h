@@ -27,6 +27,12 @@ typedef struct {
     unsigned        output_tokens;      /* multi-turn: per assistant turn */
     const char     *model;
     uint64_t        seed;
+    /*
+     * 1: a completions body whose prompt is token ids, one a 4-byte
+     * pseudo-token of the same text and a role's id before each message,
+     * so that nginx (keys=tokens) needs no tokenizer
+     */
+    unsigned        prompt_ids;
 } kvl_wl_conf_t;
 
 
