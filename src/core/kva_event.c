@@ -623,7 +623,8 @@ kva_batch_equal(const kva_batch_t *a, const kva_batch_t *b)
     if (a->server_len != b->server_len
         || memcmp(a->server, b->server, a->server_len) != 0
         || a->seq != b->seq || a->snapshot != b->snapshot
-        || a->keyspace != b->keyspace || a->heartbeat != b->heartbeat || a->has_load != b->has_load
+        || a->keyspace != b->keyspace || a->heartbeat != b->heartbeat
+        || a->has_load != b->has_load
         || a->nevents != b->nevents || a->hash_count != b->hash_count)
     {
         return 0;

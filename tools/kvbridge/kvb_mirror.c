@@ -5,10 +5,10 @@
  * deletion: no tombstones, so a long-running engine that stores and
  * evicts forever keeps short probes.  It starts small and doubles when
  * half full: a mirror sized for max_blocks up front is 192 MB of pages
- * an engine may never fill (and a clear would have touched them all).  The slot comes from the engine hash
- * times a random odd secret: an engine's hashes are already uniform, the
- * secret keeps a hostile publisher on the engine's port from aiming at
- * one run of slots.
+ * an engine may never fill (and a clear would have touched them all).
+ * The slot comes from the engine hash times a random odd secret: an
+ * engine's hashes are already uniform, the secret keeps a hostile
+ * publisher on the engine's port from aiming at one run of slots.
  */
 
 #include <stdlib.h>
