@@ -179,6 +179,7 @@ test-asan: deps
 	TEST_NGINX_BINARY=$(ASAN_NGINX)/objs/nginx \
 	KV_AWARE_MODULE=$(ASAN_NGINX)/objs/ngx_http_kv_aware_module.so \
 	KVSIM_BINARY=$(ASAN_BUILD)/kvsim KVLOAD_BINARY=$(ASAN_BUILD)/kvload \
+	KVBRIDGE_BINARY=$(ASAN_BUILD)/kvbridge \
 	    $(PROVE) $(UNIT_TESTS:$(BUILD)/%=$(ASAN_BUILD)/%) -r t/
 
 # the fault soak for ten minutes (make test runs two): reloads, Redis and a

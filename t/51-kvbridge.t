@@ -16,7 +16,7 @@ use JSON::PP;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
-use KvAware::Launch qw(free_ports wait_until slurp);
+use KvAware::Launch qw(free_ports free_run wait_until slurp);
 use Test::KvAware::Redis;
 
 my $BRIDGE = KvAware::Launch::kvbridge_binary();
@@ -45,7 +45,11 @@ my $l = KvAware::Launch->new(template => 'kvbridge-XXXXXX', watchdog => 1,
 # engines A, B (a third of its batches dropped on the wire, positional
 # encoding, int64 hashes), C (digests, topic frames in replies); the
 # collector for a hostile publisher
-my ($redis, $pa, $pb, $pc, $za, $zb, $zc, $collect) = free_ports(8);
+# kvsim binds its PUB on the port given and its replay ROUTER on the next:
+# one run of 6 for the three engines, apart from the other ports
+my ($redis, $pa, $pb, $pc, $collect) = free_ports(5);
+my $zmq = free_run(6);
+my ($za, $zb, $zc) = ($zmq, $zmq + 2, $zmq + 4);
 my %ENGINE = (
     A => { port => $pa, zmq => $za, opts => [qw(--num-blocks 300)] },
     B => { port => $pb, zmq => $zb,
