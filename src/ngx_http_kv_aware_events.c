@@ -50,6 +50,16 @@ static void ngx_http_kv_aware_degrade(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot);
 static ngx_uint_t ngx_http_kv_aware_applier(
     ngx_http_kv_aware_srv_conf_t *kcf);
+static void ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
+    u_char *msg, size_t len);
+static void ngx_http_kv_aware_hold(ngx_http_kv_aware_events_conf_t *ecf,
+    u_char *msg, size_t len);
+
+
+/* what ngx_http_kv_aware_applier() says of a message */
+#define NGX_HTTP_KV_AWARE_SKIP   0      /* the other subscriber's */
+#define NGX_HTTP_KV_AWARE_APPLY  1
+#define NGX_HTTP_KV_AWARE_HOLD   2      /* the old one may still apply it */
 
 
 void
@@ -57,6 +67,71 @@ ngx_http_kv_aware_events_message(void *data, u_char *msg, size_t len)
 {
     ngx_http_kv_aware_srv_conf_t *kcf = data;
 
+    ngx_uint_t                        i, n;
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ecf = kcf->events;
+
+    switch (ngx_http_kv_aware_applier(kcf)) {
+
+    case NGX_HTTP_KV_AWARE_HOLD:
+        ngx_http_kv_aware_hold(ecf, msg, len);
+        return;
+
+    case NGX_HTTP_KV_AWARE_SKIP:
+        return;
+
+    default:
+        break;
+    }
+
+    /* taken over: first what came while the old subscriber applied */
+
+    n = ecf->nheld;
+    ecf->nheld = 0;
+    ecf->held_bytes = 0;
+
+    for (i = 0; i < n; i++) {
+        ngx_http_kv_aware_apply_message(kcf, ecf->held[i].msg,
+                                        ecf->held[i].len);
+        ngx_free(ecf->held[i].msg);
+    }
+
+    ngx_http_kv_aware_apply_message(kcf, msg, len);
+}
+
+
+static void
+ngx_http_kv_aware_hold(ngx_http_kv_aware_events_conf_t *ecf, u_char *msg,
+    size_t len)
+{
+    u_char  *copy;
+
+    /* past the bound, what is lost shows as a gap: a resync mends it */
+
+    if (ecf->nheld == NGX_HTTP_KV_AWARE_HELD_MAX
+        || ecf->held_bytes + len > NGX_HTTP_KV_AWARE_HELD_BYTES)
+    {
+        return;
+    }
+
+    copy = ngx_alloc(len ? len : 1, ngx_cycle->log);
+    if (copy == NULL) {
+        return;
+    }
+
+    ngx_memcpy(copy, msg, len);
+    ecf->held[ecf->nheld].msg = copy;
+    ecf->held[ecf->nheld].len = len;
+    ecf->nheld++;
+    ecf->held_bytes += len;
+}
+
+
+static void
+ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
+    u_char *msg, size_t len)
+{
     char                              err[128];
     ngx_uint_t                        slot, scan;
     kva_batch_t                       b;
@@ -66,10 +141,6 @@ ngx_http_kv_aware_events_message(void *data, u_char *msg, size_t len)
     ngx_http_kv_aware_events_conf_t  *ecf;
 
     ecf = kcf->events;
-
-    if (!ngx_http_kv_aware_applier(kcf)) {
-        return;
-    }
 
     /* a flood is cut off before it costs a parse */
     if (ngx_current_msec - ecf->rate_start >= 1000) {
@@ -637,21 +708,24 @@ ngx_http_kv_aware_applier(ngx_http_kv_aware_srv_conf_t *kcf)
     live = kcf->sh->sub_live;
 
     if (live == kcf->generation) {
-        return 1;
+        return NGX_HTTP_KV_AWARE_APPLY;
     }
 
     if (kcf->generation < kcf->sh->sub_gen) {
-        return 0;       /* an old subscriber past its handover */
+        /* an old subscriber past its handover */
+        return NGX_HTTP_KV_AWARE_SKIP;
     }
 
     if (live && live < kcf->generation && ecf->took_over
         && ngx_current_msec - ecf->took_over
            < ecf->link.connect_timeout + NGX_HTTP_KV_AWARE_HANDOVER)
     {
-        return 0;       /* the old one still applies */
+        /* the old one still applies, unless it lets go before reading */
+        return NGX_HTTP_KV_AWARE_HOLD;
     }
 
     (void) ngx_atomic_cmp_set(&kcf->sh->sub_live, live, kcf->generation);
 
-    return kcf->sh->sub_live == kcf->generation;
+    return (kcf->sh->sub_live == kcf->generation) ? NGX_HTTP_KV_AWARE_APPLY
+                                                  : NGX_HTTP_KV_AWARE_SKIP;
 }

@@ -21,6 +21,16 @@
  */
 #define NGX_HTTP_KV_AWARE_HANDOVER      1000
 
+/* what a new subscriber keeps while the old one still applies */
+#define NGX_HTTP_KV_AWARE_HELD_MAX      256
+#define NGX_HTTP_KV_AWARE_HELD_BYTES    (8 * 1024 * 1024)
+
+
+typedef struct {
+    u_char                         *msg;          /* ngx_alloc()ed */
+    size_t                          len;
+} ngx_http_kv_aware_held_t;
+
 
 /* kv_aware_events: where the upstream's KV events come from */
 struct ngx_http_kv_aware_events_conf_s {
@@ -42,6 +52,16 @@ struct ngx_http_kv_aware_events_conf_s {
     ngx_msec_t                      handover_start;
     ngx_uint_t                      handover_last; /* the tick after */
     ngx_msec_t                      took_over;    /* from a live older */
+
+    /*
+     * What this (new) subscriber heard while the old one still applied:
+     * applied in order once it lets go, those it applied skipped by seq,
+     * so that a message the old one never read before it let go is not
+     * lost.
+     */
+    ngx_http_kv_aware_held_t        held[NGX_HTTP_KV_AWARE_HELD_MAX];
+    ngx_uint_t                      nheld;
+    size_t                          held_bytes;
     ngx_msec_t                      rate_start;
     ngx_uint_t                      rate_count;
     ngx_uint_t                      scanned;      /* entries, this window */

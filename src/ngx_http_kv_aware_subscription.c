@@ -136,6 +136,14 @@ ngx_http_kv_aware_events_stop(ngx_cycle_t *cycle,
     ecf = kcf->events;
     rd = ecf->redis;
 
+    /* held for a takeover that will not come */
+
+    while (ecf->nheld) {
+        ngx_free(ecf->held[--ecf->nheld].msg);
+    }
+
+    ecf->held_bytes = 0;
+
     if (rd == NULL) {
         return NGX_OK;
     }
