@@ -459,7 +459,7 @@ kvb_on_message(redisAsyncContext *ac, void *reply, void *data)
     }
 
     if (kva_event_decode_resync(msg->str, msg->len, server, sizeof(server),
-                                &len)
+                                &len, NULL)
         != 0)
     {
         l->r->st.bad_requests++;

@@ -428,7 +428,7 @@ kvs_on_resync(redisAsyncContext *ac, void *reply, void *arg)
     }
 
     if (kva_event_decode_resync(r->element[2]->str, r->element[2]->len,
-                                server, sizeof(server), &len) != 0)
+                                server, sizeof(server), &len, NULL) != 0)
     {
         return;
     }
