@@ -34,6 +34,12 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_params[] = {
       offsetof(ngx_http_kv_aware_srv_conf_t, block_tokens),
       1, 65536, "16" },
 
+    /* ranks of each server (X-data-parallel-rank), slots = servers x this */
+    { ngx_string("data_parallel"),
+      ngx_http_kv_aware_conf_uint,
+      offsetof(ngx_http_kv_aware_srv_conf_t, data_parallel),
+      1, KVA_MAX_SLOTS, "1" },
+
     { ngx_string("block_size"),
       ngx_http_kv_aware_conf_size,
       offsetof(ngx_http_kv_aware_srv_conf_t, block_size),

@@ -70,6 +70,7 @@ typedef struct {
     ngx_uint_t                      keys;
     size_t                          block_size;
     ngx_uint_t                      block_tokens;
+    ngx_uint_t                      data_parallel; /* ranks a server */
     size_t                          index_size;
     size_t                          max_body;
     ngx_msec_t                      learned_ttl;
@@ -85,8 +86,8 @@ typedef struct {
     ngx_str_t                       upstream;     /* for log messages */
     ngx_array_t                    *peer_names;   /* ngx_str_t, primary 1st */
     ngx_uint_t                      nprimary;
-    ngx_uint_t                      npeers;       /* entries of slot_of */
-    u_char                         *slot_of;      /* peer number -> slot */
+    ngx_uint_t                      npeers;
+    u_char                         *slot_of;      /* peer * ranks + rank */
     ngx_uint_t                      generation;   /* this cycle's, >= 1 */
     ngx_msec_t                      logged_peer;  /* peer beyond slot_of */
 } ngx_http_kv_aware_srv_conf_t;
@@ -105,6 +106,10 @@ typedef struct {
     uint32_t                       *ids;
     size_t                          nids;
     void                           *tokenize;     /* its state */
+
+    /* the balancer's, made early when $kv_aware_dp_rank asks for it */
+    void                           *peer_data;
+    ngx_uint_t                      rank;         /* data-parallel rank */
 
     unsigned                        hashed:1;
     unsigned                        decided:1;

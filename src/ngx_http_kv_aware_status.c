@@ -80,7 +80,7 @@ ngx_http_kv_aware_status_handler(ngx_http_request_t *r)
             size += NGX_HTTP_KV_AWARE_STATUS_UPSTREAM + uscfp[i]->host.len
                     + ngx_escape_json(NULL, uscfp[i]->host.data,
                                       uscfp[i]->host.len)
-                    + kcf->peer_names->nelts
+                    + kcf->peer_names->nelts * kcf->data_parallel
                       * NGX_HTTP_KV_AWARE_STATUS_SERVER
                     + (check ? NGX_HTTP_KV_AWARE_STATUS_CHECK : 0);
         }
@@ -180,7 +180,7 @@ ngx_http_kv_aware_status_upstream(u_char *p,
     char                         err[NGX_HTTP_KV_AWARE_STATUS_CHECK / 2];
     uint32_t                     from;
     ngx_str_t                   *names;
-    ngx_uint_t                   i, s, state, why;
+    ngx_uint_t                   i, n, s, state, why;
     kva_clock_t                  clk;
     kva_index_t                 *ix;
     kva_slot_count_t             counts[KVA_MAX_SLOTS];
@@ -283,18 +283,28 @@ ngx_http_kv_aware_status_upstream(u_char *p,
 
     names = kcf->peer_names->elts;
 
-    for (i = 0; i < kcf->peer_names->nelts; i++) {
+    /* a data-parallel server is listed a rank at a time */
+    n = kcf->peer_names->nelts * kcf->data_parallel;
+
+    for (i = 0; i < n; i++) {
         s = kcf->slot_of[i];
         sl = &sh->slots[s];
 
-        p = ngx_sprintf(p, "%s{\"name\":\"%V\",\"backup\":%s,"
+        p = ngx_sprintf(p, "%s{\"name\":\"%V\",", i ? "," : "",
+                        &names[i / kcf->data_parallel]);
+
+        if (kcf->data_parallel > 1) {
+            p = ngx_sprintf(p, "\"rank\":%ui,", sl->rank);
+        }
+
+        p = ngx_sprintf(p, "\"backup\":%s,"
                         "\"state\":\"%s\",\"seq\":%uL,"
                         "\"entries\":{\"event\":%uL,\"learned\":%uL,"
                         "\"speculative\":%uL},"
                         "\"events\":{\"messages\":%uA,\"hashes\":%uA,"
                         "\"gaps\":%uA},",
-                        i ? "," : "", &names[i],
-                        i >= kcf->nprimary ? "true" : "false",
+                        i / kcf->data_parallel >= kcf->nprimary
+                        ? "true" : "false",
                         ngx_http_kv_aware_ev_state_names[sl->ev_state],
                         sl->ev_seq, counts[s].entries[KVA_SRC_EVENT],
                         counts[s].entries[KVA_SRC_LEARNED],

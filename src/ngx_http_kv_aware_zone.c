@@ -228,15 +228,15 @@ ngx_http_kv_aware_in_flight(ngx_http_kv_aware_load_t *load)
 }
 
 
-/* the slot a server holds, by its name, or KVA_MAX_SLOTS */
+/* the slot a server's rank holds, by its name, or KVA_MAX_SLOTS */
 ngx_uint_t
 ngx_http_kv_aware_slot_by_name(ngx_http_kv_aware_shctx_t *sh, u_char *name,
-    size_t len)
+    size_t len, ngx_uint_t rank)
 {
     ngx_uint_t  s;
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
-        if (sh->slots[s].name_len == len
+        if (sh->slots[s].name_len == len && sh->slots[s].rank == rank
             && ngx_memcmp(sh->slots[s].name, name, len) == 0)
         {
             break;
@@ -252,18 +252,23 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
 {
     uint64_t                   used, kept, stale;
     ngx_str_t                 *names;
-    ngx_uint_t                 i, s;
+    ngx_uint_t                 i, s, n, dp;
     ngx_http_kv_aware_slot_t  *slots;
 
     slots = kcf->sh->slots;
     names = kcf->peer_names->elts;
+    dp = kcf->data_parallel;
+    n = kcf->peer_names->nelts * dp;     /* init_upstream allowed 64 */
     used = 0;
     kept = 0;
 
-    /* servers that were there before keep their slot, and what it knows */
-    for (i = 0; i < kcf->peer_names->nelts; i++) {
-        s = ngx_http_kv_aware_slot_by_name(kcf->sh, names[i].data,
-                                           names[i].len);
+    /*
+     * Servers (ranks) that were there before keep their slot, and what it
+     * knows; entry i of slot_of is rank i % dp of server i / dp.
+     */
+    for (i = 0; i < n; i++) {
+        s = ngx_http_kv_aware_slot_by_name(kcf->sh, names[i / dp].data,
+                                           names[i / dp].len, i % dp);
 
         if (s < KVA_MAX_SLOTS) {
             kcf->slot_of[i] = (u_char) s;
@@ -288,8 +293,8 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
         ngx_http_kv_aware_drop_slots(kcf, stale, KVA_BITS_ALL);
     }
 
-    /* newcomers take free slots; init_upstream allowed at most 64 */
-    for (i = 0; i < kcf->peer_names->nelts; i++) {
+    /* newcomers take free slots */
+    for (i = 0; i < n; i++) {
         if (kept & (1ULL << i)) {
             continue;
         }
@@ -298,8 +303,9 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
         used |= 1ULL << s;
 
         kcf->slot_of[i] = (u_char) s;
-        slots[s].name_len = names[i].len;
-        ngx_memcpy(slots[s].name, names[i].data, names[i].len);
+        slots[s].name_len = names[i / dp].len;
+        slots[s].rank = i % dp;
+        ngx_memcpy(slots[s].name, names[i / dp].data, names[i / dp].len);
     }
 
     return NGX_OK;

@@ -12,7 +12,9 @@
 # request and closes without answering.  Request header "X-Delay-Ms: N"
 # sleeps N ms before answering (or closing); "X-Hold: PATH" holds the
 # answer until the file PATH exists (at most 30 s), so that a test decides
-# when a request ends instead of guessing how long it needs.  SIGUSR1 toggles ok <-> fail
+# when a request ends instead of guessing how long it needs.  A request's
+# "X-data-parallel-rank: R" (what vLLM reads) comes back as
+# "X-Backend-Rank: R".  SIGUSR1 toggles ok <-> fail
 # (any other mode -> ok).  SIGTERM/SIGINT: kill the children and exit.
 #
 # One forked child per connection (at most 200 alive), persistent
@@ -157,6 +159,8 @@ sub serve_connection {
         my $reason = $status == 200 ? 'OK' : 'Bad Gateway';
         my $head = "HTTP/1.1 $status $reason\r\n"
             . "X-Backend: $name\r\n"
+            . (defined $req->{rank}
+               ? "X-Backend-Rank: $req->{rank}\r\n" : '')
             . "Content-Type: application/json\r\n"
             . "Content-Length: " . length($body) . "\r\n"
             . "Connection: " . ($req->{keepalive} ? 'keep-alive' : 'close')
@@ -228,6 +232,8 @@ sub read_request {
         keepalive => $keepalive,
         delay_ms  => $delay || 0,
         hold      => $h{'x-hold'},
+        rank      => ($h{'x-data-parallel-rank'} // '') =~ /^(\d{1,4})\z/
+                     ? $1 : undef,
     };
 }
 
