@@ -8,6 +8,8 @@
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_prompt.h"
+#include "ngx_http_kv_aware_events.h"
+#include "ngx_http_kv_aware_share.h"
 #include "ngx_http_kv_aware_balancer.h"
 
 
@@ -595,6 +597,14 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
                             ? KVA_BIT_LEARNED | KVA_BIT_SPEC
                             : KVA_BIT_LEARNED,
                             &clk, ctx->found + from);
+    }
+
+    /* what the other instances do not know yet, of a server that is silent */
+    if (kcf->events && kcf->events->share && matched < nblocks
+        && !(clk.precise & (1ULL << slot)))
+    {
+        ngx_http_kv_aware_share_queue(kcf, slot, ctx->hashes + matched,
+                                      nblocks - matched);
     }
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);

@@ -7,6 +7,7 @@
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_balancer.h"
 #include "ngx_http_kv_aware_events.h"
+#include "ngx_http_kv_aware_share.h"
 #include "ngx_http_kv_aware_status.h"
 #include "ngx_http_kv_aware_variables.h"
 #include "ngx_http_kv_aware_tokenize.h"
@@ -221,7 +222,9 @@ ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     p = ngx_cpymem(name.data, "kv_aware:", sizeof("kv_aware:") - 1);
     ngx_memcpy(p, uscf->host.data, uscf->host.len);
 
-    kcf->shm_zone = ngx_shared_memory_add(cf, &name, kcf->index_size,
+    kcf->shm_zone = ngx_shared_memory_add(cf, &name,
+                                          kcf->index_size
+                                          + ngx_http_kv_aware_share_size(),
                                           &ngx_http_kv_aware_module);
     if (kcf->shm_zone == NULL) {
         return NGX_CONF_ERROR;

@@ -9,6 +9,7 @@
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_events.h"
+#include "ngx_http_kv_aware_share.h"
 #include "ngx_http_kv_aware_status.h"
 
 
@@ -186,6 +187,7 @@ ngx_http_kv_aware_status_upstream(u_char *p,
     kva_slot_count_t             counts[KVA_MAX_SLOTS];
     ngx_http_kv_aware_slot_t    *sl;
     ngx_http_kv_aware_shctx_t   *sh;
+    ngx_http_kv_aware_share_t   *sr;
 
     sh = kcf->sh;
     ix = sh->index;
@@ -277,6 +279,15 @@ ngx_http_kv_aware_status_upstream(u_char *p,
         }
 
         p = ngx_cpymem(p, "}},", 3);
+
+        if (kcf->events->share) {
+            sr = sh->share;
+            p = ngx_sprintf(p, "\"share\":{\"sent\":%uA,\"received\":%uA,"
+                            "\"dropped\":%uA,\"refused\":%uA,"
+                            "\"messages_out\":%uA,\"messages_in\":%uA},",
+                            sr->sent, sr->received, sr->dropped, sr->refused,
+                            sr->messages_out, sr->messages_in);
+        }
     }
 
     p = ngx_cpymem(p, "\"servers\":[", sizeof("\"servers\":[") - 1);

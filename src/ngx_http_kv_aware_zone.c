@@ -9,6 +9,7 @@
 
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_zone.h"
+#include "ngx_http_kv_aware_share.h"
 
 #if (NGX_LINUX)
 #include <sys/random.h>
@@ -131,6 +132,15 @@ ngx_http_kv_aware_create_sh(ngx_shm_zone_t *shm_zone,
                 &shm_zone->shm.name);
 
     shpool->log_nomem = 0;
+
+    /* always there: share=on may come with a reload */
+    kcf->sh->share = ngx_slab_calloc(shpool,
+                                     sizeof(ngx_http_kv_aware_share_t));
+    if (kcf->sh->share == NULL) {
+        return NGX_ERROR;
+    }
+
+    kcf->sh->share->origin = ngx_http_kv_aware_secret();
 
     /* the index takes every page left, in one run of pages */
     size = shpool->pfree * ngx_pagesize;

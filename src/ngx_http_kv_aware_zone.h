@@ -13,6 +13,9 @@
 #include "kva_index.h"
 
 
+typedef struct ngx_http_kv_aware_share_s  ngx_http_kv_aware_share_t;
+
+
 #define NGX_HTTP_KV_AWARE_NAME_LEN      64     /* "ip:port", room for IPv6 */
 #define NGX_HTTP_KV_AWARE_GENERATIONS   8      /* load tables kept on reload */
 
@@ -115,6 +118,7 @@ struct ngx_http_kv_aware_shctx_s {
     ngx_http_kv_aware_slot_t        slots[KVA_MAX_SLOTS];
     ngx_http_kv_aware_load_t        load[NGX_HTTP_KV_AWARE_GENERATIONS]
                                         [KVA_MAX_SLOTS];
+    ngx_http_kv_aware_share_t      *share;        /* share=on's queue */
     kva_index_t                    *index;
     size_t                          index_size;
 };

@@ -1192,3 +1192,35 @@ X-Backend: b1
 --- response_headers_like
 X-KV-Rank: ^([0-9]|[1-5][0-9]|6[0-3])$
 X-Backend-Rank: ^([0-9]|[1-5][0-9]|6[0-3])$
+
+=== TEST 58: kv_aware_events share=on needs one channel, not a pattern
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:1 channel=kv:* pattern=on
+                        resync_channel=kv:resync share=on;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+"kv_aware_events" directive needs pattern=off with share=on
+qr/nginx\.conf:\d+/
+
+=== TEST 59: kv_aware_events share=maybe
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:1 share=maybe;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_events: invalid share "maybe", expected on or off

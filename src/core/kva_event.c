@@ -306,6 +306,20 @@ kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
         b->rank = (uint32_t) u;
     }
 
+    j = json_object_get(root, "origin");
+
+    if (j != NULL) {
+        if (!json_is_string(j)
+            || kva_unhex64(json_string_value(j), json_string_length(j),
+                           &b->origin) != 0)
+        {
+            return kva_errf(e, KVA_EVENT_BAD_FIELD,
+                            "origin: not 16 hex digits");
+        }
+
+        b->has_origin = 1;
+    }
+
     j = json_object_get(root, "keyspace");
 
     if (j != NULL) {
@@ -636,6 +650,7 @@ kva_batch_equal(const kva_batch_t *a, const kva_batch_t *b)
     if (a->server_len != b->server_len
         || memcmp(a->server, b->server, a->server_len) != 0
         || a->has_rank != b->has_rank || a->rank != b->rank
+        || a->has_origin != b->has_origin || a->origin != b->origin
         || a->seq != b->seq || a->snapshot != b->snapshot
         || a->keyspace != b->keyspace || a->heartbeat != b->heartbeat
         || a->has_load != b->has_load

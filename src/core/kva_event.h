@@ -73,6 +73,8 @@ typedef struct {
     size_t              server_len;
     unsigned            has_rank:1;     /* "rank" given; else rank 0 */
     uint32_t            rank;           /* data-parallel rank */
+    unsigned            has_origin:1;
+    uint64_t            origin;         /* the nginx that learned these */
     uint64_t            seq;
     kva_snap_e          snapshot;
     kva_keyspace_e      keyspace;       /* "keyspace", text when absent */

@@ -38,6 +38,7 @@ static const char   kva_digits[] = "0123456789abcdef";
 char *
 kva_event_encode(const kva_batch_t *b, size_t *len)
 {
+    char       hex[16];
     size_t     i, slen, flags;
     json_t    *root, *events;
 
@@ -57,6 +58,14 @@ kva_event_encode(const kva_batch_t *b, size_t *len)
         || kva_set(root, "seq", json_integer((json_int_t) b->seq)) != 0)
     {
         goto failed;
+    }
+
+    if (b->has_origin) {
+        kva_hex64(b->origin, hex);
+
+        if (kva_set(root, "origin", json_stringn(hex, 16)) != 0) {
+            goto failed;
+        }
     }
 
     /* text is the default: its messages stay as they were */

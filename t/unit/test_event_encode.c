@@ -413,6 +413,32 @@ test_keyspace(void)
 
     free(s);
 
+    /* what another nginx learned says where it comes from */
+    b.has_origin = 1;
+    b.origin = 0x0123456789abcdefULL;
+    s = kva_event_encode(&b, &len);
+    ok(s != NULL && strstr(s, "\"origin\":\"0123456789abcdef\"") != NULL,
+       "a learned batch names its origin");
+
+    rc = (s != NULL) ? kva_event_decode(s, len, NULL, &d, err, sizeof(err))
+                     : KVA_EVENT_NO_MEMORY;
+    ok(rc == KVA_EVENT_OK && d.has_origin && d.origin == b.origin
+       && kva_batch_equal(&b, &d), "and decodes to the same batch");
+
+    if (rc == KVA_EVENT_OK) {
+        kva_batch_free(&d);
+    }
+
+    free(s);
+
+    s = strdup("{\"v\":1,\"server\":\"a\",\"origin\":\"xyz\",\"seq\":1}");
+    rc = (s != NULL) ? kva_event_decode(s, strlen(s), NULL, &d, err,
+                                        sizeof(err))
+                     : KVA_EVENT_NO_MEMORY;
+    ok(rc == KVA_EVENT_BAD_FIELD && strstr(err, "origin") != NULL,
+       "an origin that is not hex is refused: %s", err);
+    free(s);
+
     s = strdup("{\"v\":1,\"server\":\"a\",\"rank\":64,\"seq\":1}");
     rc = (s != NULL) ? kva_event_decode(s, strlen(s), NULL, &d, err,
                                         sizeof(err))
