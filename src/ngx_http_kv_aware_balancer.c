@@ -10,6 +10,7 @@
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_events.h"
 #include "ngx_http_kv_aware_share.h"
+#include "ngx_http_kv_aware_members.h"
 #include "ngx_http_kv_aware_balancer.h"
 
 
@@ -105,7 +106,7 @@ ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
         return NGX_ERROR;
     }
 
-    kcf->slot_of = ngx_pcalloc(cf->pool, n * kcf->data_parallel);
+    kcf->slot_of = ngx_pcalloc(cf->pool, KVA_MAX_SLOTS);
     if (kcf->slot_of == NULL) {
         return NGX_ERROR;
     }
@@ -126,6 +127,13 @@ ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
     }
 
     us->peer.init = ngx_http_kv_aware_init_peer;
+
+    kcf->uscf = us;
+
+#if (NGX_HTTP_KV_AWARE_RESOLVE)
+    /* in a zone the lists may change ("server ... resolve") */
+    kcf->dynamic = (us->shm_zone != NULL);
+#endif
 
     return NGX_OK;
 }
@@ -255,9 +263,15 @@ ngx_http_kv_aware_plan_rank(ngx_http_request_t *r, ngx_uint_t *rank)
     peers = kp->rrp.peers;
     now = ngx_time();
 
+    if (kcf->dynamic) {
+        ngx_http_kv_aware_members_sync(kcf);
+    }
+
     ngx_http_upstream_rr_peers_wlock(peers);
 
-    if (peers->number > kcf->npeers) {
+    if (!ngx_http_kv_aware_members_current(kcf, peers)
+        || peers->number > kcf->npeers)
+    {
         ngx_http_upstream_rr_peers_unlock(peers);
         return NGX_DECLINED;
     }
@@ -306,12 +320,31 @@ ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc, void *data)
     now = ngx_time();
 
     peers = rrp->peers;
-    base = (peers == kp->primary) ? 0 : kp->kcf->nprimary;
+
+    if (kp->kcf->dynamic) {
+        ngx_http_kv_aware_members_sync(kp->kcf);
+    }
 
     ngx_http_upstream_rr_peers_wlock(peers);
 
-    if (base + peers->number > kp->kcf->npeers) {
-        /* peers added at run time ("server ... resolve") have no slot */
+#if (NGX_HTTP_KV_AWARE_RESOLVE)
+    /* as round-robin: the tried bitmap is of the lists as they were */
+    if (peers->config && rrp->config != *peers->config) {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        pc->name = peers->name;
+        return NGX_BUSY;
+    }
+#endif
+
+    base = (peers == kp->primary) ? 0 : kp->kcf->nprimary;
+
+    /*
+     * The lists changed again since the map was made, or hold more than
+     * 64 servers (ranks): round-robin's own choice for this try.
+     */
+    if (!ngx_http_kv_aware_members_current(kp->kcf, peers)
+        || base + peers->number > kp->kcf->npeers)
+    {
         ngx_http_upstream_rr_peers_unlock(peers);
         return ngx_http_kv_aware_round_robin(pc, kp);
     }
@@ -393,9 +426,8 @@ failed:
 
 
 /*
- * The peer list holds more servers than slot_of has entries for: round
- * robin's own choice, so that nothing is read past the table.  Full
- * support of servers that come and go at run time is still to come.
+ * The peer list holds more servers than have slots, or changed under the
+ * map: round-robin's own choice, so that nothing is read past the table.
  */
 static ngx_int_t
 ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
@@ -412,8 +444,8 @@ ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
 
         ngx_log_error(NGX_LOG_WARN, pc->log, 0,
                       "kv_aware: upstream \"%V\" has more servers than "
-                      "at configuration time, routing by round-robin",
-                      &kcf->upstream);
+                      "it has slots for (64 ranks in all), routing by "
+                      "round-robin", &kcf->upstream);
     }
 
     return ngx_http_upstream_get_round_robin_peer(pc, &kp->rrp);

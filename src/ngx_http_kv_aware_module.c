@@ -8,6 +8,7 @@
 #include "ngx_http_kv_aware_balancer.h"
 #include "ngx_http_kv_aware_events.h"
 #include "ngx_http_kv_aware_share.h"
+#include "ngx_http_kv_aware_members.h"
 #include "ngx_http_kv_aware_status.h"
 #include "ngx_http_kv_aware_variables.h"
 #include "ngx_http_kv_aware_tokenize.h"
@@ -247,6 +248,9 @@ ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                   |NGX_HTTP_UPSTREAM_MAX_FAILS
                   |NGX_HTTP_UPSTREAM_FAIL_TIMEOUT
                   |NGX_HTTP_UPSTREAM_DOWN
+#if (NGX_HTTP_KV_AWARE_RESOLVE)
+                  |NGX_HTTP_UPSTREAM_MODIFY
+#endif
                   |NGX_HTTP_UPSTREAM_BACKUP;
 
     return NGX_CONF_OK;

@@ -10,6 +10,7 @@
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_events.h"
 #include "ngx_http_kv_aware_share.h"
+#include "ngx_http_kv_aware_members.h"
 #include "ngx_http_kv_aware_status.h"
 
 
@@ -81,8 +82,7 @@ ngx_http_kv_aware_status_handler(ngx_http_request_t *r)
             size += NGX_HTTP_KV_AWARE_STATUS_UPSTREAM + uscfp[i]->host.len
                     + ngx_escape_json(NULL, uscfp[i]->host.data,
                                       uscfp[i]->host.len)
-                    + kcf->peer_names->nelts * kcf->data_parallel
-                      * NGX_HTTP_KV_AWARE_STATUS_SERVER
+                    + KVA_MAX_SLOTS * NGX_HTTP_KV_AWARE_STATUS_SERVER
                     + (check ? NGX_HTTP_KV_AWARE_STATUS_CHECK : 0);
         }
     }
@@ -180,7 +180,6 @@ ngx_http_kv_aware_status_upstream(u_char *p,
     int                          rc;
     char                         err[NGX_HTTP_KV_AWARE_STATUS_CHECK / 2];
     uint32_t                     from;
-    ngx_str_t                   *names;
     ngx_uint_t                   i, n, s, state, why;
     kva_clock_t                  clk;
     kva_index_t                 *ix;
@@ -292,17 +291,20 @@ ngx_http_kv_aware_status_upstream(u_char *p,
 
     p = ngx_cpymem(p, "\"servers\":[", sizeof("\"servers\":[") - 1);
 
-    names = kcf->peer_names->elts;
+    /* the servers as they are now; a data-parallel one a rank at a time */
+    if (kcf->dynamic) {
+        ngx_http_kv_aware_members_sync(kcf);
+    }
 
-    /* a data-parallel server is listed a rank at a time */
-    n = kcf->peer_names->nelts * kcf->data_parallel;
+    n = kcf->npeers * kcf->data_parallel;
 
     for (i = 0; i < n; i++) {
         s = kcf->slot_of[i];
         sl = &sh->slots[s];
 
-        p = ngx_sprintf(p, "%s{\"name\":\"%V\",", i ? "," : "",
-                        &names[i / kcf->data_parallel]);
+        p = ngx_sprintf(p, "%s{\"name\":\"", i ? "," : "");
+        p = (u_char *) ngx_escape_json(p, sl->name, sl->name_len);
+        p = ngx_cpymem(p, "\",", 2);
 
         if (kcf->data_parallel > 1) {
             p = ngx_sprintf(p, "\"rank\":%ui,", sl->rank);

@@ -10,6 +10,7 @@
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_share.h"
+#include "ngx_http_kv_aware_members.h"
 
 #if (NGX_LINUX)
 #include <sys/random.h>
@@ -247,6 +248,7 @@ ngx_http_kv_aware_slot_by_name(ngx_http_kv_aware_shctx_t *sh, u_char *name,
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
         if (sh->slots[s].name_len == len && sh->slots[s].rank == rank
+            && !(sh->reserved & (1ULL << s))
             && ngx_memcmp(sh->slots[s].name, name, len) == 0)
         {
             break;
@@ -287,10 +289,14 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
         }
     }
 
-    /* slots of servers that left: their entries would mislead newcomers */
+    /*
+     * Slots of servers that left: their entries would mislead newcomers.
+     * Where servers come and go at run time, those resolved are not in
+     * the configuration: the workers' first look at the lists decides.
+     */
     stale = 0;
 
-    for (s = 0; s < KVA_MAX_SLOTS; s++) {
+    for (s = 0; s < KVA_MAX_SLOTS && !kcf->dynamic; s++) {
         if (slots[s].name_len && !(used & (1ULL << s))) {
             stale |= 1ULL << s;
             ngx_memzero(&slots[s], sizeof(ngx_http_kv_aware_slot_t));
@@ -299,6 +305,7 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
 
     if (stale) {
         /* a newcomer in the slot has published nothing: not precise */
+        kcf->sh->reserved &= ~stale;
         ngx_http_kv_aware_set_precise(kcf->sh, stale, 0);
         ngx_http_kv_aware_drop_slots(kcf, stale, KVA_BITS_ALL);
     }
@@ -309,7 +316,18 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
             continue;
         }
 
-        s = __builtin_ctzll(~used);
+        for (s = 0; s < KVA_MAX_SLOTS; s++) {
+            if (slots[s].name_len == 0 && !(used & (1ULL << s))) {
+                break;
+            }
+        }
+
+        if (s == KVA_MAX_SLOTS) {
+            /* only where servers come and go: the first look decides */
+            kcf->slot_of[i] = NGX_HTTP_KV_AWARE_NO_SLOT;
+            continue;
+        }
+
         used |= 1ULL << s;
 
         kcf->slot_of[i] = (u_char) s;

@@ -119,6 +119,12 @@ struct ngx_http_kv_aware_shctx_s {
     ngx_http_kv_aware_load_t        load[NGX_HTTP_KV_AWARE_GENERATIONS]
                                         [KVA_MAX_SLOTS];
     ngx_http_kv_aware_share_t      *share;        /* share=on's queue */
+
+    /* servers that come and go (ngx_http_kv_aware_members.c) */
+    uint64_t                        reserved;     /* slots of servers gone */
+    ngx_uint_t                      map_gen;      /* the view that last */
+    ngx_uint_t                      map_config;   /* changed the slots */
+
     kva_index_t                    *index;
     size_t                          index_size;
 };

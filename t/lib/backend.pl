@@ -4,6 +4,7 @@
 # on 127.0.0.1 that echoes what it received as JSON.
 #
 #   perl t/lib/backend.pl --port P --name NAME [--mode ok|fail|close]
+#                         [--addr 127.x.y.z]
 #
 # Every request gets (mode ok) "200", header "X-Backend: NAME" and the body
 #   {"server":"NAME","method":"POST","uri":"/v1/...","len":N,"md5":"<hex>"}
@@ -37,25 +38,28 @@ my $IDLE_TIMEOUT = 60;          # s a keep-alive connection may stay idle
 my $IO_TIMEOUT   = 30;          # s a started request may take to arrive
 my $MAX_HEADER   = 64 * 1024;
 
-my ($port, $name, $mode) = (undef, undef, 'ok');
-GetOptions('port=i' => \$port, 'name=s' => \$name, 'mode=s' => \$mode)
+my ($port, $name, $mode, $addr) = (undef, undef, 'ok', '127.0.0.1');
+GetOptions('port=i' => \$port, 'name=s' => \$name, 'mode=s' => \$mode,
+           'addr=s' => \$addr)
     or usage();
+usage() unless $addr =~ /^127\.\d+\.\d+\.\d+\z/;    # loopback only
 usage() unless $port && defined $name && $mode =~ /^(?:ok|fail|close)$/;
 
 sub usage {
-    print STDERR "usage: $0 --port P --name NAME [--mode ok|fail|close]\n";
+    print STDERR "usage: $0 --port P --name NAME [--mode ok|fail|close]"
+        . " [--addr 127.x.y.z]\n";
     exit 2;
 }
 
 my $json = JSON::PP->new->allow_nonref->ascii;
 
 my $listen = IO::Socket::INET->new(
-    LocalAddr => '127.0.0.1',
+    LocalAddr => $addr,
     LocalPort => $port,
     Proto     => 'tcp',
     Listen    => 128,
     ReuseAddr => 1,
-) or die "backend $name: cannot listen on 127.0.0.1:$port: $@\n";
+) or die "backend $name: cannot listen on $addr:$port: $@\n";
 
 my %children;                   # pid => 1
 my $parent_pid = $$;
