@@ -178,4 +178,16 @@ sub {
 $env->stop_nginx;
 $env->check_logs_clean('agent placement');
 
+# a share of the prompt: from 0 to 1
+{
+    my $bad = Test::KvAware->new(backends => 0);
+    $bad->conf(http_config => '
+    upstream llm { kv_aware affinity_min=1.5; server 127.0.0.1:1; }',
+               config => 'location / { proxy_pass http://llm; }');
+    my ($ok, $out) = $bad->test_config;
+    ok(!$ok && index($out, 'kv_aware: invalid affinity_min "1.5", '
+                       . 'expected a number from 0 to 1 ') >= 0,
+       'affinity_min=1.5 is refused by nginx -t') or diag $out;
+}
+
 done_testing;
