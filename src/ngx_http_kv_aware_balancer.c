@@ -603,12 +603,18 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
         cand[i].inflight_reqs = reqs > 0 ? reqs : 0;
         cand[i].inflight_blocks = blocks > 0 ? blocks : 0;
         cand[i].routed = sl->routed;
+        cand[i].fill = kva_fill_get(&sl->fill, ngx_current_msec,
+                                    kcf->learned_ttl);
     }
 
     best = kva_score_pick(&kcf->score, cand, n, nblocks,
                           (uint32_t) ngx_random(), &ctx->why);
     slot = picks[best].slot;
     matched = cand[best].matched;
+
+    /* what the server is about to compute, it will cache */
+    kva_fill_add(&kcf->sh->slots[slot].fill, ngx_current_msec,
+                 kcf->learned_ttl, nblocks - matched);
 
     /*
      * Learned bits serve while the server's events cannot be trusted;

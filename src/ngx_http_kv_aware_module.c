@@ -78,6 +78,12 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_params[] = {
       offsetof(ngx_http_kv_aware_srv_conf_t, score.imbalance_ratio),
       NGX_HTTP_KV_AWARE_FIXED(1), NGX_HTTP_KV_AWARE_FIXED(1000), "1.5" },
 
+    /* a smaller match is placed by capacity; 0: any match draws */
+    { ngx_string("affinity_min"),
+      ngx_http_kv_aware_conf_fixed,
+      offsetof(ngx_http_kv_aware_srv_conf_t, score.affinity_min),
+      NGX_HTTP_KV_AWARE_FIXED(0), NGX_HTTP_KV_AWARE_FIXED(1), "0.5" },
+
     ngx_http_kv_aware_null_param
 };
 

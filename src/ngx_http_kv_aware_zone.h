@@ -77,6 +77,7 @@ typedef struct {
     ngx_atomic_t                    routed;
     ngx_atomic_t                    blocks;
     ngx_atomic_t                    matched;
+    kva_fill_t                      fill;         /* under the zone lock */
 
     /* written by the one subscribing worker, read by all */
     ngx_uint_t                      ev_state;

@@ -32,8 +32,10 @@ preflight();
 
 my $env = Test::KvAware->new(backends => 3, redis => 1, workers => 1,
                              log_level => 'info');
+# affinity_min=0: the routes below show what the index holds, down to a
+# match of 2 blocks of 13, which by default would be placed by capacity
 $env->conf(http_config => upstream_conf(
-               kv_aware => 'learned_ttl=10m',
+               kv_aware => 'learned_ttl=10m affinity_min=0',
                events => 'heartbeat=60s speculative_ttl=1s'),
            config => $LOCATIONS);
 $env->start_nginx or BAIL_OUT('nginx did not start: ' . $env->last_error);

@@ -23,7 +23,7 @@ TITLES = {
     "kv_aware_events": "kv_aware + KV events",
     "kv_aware_bridge": "kv_aware + engine events via kvbridge (tokens)",
 }
-WORKLOADS = ["shared-prefix", "multi-turn", "no-sharing"]
+WORKLOADS = ["shared-prefix", "multi-turn", "no-sharing", "agent"]
 
 
 def load(work):
@@ -111,6 +111,14 @@ def config_line(run):
         shape = ("%d conversations x %d turns, %d system + %d per user "
                  "turn" % (run["groups"], run["turns"], run["system-tokens"],
                            run["question-tokens"]))
+    elif wl == "agent":
+        shape = ("%d agent conversations x %d turns, %d shared system + %d "
+                 "task, then %d + %d a turn, think %g ms" % (
+                     run["groups"], run["turns"], run["system-tokens"],
+                     run["question-tokens"], run["output-tokens"],
+                     run["tool-tokens"], run["think-ms"]))
+        return "%s: %s, time scale %g, seed %d" % (
+            wl, shape, run["time-scale"], run["seed"])
     else:
         shape = "unique prompts of %d tokens" % (
             run["system-tokens"] + run["question-tokens"])
@@ -148,6 +156,26 @@ def kv_status(work):
     return rows
 
 
+def agent_table(runs, pols, first):
+    rows = ["## agent", "", config_line(first) + ".", "",
+            "| policy | later turns on their first server | busiest server "
+            "/ mean (conversations) | hit rate | first turns | later turns "
+            "| TTFT p50 | p90 | err |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in pols:
+        run = runs[("agent", p)][0]
+        ag, st = run.get("agent", {}), run["stages"][0]
+        rows.append("| %s | %.1f%% | %.2f | %.1f%% | %.1f%% | %.1f%% | %s | "
+                    "%s | %d |" % (
+                        TITLES[p], 100 * ag.get("later_home_share", 0),
+                        ag.get("busiest_share", 0), 100 * st["hit_rate"],
+                        100 * ag.get("first_turn_hit_rate", 0),
+                        100 * ag.get("later_turn_hit_rate", 0),
+                        fmt(ttft(st, "ttft_p50")), fmt(ttft(st, "ttft_p90")),
+                        st["errors"]))
+    return rows + [""]
+
+
 def main():
     work, results = sys.argv[1], sys.argv[2]
     runs = load(work)
@@ -177,6 +205,9 @@ def main():
         if not pols:
             continue
         first = runs[(wl, pols[0])][0]
+        if wl == "agent":
+            summary += agent_table(runs, pols, first)
+            continue
         qps = [s["qps"] for s in first["stages"]]
         summary += ["## %s" % wl, "", config_line(first) + ".", "",
                     "TTFT p90 (s) per offered QPS, then totals over all "

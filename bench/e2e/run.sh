@@ -10,8 +10,8 @@
 #                      hash_prefix kv_aware kv_aware_events kv_aware_bridge
 #   --scale S          time compression (default: see below)
 #   --stage-seconds T, --stage-requests N   stage bounds (uncompressed)
-#   --workloads a,b    subset of: shared-prefix multi-turn no-sharing; the
-#                      report also takes what earlier runs left for others
+#   --workloads a,b    subset of: shared-prefix multi-turn no-sharing agent;
+#                      the report also takes what earlier runs left for others
 #   --no-extra         shared-prefix only
 #   E2E_WORK, E2E_RESULTS  override build/bench-e2e and bench/results
 #                      (partial and --quick runs write to build/bench-e2e/results)
@@ -28,7 +28,7 @@ BUILD=$ROOT/build
 WORK=${E2E_WORK:-$BUILD/bench-e2e}
 RESULTS=${E2E_RESULTS:-$ROOT/bench/results}
 NGINX=${NGINX:-/usr/sbin/nginx}
-MODULE=$BUILD/ngx_http_kv_aware_module.so
+MODULE=${KV_AWARE_MODULE:-$BUILD/ngx_http_kv_aware_module.so}
 KVSIM=$BUILD/kvsim
 KVLOAD=$BUILD/kvload
 KVBRIDGE=$BUILD/kvbridge
@@ -87,6 +87,13 @@ MT_ARGS+=" --output-tokens 300 --qps-ladder 5,20,40 --stage-seconds 10"
 NS_ARGS="--system-tokens 6000 --question-tokens 1200 --output-tokens 300"
 NS_ARGS+=" --qps-ladder 5,20 --stage-seconds 10"
 NS_POLICIES="round_robin least_conn kv_aware kv_aware_events"
+# agents: conversations that each grow a private history past 20k tokens
+# on a shared 1k-token system prompt, one turn at a time (kvload_agent.c);
+# 64 of them overflow one server's KV cache 3 times over, not eight's
+AG_ARGS="--groups 64 --turns 20 --system-tokens 1000 --question-tokens 2000"
+AG_ARGS+=" --output-tokens 100 --tool-tokens 800 --think-ms 3000"
+AG_ARGS+=" --servers $SERVERS"
+AG_POLICIES="round_robin least_conn kv_aware kv_aware_events"
 BUDGET_S=900
 RUN_LIMIT_S=240
 
@@ -126,6 +133,9 @@ if [ "$QUICK" = 1 ]; then
     MT_ARGS+=" --output-tokens 100 --qps-ladder 10,40 --stage-seconds 5"
     NS_ARGS="--system-tokens 6000 --question-tokens 1200 --output-tokens 100"
     NS_ARGS+=" --qps-ladder 10,40 --stage-seconds 5"
+    AG_ARGS="--groups 24 --turns 8 --system-tokens 1000 --question-tokens 2000"
+    AG_ARGS+=" --output-tokens 50 --tool-tokens 800 --think-ms 3000"
+    AG_ARGS+=" --servers $SERVERS"
     BUDGET_S=170
     RUN_LIMIT_S=60
 fi
@@ -504,6 +514,11 @@ for wl in $WORKLOADS; do
     no-sharing)
         args=$NS_ARGS pols=""
         for p in $NS_POLICIES; do
+            case " $POLICIES " in *" $p "*) pols+=" $p" ;; esac
+        done ;;
+    agent)
+        args=$AG_ARGS pols=""
+        for p in $AG_POLICIES; do
             case " $POLICIES " in *" $p "*) pols+=" $p" ;; esac
         done ;;
     *) die "unknown workload $wl" ;;

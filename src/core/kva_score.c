@@ -11,6 +11,7 @@
 static double kva_load(const kva_candidate_t *c, double mean_weight);
 static unsigned kva_pick_min(const double *cost, const kva_candidate_t *c,
     unsigned n, uint32_t rnd);
+static double kva_fill_kept(const kva_fill_t *f, uint64_t now, uint64_t tau);
 
 
 static double
@@ -76,6 +77,7 @@ kva_score_pick(const kva_score_conf_t *conf, const kva_candidate_t *c,
 {
     double    cost[64], mean_weight;
     unsigned  i, best;
+    uint32_t  longest;
     uint64_t  least_reqs, total_weight;
 
     if (n > 64) {
@@ -84,6 +86,7 @@ kva_score_pick(const kva_score_conf_t *conf, const kva_candidate_t *c,
 
     total_weight = 0;
     least_reqs = UINT64_MAX;
+    longest = 0;
 
     for (i = 0; i < n; i++) {
         total_weight += c[i].weight;
@@ -91,9 +94,25 @@ kva_score_pick(const kva_score_conf_t *conf, const kva_candidate_t *c,
         if (c[i].inflight_reqs < least_reqs) {
             least_reqs = c[i].inflight_reqs;
         }
+
+        if (c[i].matched > longest) {
+            longest = c[i].matched;
+        }
     }
 
     mean_weight = (double) total_weight / n;
+
+    /* a match of a small part: what it saves is less than where it goes */
+    if (longest && longest < conf->affinity_min * nblocks) {
+        for (i = 0; i < n; i++) {
+            cost[i] = c[i].fill * mean_weight / c[i].weight
+                      + kva_load(&c[i], mean_weight);
+        }
+
+        *why = KVA_WHY_CAPACITY;
+
+        return kva_pick_min(cost, c, n, rnd);
+    }
 
     for (i = 0; i < n; i++) {
         cost[i] = conf->overlap_weight * (nblocks - c[i].matched)
@@ -120,6 +139,40 @@ kva_score_pick(const kva_score_conf_t *conf, const kva_candidate_t *c,
 }
 
 
+static double
+kva_fill_kept(const kva_fill_t *f, uint64_t now, uint64_t tau)
+{
+    uint64_t  age;
+
+    /* a clock that went back (another process's) keeps all */
+    age = now > f->at ? now - f->at : 0;
+
+    if (tau == 0) {
+        return f->blocks;
+    }
+
+    return age >= tau ? 0.0 : f->blocks * (1.0 - (double) age / tau);
+}
+
+
+void
+kva_fill_add(kva_fill_t *f, uint64_t now, uint64_t tau, double blocks)
+{
+    f->blocks = kva_fill_kept(f, now, tau) + blocks;
+
+    if (now > f->at) {
+        f->at = now;
+    }
+}
+
+
+double
+kva_fill_get(const kva_fill_t *f, uint64_t now, uint64_t tau)
+{
+    return kva_fill_kept(f, now, tau);
+}
+
+
 const char *
 kva_score_why(kva_why_e why)
 {
@@ -128,6 +181,8 @@ kva_score_why(kva_why_e why)
         return "affinity";
     case KVA_WHY_GATE:
         return "gate";
+    case KVA_WHY_CAPACITY:
+        return "capacity";
     default:
         return "load";
     }

@@ -13,6 +13,8 @@ typedef struct {
     double              overlap_weight;   /* one block to recompute, in load */
     uint32_t            imbalance;        /* gate: in-flight request gap */
     double              imbalance_ratio;  /* gate: and this many times more */
+    double              affinity_min;     /* share of the prompt a match
+                                             must cover; 0: any match */
 } kva_score_conf_t;
 
 
@@ -22,13 +24,28 @@ typedef struct {
     uint64_t            inflight_reqs;
     uint64_t            inflight_blocks;  /* blocks they had to compute */
     uint64_t            routed;           /* requests routed there so far */
+    double              fill;             /* blocks it stored lately */
 } kva_candidate_t;
+
+
+/*
+ * How full a server's cache is, as the router counts: the blocks it was
+ * sent to compute (and so to cache), fading out over tau, the time an idle
+ * prefix is thought to survive there.  Kept by the caller (nginx: in the
+ * shared zone, under its lock); the decay is linear between two updates,
+ * which compounds to an exponential when they are frequent.
+ */
+typedef struct {
+    double              blocks;
+    uint64_t            at;               /* ms, of the last update */
+} kva_fill_t;
 
 
 typedef enum {
     KVA_WHY_LOAD = 0,                     /* no server held any block */
     KVA_WHY_AFFINITY,                     /* chosen for the blocks it holds */
-    KVA_WHY_GATE                          /* affinity overruled by the gate */
+    KVA_WHY_GATE,                         /* affinity overruled by the gate */
+    KVA_WHY_CAPACITY                      /* a small match: placed by fill */
 } kva_why_e;
 
 
@@ -42,11 +59,22 @@ typedef enum {
  * the least busy candidate and more than `imbalance_ratio` times as many,
  * the least loaded candidate wins instead.
  *
+ * Capacity: when the longest match covers some of the prompt but less
+ * than `affinity_min` of its blocks (a shared system prompt in front of a
+ * new conversation), the match saves little and would draw every new
+ * conversation to one server: cost(c) = fill + load, scaled by weight,
+ * so the new prefix goes where the cache has the most room.  After
+ * SGLang's router (which balances by tree size below its threshold).
+ *
  * Returns the index of the chosen candidate; n must be >= 1.
  */
 unsigned kva_score_pick(const kva_score_conf_t *conf,
     const kva_candidate_t *c, unsigned n, uint32_t nblocks, uint32_t rnd,
     kva_why_e *why);
+
+/* now and tau in ms; tau 0: nothing fades */
+void kva_fill_add(kva_fill_t *f, uint64_t now, uint64_t tau, double blocks);
+double kva_fill_get(const kva_fill_t *f, uint64_t now, uint64_t tau);
 
 const char *kva_score_why(kva_why_e why);
 

@@ -8,13 +8,17 @@
 #include "kva_score.h"
 
 
+static void test_capacity(void);
+static void test_fill(void);
+
+
 int
 main(void)
 {
     unsigned          i, best, counts[4];
     kva_why_e         why;
     kva_candidate_t   c[4];
-    kva_score_conf_t  conf = { 2.0, 4, 1.5 };
+    kva_score_conf_t  conf = { 2.0, 4, 1.5, 0.0 };
 
     memset(c, 0, sizeof(c));
 
@@ -85,6 +89,142 @@ main(void)
     ok(best == 1, "a heavier server takes more load");
 
     ok(strcmp(kva_score_why(KVA_WHY_GATE), "gate") == 0, "why names");
+    ok(strcmp(kva_score_why(KVA_WHY_CAPACITY), "capacity") == 0,
+       "why names: capacity");
+
+    test_capacity();
+    test_fill();
 
     return done_testing();
+}
+
+
+/*
+ * A new conversation: 16 of 48 blocks (a shared system prompt) held by
+ * server 0 only, which already holds other conversations.  Below
+ * affinity_min the match does not draw it; at or above it, it does.
+ */
+static void
+test_capacity(void)
+{
+    unsigned          i, best, counts[4];
+    kva_why_e         why;
+    kva_candidate_t   c[4];
+    kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5 };
+
+    memset(c, 0, sizeof(c));
+
+    for (i = 0; i < 4; i++) {
+        c[i].weight = 1;
+        c[i].fill = 100.0 * (i + 1);
+    }
+
+    c[0].matched = 16;
+    c[0].fill = 5000;
+
+    best = kva_score_pick(&conf, c, 4, 48, 0, &why);
+    ok(best == 1 && why == KVA_WHY_CAPACITY,
+       "16 of 48 held: the emptiest cache wins, reason capacity (%u)", best);
+
+    conf.affinity_min = 0;
+    best = kva_score_pick(&conf, c, 4, 48, 0, &why);
+    ok(best == 0 && why == KVA_WHY_AFFINITY,
+       "affinity_min=0: the holder wins as before");
+
+    /* a later turn: 40 of 48 held, the full server keeps it */
+    conf.affinity_min = 0.5;
+    c[0].matched = 40;
+    best = kva_score_pick(&conf, c, 4, 48, 0, &why);
+    ok(best == 0 && why == KVA_WHY_AFFINITY,
+       "40 of 48 held: the conversation stays, whatever the fill");
+
+    /* exactly at the threshold counts as affinity */
+    c[0].matched = 24;
+    best = kva_score_pick(&conf, c, 4, 48, 0, &why);
+    ok(best == 0 && why == KVA_WHY_AFFINITY, "24 of 48 at 0.5: affinity");
+
+    /* nothing held anywhere: load as before, fill does not enter */
+    c[0].matched = 0;
+    c[3].fill = 0;
+    c[1].inflight_reqs = 0;
+    c[0].inflight_reqs = 1; c[2].inflight_reqs = 1; c[3].inflight_reqs = 1;
+    best = kva_score_pick(&conf, c, 4, 48, 0, &why);
+    ok(best == 1 && why == KVA_WHY_LOAD, "no match: by load, reason load");
+
+    /* in-flight load counts in blocks next to the fill */
+    for (i = 0; i < 4; i++) {
+        c[i].fill = 1000;
+        c[i].inflight_reqs = 0;
+    }
+
+    c[0].matched = 4;
+    c[2].inflight_reqs = 1;
+    c[2].inflight_blocks = 30;
+    c[1].fill = 990;
+    c[1].inflight_reqs = 1;
+    c[1].inflight_blocks = 20;
+    best = kva_score_pick(&conf, c, 4, 48, 0, &why);
+    ok(best == 0 || best == 3, "fill + load: an idle server of equal fill "
+       "beats one 10 blocks emptier but 21 busier (%u)", best);
+
+    /* weight: a server twice as heavy holds twice the fill for equal cost */
+    memset(c, 0, sizeof(c));
+    c[0].weight = 2; c[0].fill = 1500; c[0].matched = 2;
+    c[1].weight = 1; c[1].fill = 1000;
+    best = kva_score_pick(&conf, c, 2, 48, 0, &why);
+    ok(best == 0 && why == KVA_WHY_CAPACITY,
+       "weight=2 with 1500 blocks is emptier than weight=1 with 1000");
+
+    /* ties of fill go to the least routed, then at random */
+    memset(c, 0, sizeof(c));
+    memset(counts, 0, sizeof(counts));
+
+    for (i = 0; i < 4; i++) {
+        c[i].weight = 1;
+        c[i].routed = 7;
+    }
+
+    c[0].matched = 3;
+    c[3].routed = 9;
+
+    for (i = 0; i < 999; i++) {
+        counts[kva_score_pick(&conf, c, 4, 48, i * 2654435761u, &why)]++;
+    }
+
+    ok(counts[3] == 0 && counts[0] > 250 && counts[1] > 250
+       && counts[2] > 250, "empty caches: spread over the least routed "
+       "(%u/%u/%u/%u)", counts[0], counts[1], counts[2], counts[3]);
+}
+
+
+static void
+test_fill(void)
+{
+    uint64_t    t;
+    kva_fill_t  f;
+
+    memset(&f, 0, sizeof(f));
+
+    kva_fill_add(&f, 1000, 60000, 100);
+    ok(kva_fill_get(&f, 1000, 60000) == 100.0, "fill: what was added");
+    ok(kva_fill_get(&f, 31000, 60000) == 50.0, "fill: half gone at tau/2");
+    ok(kva_fill_get(&f, 61000, 60000) == 0.0, "fill: all gone at tau");
+    ok(kva_fill_get(&f, 500, 60000) == 100.0,
+       "fill: a clock behind the update keeps all");
+
+    kva_fill_add(&f, 31000, 60000, 10);
+    ok(kva_fill_get(&f, 31000, 60000) == 60.0,
+       "fill: adds to what is left");
+    ok(kva_fill_get(&f, 1000000, 0) == 60.0, "fill: tau 0 keeps all");
+
+    /* many small steps compound to about exp(-1) over tau */
+    memset(&f, 0, sizeof(f));
+    kva_fill_add(&f, 0, 60000, 1000);
+
+    for (t = 600; t <= 60000; t += 600) {
+        kva_fill_add(&f, t, 60000, 0);
+    }
+
+    ok(f.blocks > 360 && f.blocks < 370, "fill: frequent updates decay "
+       "as exp(-t/tau) (%.1f of 1000 after tau)", f.blocks);
 }

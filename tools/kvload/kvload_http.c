@@ -80,6 +80,7 @@ kvl_http_send(kvl_http_req_t *r, const char *path, const char *body,
     r->status = 0;
     r->error = 0;
     r->upstream[0] = '\0';
+    r->server[0] = '\0';
     r->path = path;
     r->timeout = timeout;
     r->reused = 0;
@@ -190,6 +191,12 @@ kvl_http_chunk(struct evhttp_request *req, void *arg)
         if (v) {
             snprintf(r->upstream, sizeof(r->upstream), "%.*s",
                      (int) strcspn(v, " ,"), v);
+        }
+
+        v = evhttp_find_header(evhttp_request_get_input_headers(req),
+                               "X-Kvsim-Server");
+        if (v) {
+            snprintf(r->server, sizeof(r->server), "%s", v);
         }
     }
 

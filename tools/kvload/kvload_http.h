@@ -49,6 +49,7 @@ struct kvl_http_req_s {
     int                         error;
     double                      t_done;
     char                        upstream[48];   /* X-Upstream-Addr */
+    char                        server[48];     /* X-Kvsim-Server */
     struct evbuffer            *buf;    /* the body, or SSE partial lines */
     struct evhttp_connection   *conn;
 

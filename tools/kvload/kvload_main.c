@@ -24,6 +24,7 @@
 #include <sys/resource.h>
 
 #include "kvload.h"
+#include "kvload_agent.h"
 
 
 static int kvl_options(int argc, char **argv);
@@ -33,11 +34,12 @@ static int kvl_metrics_targets(const char *s);
 
 
 static kvl_ctx_t  ctx;
+static kvl_agent_conf_t  agent;
 
 static kvl_opt_t  kvl_opts[] = {
     { "target", 's', &ctx.target, "127.0.0.1:8080", "HOST:PORT" },
     { "workload", 's', &ctx.workload, "shared-prefix",
-      "shared-prefix | multi-turn | no-sharing" },
+      "shared-prefix | multi-turn | no-sharing | agent" },
     { "qps-ladder", 's', &ctx.ladder, "3,10,20,40,60", "QPS per stage" },
     { "stage-requests", 'U', &ctx.stage_requests, "0",
       "requests per stage at most (0: no cap)" },
@@ -52,6 +54,14 @@ static kvl_opt_t  kvl_opts[] = {
     { "model", 's', &ctx.wl.model, "kvsim", "" },
     { "prompt-ids", 'u', &ctx.wl.prompt_ids, "0",
       "1: /v1/completions, prompts as token ids (no tokenizer needed)" },
+    { "concurrency", 'u', &agent.concurrency, "0",
+      "agent: conversations open at once (0: all)" },
+    { "tool-tokens", 'u', &agent.tool_tokens, "800",
+      "agent: tool result a turn" },
+    { "think-ms", 'd', &agent.think_ms, "3000",
+      "agent: mean think time between turns" },
+    { "servers", 'u', &agent.servers, "0",
+      "agent: servers behind the target (0: those that answered)" },
     { "seed", 'U', &ctx.wl.seed, "1", "prompts and arrivals" },
     { "max-inflight", 'U', &ctx.max_inflight, "2048", "drop beyond" },
     { "timeout", 'd', &ctx.timeout, "600", "idle seconds per request" },
@@ -89,14 +99,18 @@ main(int argc, char **argv)
 
     signal(SIGPIPE, SIG_IGN);
 
-    ctx.work = kvl_workload_create(&ctx.wl);
+    ctx.work = ctx.wl.kind == KVL_WL_AGENT ? NULL
+                                           : kvl_workload_create(&ctx.wl);
 
-    if (ctx.work == NULL || kvl_run_init(&ctx) != 0) {
+    if ((ctx.work == NULL && ctx.wl.kind != KVL_WL_AGENT)
+        || kvl_run_init(&ctx) != 0)
+    {
         fprintf(stderr, "kvload: out of memory\n");
         return 1;
     }
 
-    rc = kvl_run(&ctx);
+    rc = ctx.wl.kind == KVL_WL_AGENT ? kvl_agent_run(&ctx, &agent)
+                                     : kvl_run(&ctx);
 
     res = kvl_report_json(&ctx, kvl_opts);
     if (res == NULL) {
@@ -105,6 +119,11 @@ main(int argc, char **argv)
     }
 
     kvl_report_print(&ctx, json_object_get(res, "stages"));
+
+    if (ctx.wl.kind == KVL_WL_AGENT && kvl_agent_report(&ctx, res) != 0) {
+        fprintf(stderr, "kvload: out of memory\n");
+        return 1;
+    }
 
     if (ctx.json
         && json_dump_file(res, ctx.json,
@@ -141,8 +160,8 @@ kvl_options(int argc, char **argv)
     kvl_opt_t      *opt;
     struct option   lo[sizeof(kvl_opts) / sizeof(kvl_opt_t)];
     static const char  *kinds[] = {
-        "shared-prefix", "multi-turn", "no-sharing"   /* kvl_wl_kind_e */
-    };
+        "shared-prefix", "multi-turn", "no-sharing", "agent"
+    };                                          /* kvl_wl_kind_e */
 
     for (n = 0; kvl_opts[n].name; n++) {
         lo[n].name = kvl_opts[n].name;
@@ -163,7 +182,7 @@ kvl_options(int argc, char **argv)
         }
     }
 
-    for (n = 0; n < 3 && strcmp(ctx.workload, kinds[n]) != 0; n++) {
+    for (n = 0; n < 4 && strcmp(ctx.workload, kinds[n]) != 0; n++) {
         /* void */
     }
 
@@ -175,11 +194,12 @@ kvl_options(int argc, char **argv)
         }
     }
 
-    if (optind != argc || n == 3 || ctx.scale <= 0.0 || ctx.stage_seconds <= 0.0
+    if (optind != argc || n == 4 || ctx.scale <= 0.0 || ctx.stage_seconds <= 0.0
         || ctx.timeout <= 0.0 || ctx.max_inflight == 0 || ctx.metrics_ms == 0
         || ctx.wl.groups == 0 || ctx.wl.prompts_per_group == 0
         || ctx.wl.turns == 0 || ctx.wl.output_tokens == 0
         || ctx.wl.system_tokens == 0 || ctx.wl.question_tokens == 0
+        || (n == KVL_WL_AGENT && (ctx.wl.prompt_ids || agent.think_ms < 0))
         || strlen(ctx.wl.model) > 128 || kvl_ladder(ctx.ladder) != 0)
     {
         goto usage;
