@@ -52,6 +52,11 @@ static ngx_uint_t ngx_http_kv_aware_candidates(
     ngx_uint_t base, ngx_http_kv_aware_pick_t *picks, time_t now);
 static ngx_uint_t ngx_http_kv_aware_planned(ngx_http_kv_aware_peer_data_t *kp,
     ngx_http_kv_aware_pick_t *picks, ngx_uint_t n);
+static void ngx_http_kv_aware_hash_request(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx);
+static void ngx_http_kv_aware_weigh(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
+    ngx_uint_t n, kva_clock_t *clk, kva_candidate_t *cand);
 static ngx_uint_t ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     ngx_http_kv_aware_pick_t *picks, ngx_uint_t n, ngx_log_t *log);
 static void ngx_http_kv_aware_release(ngx_http_kv_aware_peer_data_t *kp,
@@ -188,21 +193,152 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
 
     kp->primary = kp->rrp.peers;
 
+    ngx_http_kv_aware_hash_request(r, kcf, ctx);
+
+    return NGX_OK;
+}
+
+
+/* the prompt's keys, once a request (counted then) */
+static void
+ngx_http_kv_aware_hash_request(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx)
+{
     /* the context may come from kv_aware_tokenize, with the ids */
-    if (!ctx->hashed) {
-        ctx->hashed = 1;
+    if (ctx->hashed) {
+        return;
+    }
 
-        /* a prompt we cannot read only costs the request its affinity */
-        (void) ngx_http_kv_aware_prompt_hashes(r, kcf, ctx);
+    ctx->hashed = 1;
 
-        (void) ngx_atomic_fetch_add(&kcf->sh->requests, 1);
+    /* a prompt we cannot read only costs the request its affinity */
+    (void) ngx_http_kv_aware_prompt_hashes(r, kcf, ctx);
 
-        if (ctx->fallback != NGX_HTTP_KV_AWARE_ROUTED) {
-            (void) ngx_atomic_fetch_add(&kcf->sh->fallbacks, 1);
-            (void) ngx_atomic_fetch_add(&kcf->sh->fallback[ctx->fallback],
-                                        1);
+    (void) ngx_atomic_fetch_add(&kcf->sh->requests, 1);
+
+    if (ctx->fallback != NGX_HTTP_KV_AWARE_ROUTED) {
+        (void) ngx_atomic_fetch_add(&kcf->sh->fallbacks, 1);
+        (void) ngx_atomic_fetch_add(&kcf->sh->fallback[ctx->fallback], 1);
+    }
+}
+
+
+/*
+ * $kv_aware_ranking_NAME: the servers of upstream NAME for this request,
+ * best first, each with the cost kv_aware weighs (lower is better), for a
+ * balancer of one's own (balancer_by_lua) to choose among.  Read-only:
+ * nothing is charged or learned, since kv_aware does not choose.
+ */
+ngx_int_t
+ngx_http_kv_aware_ranking(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_str_t *out)
+{
+    u_char                         *p;
+    double                          cost[KVA_MAX_SLOTS];
+    ngx_uint_t                      i, j, k, n, dp, order[KVA_MAX_SLOTS];
+    kva_why_e                       why;
+    kva_clock_t                     clk;
+    kva_candidate_t                 cand[KVA_MAX_SLOTS];
+    ngx_http_kv_aware_ctx_t        *ctx;
+    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
+    ngx_http_upstream_rr_peer_t    *peer;
+    ngx_http_upstream_rr_peers_t   *peers;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
+
+    if (ctx == NULL) {
+        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_ctx_t));
+        if (ctx == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_http_set_ctx(r, ctx, ngx_http_kv_aware_module);
+    }
+
+    ngx_http_kv_aware_hash_request(r, kcf, ctx);
+
+    if (kcf->dynamic) {
+        ngx_http_kv_aware_members_sync(kcf);
+    }
+
+    dp = kcf->data_parallel;
+    peers = kcf->uscf->peer.data;
+
+    ngx_http_upstream_rr_peers_rlock(peers);
+
+    if (!ngx_http_kv_aware_members_current(kcf, peers)
+        || peers->number > kcf->npeers)
+    {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return NGX_DECLINED;
+    }
+
+    n = 0;
+
+    for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
+        if (peer->down) {
+            continue;
+        }
+
+        for (j = 0; j < dp; j++) {
+            picks[n].peer = peer;
+            picks[n].number = i;
+            picks[n].slot = kcf->slot_of[i * dp + j];
+            picks[n].rank = j;
+            n++;
         }
     }
+
+    if (n == 0) {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return NGX_DECLINED;
+    }
+
+    ngx_http_kv_aware_weigh(kcf, ctx, picks, n, &clk, cand);
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
+
+    /* the one kv_aware would pick first (ties broken alike), then by cost */
+    order[0] = kva_score_costs(&kcf->score, cand, n, ctx->nblocks, 0, cost,
+                               &why);
+
+    for (i = 0, k = 1; i < n; i++) {
+        if (i == order[0]) {
+            continue;
+        }
+
+        for (j = k; j > 1 && cost[order[j - 1]] > cost[i]; j--) {
+            order[j] = order[j - 1];
+        }
+
+        order[j] = i;
+        k++;
+    }
+
+    out->data = ngx_pnalloc(r->pool, n * (NGX_SOCKADDR_STRLEN
+                                          + sizeof(" #63 ,") + 32));
+    if (out->data == NULL) {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return NGX_ERROR;
+    }
+
+    p = out->data;
+
+    for (i = 0; i < n; i++) {
+        k = order[i];
+
+        p = ngx_sprintf(p, "%s%V", i ? "," : "",
+                        &picks[k].peer->name);
+
+        if (dp > 1) {
+            p = ngx_sprintf(p, "#%ui", picks[k].rank);
+        }
+
+        p = ngx_sprintf(p, " %.3f", cost[k] < 1e15 ? cost[k] : 1e15);
+    }
+
+    out->len = p - out->data;
+
+    ngx_http_upstream_rr_peers_unlock(peers);
 
     return NGX_OK;
 }
@@ -534,27 +670,20 @@ ngx_http_kv_aware_planned(ngx_http_kv_aware_peer_data_t *kp,
 
 
 /*
- * Scores the eligible peers, charges the winner with the request's load
- * and records that it now holds the prompt's blocks, so that siblings of
- * a burst follow it before any of them has finished.
+ * Looks the prompt up for the candidates and fills cand[]: the blocks
+ * each holds, its load.  Returns with the zone's lock held.
  */
-static ngx_uint_t
-ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
-    ngx_http_kv_aware_pick_t *picks, ngx_uint_t n, ngx_log_t *log)
+static void
+ngx_http_kv_aware_weigh(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
+    ngx_uint_t n, kva_clock_t *clk, kva_candidate_t *cand)
 {
-    uint32_t                       depth[KVA_MAX_SLOTS], nblocks, matched,
-                                   from, piece;
-    uint64_t                       mask;
-    ngx_int_t                      reqs, blocks;
-    ngx_uint_t                     i, best, slot;
-    kva_clock_t                    clk;
-    kva_candidate_t                cand[KVA_MAX_SLOTS];
-    ngx_http_kv_aware_ctx_t       *ctx;
-    ngx_http_kv_aware_slot_t      *sl;
-    ngx_http_kv_aware_srv_conf_t  *kcf;
+    uint32_t                   depth[KVA_MAX_SLOTS], nblocks, from, piece;
+    uint64_t                   mask;
+    ngx_int_t                  reqs, blocks;
+    ngx_uint_t                 i, slot;
+    ngx_http_kv_aware_slot_t  *sl;
 
-    kcf = kp->kcf;
-    ctx = kp->ctx;
     nblocks = ctx->nblocks;
 
     ngx_memzero(depth, sizeof(depth));
@@ -565,7 +694,7 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
         mask |= 1ULL << picks[i].slot;
     }
 
-    ngx_http_kv_aware_clock(kcf, &clk);
+    ngx_http_kv_aware_clock(kcf, clk);
 
     ngx_shmtx_lock(&kcf->shpool->mutex);
 
@@ -578,7 +707,7 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
 
         piece = kva_index_match_part(kcf->sh->index, ctx->hashes, from,
                                      ngx_min(nblocks, from + KVA_ADD_CHUNK),
-                                     &mask, &clk, depth, ctx->found);
+                                     &mask, clk, depth, ctx->found);
     }
 
     (void) kva_index_match_done(nblocks, from, mask, depth, ctx->found);
@@ -606,6 +735,30 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
         cand[i].fill = kva_fill_get(&sl->fill, ngx_current_msec,
                                     kcf->learned_ttl);
     }
+}
+
+
+/*
+ * Scores the eligible peers, charges the winner with the request's load
+ * and records that it now holds the prompt's blocks, so that siblings of
+ * a burst follow it before any of them has finished.
+ */
+static ngx_uint_t
+ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
+    ngx_http_kv_aware_pick_t *picks, ngx_uint_t n, ngx_log_t *log)
+{
+    uint32_t                       nblocks, matched, from, piece;
+    ngx_uint_t                     best, slot;
+    kva_clock_t                    clk;
+    kva_candidate_t                cand[KVA_MAX_SLOTS];
+    ngx_http_kv_aware_ctx_t       *ctx;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
+
+    kcf = kp->kcf;
+    ctx = kp->ctx;
+    nblocks = ctx->nblocks;
+
+    ngx_http_kv_aware_weigh(kcf, ctx, picks, n, &clk, cand);
 
     best = kva_score_pick(&kcf->score, cand, n, nblocks,
                           (uint32_t) ngx_random(), &ctx->why);

@@ -14,6 +14,8 @@ static ngx_int_t ngx_http_kv_aware_reason(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_kv_aware_dp_rank(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_kv_aware_ranking_var(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
 
 
 static ngx_http_variable_t  ngx_http_kv_aware_vars[] = {
@@ -32,6 +34,10 @@ static ngx_http_variable_t  ngx_http_kv_aware_vars[] = {
     /* for proxy_set_header X-data-parallel-rank: empty, no header */
     { ngx_string("kv_aware_dp_rank"), NULL, ngx_http_kv_aware_dp_rank, 0,
       NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    /* $kv_aware_ranking_NAME: upstream NAME's servers, best first */
+    { ngx_string("kv_aware_ranking_"), NULL, ngx_http_kv_aware_ranking_var,
+      0, NGX_HTTP_VAR_NOCACHEABLE|NGX_HTTP_VAR_PREFIX, 0 },
 
       ngx_http_null_variable
 };
@@ -161,6 +167,71 @@ ngx_http_kv_aware_dp_rank(ngx_http_request_t *r,
     v->no_cacheable = 1;
     v->not_found = 0;
     v->data = p;
+
+    return NGX_OK;
+}
+
+
+/*
+ * data is the variable's whole name: what follows the prefix names a
+ * kv_aware upstream.  Not found for another name, or an upstream without
+ * servers to rank.
+ */
+static ngx_int_t
+ngx_http_kv_aware_ranking_var(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_str_t *name = (ngx_str_t *) data;
+
+    ngx_int_t                       rc;
+    ngx_str_t                       upstream, out;
+    ngx_uint_t                      i;
+    ngx_http_upstream_srv_conf_t  **uscfp;
+    ngx_http_kv_aware_srv_conf_t   *kcf;
+    ngx_http_upstream_main_conf_t  *umcf;
+
+    upstream.data = name->data + sizeof("kv_aware_ranking_") - 1;
+    upstream.len = name->len - (sizeof("kv_aware_ranking_") - 1);
+
+    umcf = ngx_http_get_module_main_conf(r, ngx_http_upstream_module);
+    uscfp = umcf->upstreams.elts;
+
+    for (i = 0; i < umcf->upstreams.nelts; i++) {
+        /* an implicit upstream (proxy_pass http://host) has no srv_conf */
+        if (uscfp[i]->srv_conf == NULL
+            || uscfp[i]->host.len != upstream.len
+            || ngx_strncasecmp(uscfp[i]->host.data, upstream.data,
+                               upstream.len) != 0)
+        {
+            continue;
+        }
+
+        kcf = ngx_http_conf_upstream_srv_conf(uscfp[i],
+                                              ngx_http_kv_aware_module);
+
+        if (kcf->shm_zone == NULL || kcf->uscf == NULL) {
+            continue;
+        }
+
+        rc = ngx_http_kv_aware_ranking(r, kcf, &out);
+
+        if (rc == NGX_ERROR) {
+            return NGX_ERROR;
+        }
+
+        if (rc == NGX_OK) {
+            v->len = out.len;
+            v->data = out.data;
+            v->valid = 1;
+            v->no_cacheable = 1;
+            v->not_found = 0;
+            return NGX_OK;
+        }
+
+        break;
+    }
+
+    v->not_found = 1;
 
     return NGX_OK;
 }

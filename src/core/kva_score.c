@@ -75,7 +75,17 @@ unsigned
 kva_score_pick(const kva_score_conf_t *conf, const kva_candidate_t *c,
     unsigned n, uint32_t nblocks, uint32_t rnd, kva_why_e *why)
 {
-    double    cost[64], mean_weight;
+    double  cost[64];
+
+    return kva_score_costs(conf, c, n, nblocks, rnd, cost, why);
+}
+
+
+unsigned
+kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
+    unsigned n, uint32_t nblocks, uint32_t rnd, double *cost, kva_why_e *why)
+{
+    double    mean_weight;
     unsigned  i, best;
     uint32_t  longest;
     uint64_t  least_reqs, total_weight;

@@ -72,6 +72,15 @@ unsigned kva_score_pick(const kva_score_conf_t *conf,
     const kva_candidate_t *c, unsigned n, uint32_t nblocks, uint32_t rnd,
     kva_why_e *why);
 
+/*
+ * The same, leaving in cost[0 .. n) the cost each candidate was weighed
+ * by in the end (lower is better; a gated pick's are load alone), for a
+ * ranking of all of them.
+ */
+unsigned kva_score_costs(const kva_score_conf_t *conf,
+    const kva_candidate_t *c, unsigned n, uint32_t nblocks, uint32_t rnd,
+    double *cost, kva_why_e *why);
+
 /* now and tau in ms; tau 0: nothing fades */
 void kva_fill_add(kva_fill_t *f, uint64_t now, uint64_t tau, double blocks);
 double kva_fill_get(const kva_fill_t *f, uint64_t now, uint64_t tau);
