@@ -154,6 +154,10 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
 
         (void) ngx_atomic_fetch_add(&kcf->sh->requests, 1);
 
+        if (ctx->ids) {
+            (void) ngx_atomic_fetch_add(&kcf->sh->tokenized, 1);
+        }
+
         if (ctx->fallback != NGX_HTTP_KV_AWARE_ROUTED) {
             (void) ngx_atomic_fetch_add(&kcf->sh->fallbacks, 1);
             (void) ngx_atomic_fetch_add(&kcf->sh->fallback[ctx->fallback],
@@ -439,6 +443,7 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].routed, 1);
     (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].blocks, nblocks);
     (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].matched, matched);
+    (void) ngx_atomic_fetch_add(&kcf->sh->chosen[ctx->why], 1);
 
     ctx->matched = matched;
     ctx->decided = 1;
