@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Parses a Prometheus text exposition from stdin with the reference
 client's parser (Debian's python3-prometheus-client) and prints what it
 read as JSON, for the Perl tests:
