@@ -50,7 +50,10 @@ ngx_http_kv_aware_status_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
 
-    if (clcf->handler != NULL) {
+    if (clcf->handler == ngx_http_kv_aware_status_auto
+        || clcf->handler == ngx_http_kv_aware_status_json
+        || clcf->handler == ngx_http_kv_aware_status_prometheus)
+    {
         return "is duplicate";
     }
 

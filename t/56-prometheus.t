@@ -357,4 +357,21 @@ is_deeply([grep { !$s3->{names}{$_} } sort keys %used], [],
 $env->stop_nginx;
 $env->check_logs_clean('prometheus');
 
+# --- the directive's argument --------------------------------------------
+
+for my $case (
+    ['kv_aware_status xml;',
+     qr/\[emerg\].*kv_aware_status: invalid format "xml", expected "json"
+        \ or\ "prometheus"/x],
+    ['kv_aware_status; kv_aware_status prometheus;',
+     qr/\[emerg\].*"kv_aware_status" directive is duplicate/],
+    ['kv_aware_status json prometheus;',
+     qr/\[emerg\].*invalid number of arguments in "kv_aware_status"/])
+{
+    $env->conf(config => "location = /s { $case->[0] }");
+    my ($ok, $out) = $env->test_config;
+    ok(!$ok && $out =~ $case->[1], "nginx -t refuses: $case->[0]")
+        or diag $out;
+}
+
 done_testing;

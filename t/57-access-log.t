@@ -124,7 +124,8 @@ for my $i (0 .. 2) {
        join(' ', @$r{qw(reason blocks matched status)}, 200),
        "line " . ($i + 1) . ": reason, blocks, matched, status as the "
        . "client was told ($r->{reason} $r->{blocks} $r->{matched})");
-    like($f->{ttfb}, qr/^\d+\.\d{3}$/, "line " . ($i + 1) . ": ttfb $f->{ttfb}");
+    like($f->{ttfb}, qr/^\d+\.\d{3}$/,
+         "line " . ($i + 1) . ": ttfb $f->{ttfb}");
 }
 
 cmp_ok($l[0]{ttfb}, '>=', 0.2, 'the delayed server: ttfb at least 200 ms');
