@@ -361,8 +361,8 @@ $env->check_logs_clean('prometheus');
 
 for my $case (
     ['kv_aware_status xml;',
-     qr/\[emerg\].*kv_aware_status: invalid format "xml", expected "json"
-        \ or\ "prometheus"/x],
+     qr/\[emerg\].*kv_aware_status: invalid format "xml", /
+     . qr/expected "json" or "prometheus"/],
     ['kv_aware_status; kv_aware_status prometheus;',
      qr/\[emerg\].*"kv_aware_status" directive is duplicate/],
     ['kv_aware_status json prometheus;',
@@ -370,7 +370,8 @@ for my $case (
 {
     $env->conf(config => "location = /s { $case->[0] }");
     my ($ok, $out) = $env->test_config;
-    ok(!$ok && $out =~ $case->[1], "nginx -t refuses: $case->[0]")
+    my $re = $case->[1];
+    ok(!$ok && $out =~ /$re/, "nginx -t refuses: $case->[0]")
         or diag $out;
 }
 
