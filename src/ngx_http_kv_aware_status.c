@@ -438,8 +438,15 @@ ngx_http_kv_aware_status_upstream(u_char *p,
     *p++ = '"';
     p = (u_char *) ngx_escape_json(p, name->data, name->len);
 
-    p = ngx_sprintf(p, "\":{\"requests\":%uA,\"fallbacks\":%uA,"
-                    "\"fallback\":{", sh->requests, sh->fallbacks);
+    p = ngx_sprintf(p, "\":{\"requests\":%uA,\"routed\":{\"%s\":%uA,"
+                    "\"%s\":%uA,\"%s\":%uA},\"tokenized\":%uA,"
+                    "\"fallbacks\":%uA,\"fallback\":{",
+                    sh->requests,
+                    kva_score_why(KVA_WHY_AFFINITY),
+                    sh->chosen[KVA_WHY_AFFINITY],
+                    kva_score_why(KVA_WHY_LOAD), sh->chosen[KVA_WHY_LOAD],
+                    kva_score_why(KVA_WHY_GATE), sh->chosen[KVA_WHY_GATE],
+                    sh->tokenized, sh->fallbacks);
 
     for (why = NGX_HTTP_KV_AWARE_ROUTED + 1;
          why < NGX_HTTP_KV_AWARE_FALLBACK_LAST;

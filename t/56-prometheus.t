@@ -259,6 +259,9 @@ is(sum_servers($s1, 'kv_aware_server_in_flight_requests'), 0,
 
 # the JSON page counts the same
 my $st = status($env);
+is(join(' ', map { $st->{routed}{$_} // '-' } qw(affinity load gate)),
+   join(' ', map { v($s1, 'kv_aware_routed_total', reason => $_) // '-' }
+                 qw(affinity load gate)), 'routed by reason as in JSON');
 for my $i (0 .. 2) {
     my $js = server_status($st, $A[$i]);
     is(join(' ', map { v($s1, "kv_aware_server_${_}_total",
