@@ -216,6 +216,10 @@ ngx_http_kv_aware_hash_request(ngx_http_request_t *r,
 
     (void) ngx_atomic_fetch_add(&kcf->sh->requests, 1);
 
+    if (ctx->ids) {
+        (void) ngx_atomic_fetch_add(&kcf->sh->tokenized, 1);
+    }
+
     if (ctx->fallback != NGX_HTTP_KV_AWARE_ROUTED) {
         (void) ngx_atomic_fetch_add(&kcf->sh->fallbacks, 1);
         (void) ngx_atomic_fetch_add(&kcf->sh->fallback[ctx->fallback], 1);
@@ -809,6 +813,7 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].routed, 1);
     (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].blocks, nblocks);
     (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].matched, matched);
+    (void) ngx_atomic_fetch_add(&kcf->sh->chosen[ctx->why], 1);
 
     ctx->matched = matched;
     ctx->rank = picks[best].rank;

@@ -112,7 +112,7 @@ static ngx_command_t  ngx_http_kv_aware_commands[] = {
       NULL },
 
     { ngx_string("kv_aware_status"),
-      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
       ngx_http_kv_aware_status_directive,
       0,
       0,

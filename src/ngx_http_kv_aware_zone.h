@@ -115,6 +115,9 @@ struct ngx_http_kv_aware_shctx_s {
     ngx_atomic_t                    ev_hashes;
     ngx_atomic_t                    ev_rejected[NGX_HTTP_KV_AWARE_REJ_LAST];
     ngx_atomic_t                    resyncs;
+    /* servers chosen, by kva_why_e; requests with kv_aware_tokenize's ids */
+    ngx_atomic_t                    chosen[KVA_WHY_LAST];
+    ngx_atomic_t                    tokenized;
 
     ngx_http_kv_aware_slot_t        slots[KVA_MAX_SLOTS];
     ngx_http_kv_aware_load_t        load[NGX_HTTP_KV_AWARE_GENERATIONS]

@@ -75,6 +75,17 @@ subtest 'the status page lists each rank' => sub {
     }
 };
 
+subtest 'Prometheus: a series per rank' => sub {
+    my $r = $env->request(GET => '/kv_status?format=prometheus');
+    for my $a (@A) {
+        for my $k (0, 1) {
+            like($r->{body}, qr/^kv_aware_server_requests_total\{[^}]*
+                                 server="\Q$a\E",rank="$k"\}/mx,
+                 "$a rank $k has its series");
+        }
+    }
+};
+
 subtest 'learned: the same prompt goes to the same server and rank' => sub {
     my $P = prompt('learned-dp', 8);
     my $r1 = chat($env, $P);

@@ -45,7 +45,8 @@ typedef enum {
     KVA_WHY_LOAD = 0,                     /* no server held any block */
     KVA_WHY_AFFINITY,                     /* chosen for the blocks it holds */
     KVA_WHY_GATE,                         /* affinity overruled by the gate */
-    KVA_WHY_CAPACITY                      /* a small match: placed by fill */
+    KVA_WHY_CAPACITY,                     /* a small match: placed by fill */
+    KVA_WHY_LAST
 } kva_why_e;
 
 
