@@ -367,8 +367,9 @@ kvb_metrics_labels(const char *p, const char *end, int *rank)
 /*
  * vLLM labels each data-parallel engine's series engine="r" (its v1
  * PrometheusStatLogger, labelnames model_name and engine); SGLang adds
- * dp_rank="r" to its schedulers' when it runs data parallel.  A value
- * that is not a small decimal number is no rank.
+ * dp_rank="r" to its schedulers' when it runs data parallel.  -1: not a
+ * rank's label; KVB_METRICS_RANKS: a value that names none of ours (not
+ * a decimal number below 64), so no rank's.
  */
 
 static int
@@ -384,21 +385,23 @@ kvb_metrics_rank(const char *name, size_t nlen, const char *value,
         return -1;
     }
 
+    /* a rank's label with a value past our ranks: no rank of ours */
+
     if (vlen == 0 || vlen > 2 || (vlen == 2 && value[0] == '0')) {
-        return -1;
+        return KVB_METRICS_RANKS;
     }
 
     r = 0;
 
     for (i = 0; i < vlen; i++) {
         if (value[i] < '0' || value[i] > '9') {
-            return -1;
+            return KVB_METRICS_RANKS;
         }
 
         r = r * 10 + (value[i] - '0');
     }
 
-    return r < KVB_METRICS_RANKS ? r : -1;
+    return r < KVB_METRICS_RANKS ? r : KVB_METRICS_RANKS;
 }
 
 

@@ -43,7 +43,8 @@ int kvb_metrics_parse(const char *text, size_t len, kvb_load_t *load);
 /*
  * The same sums into all, and each rank's own into ranks[0, nranks):
  * the series labelled with that rank (vLLM's engine, SGLang's dp_rank),
- * and for rank 0 also those without such a label (a single engine).
+ * and for rank 0 also those without such a label (a single engine); a
+ * series labelled with a value that is no rank below 64 is no rank's.
  * Returns what kvb_metrics_parse() returns for all.
  */
 int kvb_metrics_parse_ranks(const char *text, size_t len, kvb_load_t *all,
