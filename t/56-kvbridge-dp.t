@@ -4,7 +4,10 @@
 # "rank", with a seq of their own; a resync that names a rank is answered
 # with that rank's snapshot alone (without "rank": rank 0's); each rank's
 # load is its own (/metrics, engine="r"); a header out of range is
-# balanced, counted, and no request is lost.
+# balanced, counted, and no request is lost.  Engines that connect to
+# the bridge's collector on its port + rank are told apart by topic and
+# rank; a batch whose data_parallel_rank disagrees with its port is kept
+# under the port's rank, and logged.
 # Real redis-server, kvsim and kvbridge; no nginx (t/55 routes with it).
 
 use strict;
@@ -36,9 +39,11 @@ my $l = KvAware::Launch->new(template => 'kvbridge-dp-XXXXXX',
                              watchdog => 1, diag => \&diag);
 
 # one server, two ranks: events on Z and Z + 1, replays on Z + 2, Z + 3
-my ($redis, $port) = free_ports(2);
+my ($redis, $port, $own) = free_ports(3);
 my $zmq = free_run(4);
+my $collect = free_run(2);
 my $addr = "127.0.0.1:$port";
+my ($COLLECTED, $BYHAND) = ('127.0.0.1:2', '127.0.0.1:3');
 
 $l->start_redis($redis);
 $l->start_kvsim($port, 1, { name => 'kvsim' },
@@ -50,12 +55,16 @@ $l->start_kvbridge('--redis', "127.0.0.1:$redis", '--heartbeat', 200,
     '--metrics-interval', 100, '--engine',
     "$addr model=$MODEL events=tcp://127.0.0.1:$zmq"
     . ' replay=tcp://127.0.0.1:' . ($zmq + 2)
-    . " data_parallel=2 metrics=http://$addr/metrics");
+    . " data_parallel=2 metrics=http://$addr/metrics",
+    '--collect', "tcp://127.0.0.1:$collect",
+    '--engine', "$COLLECTED model=$MODEL topic=kv\@dp data_parallel=2",
+    '--engine', "$BYHAND model=$MODEL events=tcp://127.0.0.1:$own rank=1");
 
 my %held;           # rank => { key => 1 }
 my %snap;           # rank => { key => 1 }, the last snapshot
 my %seq;            # rank => the last seq
 my %load;           # rank => the last load
+my %other;          # "server rank" => { key => 1 }: the other engines
 my ($messages, $unranked, $foreign, $seq_bad) = (0, 0, 0, 0);
 
 # --- 1. the header picks the rank; each rank's blocks under its rank ------
@@ -148,6 +157,51 @@ for my $bad (["data_parallel=2 rank=1", qr/not both/],
 my $out = `$BRIDGE --engine "$addr model=m events=tcp://127.0.0.1:1 rank=1" --engine "$addr model=m events=tcp://127.0.0.1:2 rank=1" 2>&1`;
 like($out, qr/rank 1 given twice/, 'a rank given twice: refused');
 
+# --- 6. the collector: topic and rank; a rank that disagrees -------------
+
+SKIP: {
+    skip 'ZMQ::FFI or Data::MessagePack missing (make deps)', 4
+        unless eval { require ZMQ::FFI; require ZMQ::FFI::Constants;
+                      require Data::MessagePack; 1 };
+
+    my $mp = Data::MessagePack->new->prefer_integer(1);
+    my $ctx = ZMQ::FFI->new;
+    my @ids = map { 2000 + $_ } 1 .. $BT;
+    my ($key) = keys_of_ids(\@ids);
+    my $batch = sub {
+        my ($rank) = @_;
+        return $mp->pack([1.0, [['BlockStored', [7], undef, \@ids, $BT]],
+                          $rank]);
+    };
+
+    # vLLM's rank 1 connects to the collector's port + 1, as it binds
+    my $r1 = $ctx->socket(ZMQ::FFI::Constants::ZMQ_PUB());
+    $r1->connect('tcp://127.0.0.1:' . ($collect + 1));
+    my $r3 = $ctx->socket(ZMQ::FFI::Constants::ZMQ_PUB());
+    $r3->connect("tcp://127.0.0.1:$collect");
+    my $mine = $ctx->socket(ZMQ::FFI::Constants::ZMQ_PUB());
+    $mine->bind("tcp://127.0.0.1:$own");
+    sleep 0.5;                                  # subscribers join late
+
+    $r1->send_multipart(['kv@dp', pack('Q>', 0), $batch->(1)]);
+    $r3->send_multipart(['kv@dp', pack('Q>', 0), $batch->(3)]);
+    $mine->send_multipart(['', pack('Q>', 0), $batch->(0)]);
+
+    ok(wait_until(10, sub { drain(0.1); $other{"$COLLECTED 1"}{$key} }),
+       'collected: a batch of data_parallel_rank 1 on the port + 1 is '
+       . 'rank 1\'s') or diag($json->encode(\%other));
+    ok(!$other{"$COLLECTED 0"}, 'and not rank 0\'s');
+    ok(wait_until(5, sub {
+           slurp($l->prefix . '/logs/kvbridge.log')
+               =~ /a batch of rank 3 on topic "kv\@dp", a rank no engine/;
+       }), 'a rank the server was not given: dropped and logged');
+    ok(wait_until(10, sub { drain(0.1); $other{"$BYHAND 1"}{$key} })
+       && slurp($l->prefix . '/logs/kvbridge.log')
+          =~ /engine \Q$BYHAND\E rank 1: batch 0 says data_parallel_rank 0/,
+       'rank=1 by hand, a batch saying rank 0: kept as rank 1\'s, logged');
+    $_->close for $r1, $r3, $mine;
+}
+
 ok(kill(0, $l->pid('kvbridge')), 'the bridge is still running');
 
 done_testing();
@@ -186,7 +240,11 @@ sub keys_of {
     my ($text) = @_;
     my $r = $http->post("http://$addr/tokenize", { content => body($text) });
     die "tokenize: $r->{status}" unless $r->{success};
-    my $in = join ' ', @{ $json->decode($r->{content})->{tokens} };
+    return keys_of_ids($json->decode($r->{content})->{tokens});
+}
+
+sub keys_of_ids {
+    my $in = join ' ', @{ $_[0] };
     return split /\n/, `echo '$in' | $KEYS $BT '$MODEL'`;
 }
 
@@ -201,7 +259,12 @@ sub drain {
             next;
         }
         my $rk = $msg->{rank};
-        if ($msg->{server} ne $addr || $rk !~ /^[01]$/) {
+        if ($msg->{server} ne $addr) {
+            $other{"$msg->{server} $rk"}{$_} = 1
+                for map { @{ $_->{hashes} // [] } } @{ $msg->{events} // [] };
+            next;
+        }
+        if ($rk !~ /^[01]$/) {
             $foreign++;
             next;
         }

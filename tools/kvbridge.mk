@@ -28,6 +28,17 @@ $(BUILD)/unit/test_kvbridge_decode: t/unit/test_kvbridge_decode.c \
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
 	    $(KVBRIDGE_DECODE) -lmsgpackc
 
+# the configuration, data-parallel ranks and the collector's rank look
+UNIT_TESTS += $(BUILD)/unit/test_kvbridge_conf
+
+$(BUILD)/unit/test_kvbridge_conf: t/unit/test_kvbridge_conf.c \
+        tools/kvbridge/kvb_conf.c tools/kvbridge/kvb_log.c \
+        $(KVBRIDGE_DECODE) $(KVBRIDGE_HDRS) t/unit/tap.h
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
+	    tools/kvbridge/kvb_conf.c tools/kvbridge/kvb_log.c \
+	    $(KVBRIDGE_DECODE) -lmsgpackc
+
 # the mirror keys blocks with the core's token key space
 KVBRIDGE_MIRROR := tools/kvbridge/kvb_mirror.c $(KVBRIDGE_DECODE)
 
