@@ -54,7 +54,7 @@ $(BUILD)/unit/test_kvbridge_stream: t/unit/test_kvbridge_stream.c \
         $(KVBRIDGE_HDRS) t/unit/tap.h
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
-	    tools/kvbridge/kvb_stream.c tools/kvbridge/kvb_zmsg.c -lzmq
+	    tools/kvbridge/kvb_stream.c tools/kvbridge/kvb_zmsg.c -lzmq -lxxhash
 
 # what the bridge costs on one core (make bench-events runs it)
 $(BUILD)/bench_bridge: bench/bench_bridge.c bench/bench_util.h \

@@ -34,6 +34,7 @@ struct kvb_engine_s {
     char                   *model;
     char                   *topic;
     void                   *sub;
+    void                   *mon;            /* the SUB's connects */
     kvb_stream_t           *stream;
     kvb_mirror_t           *mirror;
     kvb_redis_t            *redis;
@@ -68,6 +69,7 @@ static void kvb_engine_on_reset(void *data, kvb_reset_e why,
 static void kvb_engine_publish(kvb_engine_t *e, kva_batch_t *b);
 static void kvb_engine_send(kvb_engine_t *e, kva_batch_t *m);
 static void kvb_engine_slice(kvb_engine_t *e);
+static int kvb_engine_watch(kvb_engine_t *e, void *zctx);
 
 
 kvb_engine_t *
@@ -142,6 +144,7 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
 
     if (zmq_setsockopt(e->sub, ZMQ_SUBSCRIBE, e->topic, strlen(e->topic))
         != 0
+        || kvb_engine_watch(e, zctx) != 0
         || zmq_connect(e->sub, conf->events) != 0)
     {
         snprintf(err, errlen, "events=%s: %s", conf->events,
@@ -154,11 +157,81 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
 }
 
 
+/*
+ * The SUB socket's connects, from ZeroMQ's monitor: a reconnect may be
+ * to a new engine process that has already published past the seq the
+ * bridge saw, which no seq going back would tell (kvb_stream_verify()).
+ */
+
+static int
+kvb_engine_watch(kvb_engine_t *e, void *zctx)
+{
+    char  ep[64];
+
+    snprintf(ep, sizeof(ep), "inproc://kvb-monitor-%p", (void *) e);
+
+    if (e->conf.replay == NULL) {
+        return 0;                       /* nothing to check with */
+    }
+
+    if (zmq_socket_monitor(e->sub, ep, ZMQ_EVENT_CONNECTED) != 0) {
+        return -1;
+    }
+
+    e->mon = zmq_socket(zctx, ZMQ_PAIR);
+
+    if (e->mon == NULL || zmq_connect(e->mon, ep) != 0) {
+        return -1;
+    }
+
+    return 0;
+}
+
+
+void *
+kvb_engine_monitor(const kvb_engine_t *e)
+{
+    return e->mon;
+}
+
+
+void
+kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms)
+{
+    int         n;
+    uint16_t    event;
+    kvb_zmsg_t  m;
+
+    /* [event (2 bytes) and value (4), endpoint] */
+
+    for (n = 0; n < 64 && kvb_zmsg_recv(e->mon, &m, 2); n++) {
+        if (m.n >= 1 && zmq_msg_size(&m.part[0]) >= 2) {
+            memcpy(&event, zmq_msg_data(&m.part[0]), 2);
+
+            if (event == ZMQ_EVENT_CONNECTED) {
+                e->now = now_ms;
+
+                if (kvb_stream_verify(e->stream, now_ms) == 0) {
+                    kvb_log(KVB_LOG_INFO, "engine %s: reconnected, "
+                            "checking it is the same process", e->label);
+                }
+            }
+        }
+
+        kvb_zmsg_close(&m);
+    }
+}
+
+
 void
 kvb_engine_destroy(kvb_engine_t *e)
 {
     if (e == NULL) {
         return;
+    }
+
+    if (e->mon != NULL) {
+        zmq_close(e->mon);
     }
 
     if (e->sub != NULL) {

@@ -76,6 +76,9 @@ void *kvb_engine_sub(const kvb_engine_t *e);
 void *kvb_engine_replay(const kvb_engine_t *e);
 void kvb_engine_sub_io(kvb_engine_t *e, uint64_t now_ms);
 void kvb_engine_replay_io(kvb_engine_t *e, uint64_t now_ms);
+/* the SUB socket's connect events (NULL without a replay endpoint) */
+void *kvb_engine_monitor(const kvb_engine_t *e);
+void kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms);
 
 /* a [topic, seq, payload] message from the collector */
 void kvb_engine_frame(kvb_engine_t *e, const void *seq, size_t seq_len,

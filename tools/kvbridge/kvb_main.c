@@ -27,10 +27,11 @@
 
 
 /*
- * engines' SUB and replay sockets and metrics scrapes, the collector,
+ * engines' SUB, monitor and replay sockets and metrics scrapes, the
+ * collector,
  * Redis' two links
  */
-#define KVB_ITEMS_MAX  (3 * KVB_ENGINES_MAX + 1 + 2)
+#define KVB_ITEMS_MAX  (4 * KVB_ENGINES_MAX + 1 + 2)
 
 /* a scrape gives up after this, whatever the interval */
 #define KVB_SCRAPE_TIMEOUT_MS  2000
@@ -39,6 +40,7 @@
 typedef enum {
     KVB_ITEM_SUB = 0,
     KVB_ITEM_REPLAY,
+    KVB_ITEM_MONITOR,
     KVB_ITEM_SCRAPE,
     KVB_ITEM_COLLECT,
     KVB_ITEM_REDIS
@@ -195,6 +197,13 @@ main(int argc, char **argv)
                 what[n++].engine = e;
             }
 
+            if (kvb_engine_monitor(kvb_engines[e]) != NULL) {
+                items[n].socket = kvb_engine_monitor(kvb_engines[e]);
+                items[n].events = ZMQ_POLLIN;
+                what[n].kind = KVB_ITEM_MONITOR;
+                what[n++].engine = e;
+            }
+
             if (kvb_engine_replay(kvb_engines[e]) != NULL) {
                 items[n].socket = kvb_engine_replay(kvb_engines[e]);
                 items[n].events = ZMQ_POLLIN;
@@ -268,6 +277,9 @@ main(int argc, char **argv)
                 break;
             case KVB_ITEM_REPLAY:
                 kvb_engine_replay_io(kvb_engines[what[i].engine], now);
+                break;
+            case KVB_ITEM_MONITOR:
+                kvb_engine_monitor_io(kvb_engines[what[i].engine], now);
                 break;
             case KVB_ITEM_SCRAPE:
                 kvb_scrape_io(kvb_scrapes[what[i].engine], items[i].revents,
