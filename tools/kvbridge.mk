@@ -33,6 +33,7 @@ UNIT_TESTS += $(BUILD)/unit/test_kvbridge_conf
 
 $(BUILD)/unit/test_kvbridge_conf: t/unit/test_kvbridge_conf.c \
         tools/kvbridge/kvb_conf.c tools/kvbridge/kvb_log.c \
+        tools/kvbridge/kvbridge.conf.example \
         $(KVBRIDGE_DECODE) $(KVBRIDGE_HDRS) t/unit/tap.h
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \

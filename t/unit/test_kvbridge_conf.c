@@ -325,10 +325,34 @@ test_decode_rank(void)
 }
 
 
+/* the example the docs point at parses, its data-parallel server too */
+
+static void
+test_example(void)
+{
+    int         rc;
+    kvb_conf_t  c;
+
+    kvb_conf_defaults(&c);
+    rc = kvb_conf_file(&c, "tools/kvbridge/kvbridge.conf.example", err,
+                       sizeof(err));
+    if (rc == 0) {
+        rc = kvb_conf_check(&c, err, sizeof(err));
+    }
+
+    ok(rc == 0 && c.nengines == 6 && c.engines[5].engine.rank == 3
+       && streq(c.engines[5].engine.events, "tcp://10.0.0.13:5560")
+       && streq(c.engines[5].engine.replay, "tcp://10.0.0.13:6560")
+       && !c.engines[0].engine.ranked,
+       "kvbridge.conf.example: 2 engines and 4 ranks of a third (%s)", err);
+}
+
+
 int
 main(void)
 {
     test_ranks();
+    test_example();
     test_mistakes();
     test_endpoint();
     test_decode_rank();
