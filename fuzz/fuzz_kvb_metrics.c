@@ -4,7 +4,8 @@
  * decoder, both fed the same input.
  *
  * The parser must return a load it promises: usage in [0, 1], a found
- * flag for 0, nothing for -1.  The decoder must agree with itself: the
+ * flag for 0, nothing for -1; read per data-parallel rank, it must give
+ * the same sums, and no rank more than all of them together.  The decoder must agree with itself: the
  * input decoded whole into another buffer, and decoded in place in
  * pieces cut where the input's first byte says, give the same result,
  * the same data and the same bytes used; data never outruns its input.
@@ -25,6 +26,8 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void fz_parse(const uint8_t *data, size_t size);
+static void fz_ranks(const uint8_t *data, size_t size, int rc,
+    const kvb_load_t *load);
 static void fz_chunked(const uint8_t *data, size_t size);
 
 
@@ -64,6 +67,37 @@ fz_parse(const uint8_t *data, size_t size)
                || load.have_usage || load.running || load.waiting)
     {
         abort();
+    }
+
+    fz_ranks(data, size, rc, &load);
+}
+
+
+static void
+fz_ranks(const uint8_t *data, size_t size, int rc, const kvb_load_t *load)
+{
+    unsigned    r;
+    kvb_load_t  all, ranks[KVB_METRICS_RANKS];
+
+    if (kvb_metrics_parse_ranks((const char *) data, size, &all, ranks,
+                                KVB_METRICS_RANKS)
+        != rc
+        || all.running != load->running || all.waiting != load->waiting
+        || !(all.kv_usage == load->kv_usage)
+        || all.have_running != load->have_running
+        || all.have_waiting != load->have_waiting
+        || all.have_usage != load->have_usage)
+    {
+        abort();
+    }
+
+    for (r = 0; r < KVB_METRICS_RANKS; r++) {
+        if (ranks[r].running > all.running || ranks[r].waiting > all.waiting
+            || ranks[r].kv_usage > all.kv_usage
+            || (ranks[r].have_usage && !all.have_usage))
+        {
+            abort();
+        }
     }
 }
 

@@ -3,7 +3,8 @@
 # engine's /tokenize gives, whatever the encoding and hash form; LoRA
 # adapters and the base model never share a key; evictions reach nginx as
 # "removed"; a stream with a third of its batches lost on the wire is
-# replayed whole; an engine restart is a "cleared"; a restarted bridge
+# replayed whole; an engine restart is a "cleared", also one that went
+# past the seq the bridge saw while the bridge was away; a restarted bridge
 # rebuilds its mirror from the engines' replay buffers; a resync is
 # answered with a snapshot of the mirror; hostile frames are skipped.
 # Real redis-server, kvsim and kvbridge; no nginx (t/52 routes with it).
@@ -147,6 +148,32 @@ ok(wait_until(10, sub { drain(0.1); ($cleared{addr('C')} // 0) >= 1 }),
 ok(wait_held('C', [keys_of(prompt(7, 300), $MODEL)])
    && !grep({ $held{addr('C')}{$_} } @p1),
    'and then only what the new C holds');
+
+# --- 6b. a restart the seq does not show ---------------------------------
+# The bridge is cut off (stopped) while C restarts and publishes more
+# batches than the bridge saw of the old C: its seq never goes back.
+# Back, the bridge asks C's replay for the last batch it saw, gets
+# another (or none), and takes C for the new process it is.
+
+my $before = $cleared{addr('C')} // 0;
+my @old = keys %{ $held{addr('C')} };
+kill 'STOP', $l->pid('kvbridge');
+$l->stop('kvsim-C');
+start_engine('C');
+chat('C', prompt(400 + $_, 300)) for 1 .. 12;
+my @new = map { keys_of(prompt(400 + $_, 300), $MODEL) } 1 .. 12;
+kill 'CONT', $l->pid('kvbridge');
+ok(wait_until(10, sub { drain(0.1); ($cleared{addr('C')} // 0) > $before }),
+   'C restarted while the bridge was away, past the seq it saw: nginx '
+   . 'hears "cleared"') or diag(bridge_log());
+ok(wait_held('C', \@new) && !grep({ $held{addr('C')}{$_} } @old),
+   'then the new C\'s blocks, replayed from its start, and none of the '
+   . 'old C\'s (' . scalar(@old) . ')');
+like(bridge_log(), qr/engine \Q${\ addr('C')}\E restarted \(seq \d+ (replayed is not the one seen|no longer replayed)\)/,
+     'the bridge says how it told');
+like(bridge_log(), qr/engine \Q${\ addr('C')}\E: reconnected, checking it is the same process/,
+     'on reconnecting, before any new batch');
+ok(resync_matches('C'), 'a resync of C matches the new C');
 
 # --- 7. a restarted bridge rebuilds its mirror from the replay buffers --
 

@@ -28,6 +28,18 @@ $(BUILD)/unit/test_kvbridge_decode: t/unit/test_kvbridge_decode.c \
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
 	    $(KVBRIDGE_DECODE) -lmsgpackc
 
+# the configuration, data-parallel ranks and the collector's rank look
+UNIT_TESTS += $(BUILD)/unit/test_kvbridge_conf
+
+$(BUILD)/unit/test_kvbridge_conf: t/unit/test_kvbridge_conf.c \
+        tools/kvbridge/kvb_conf.c tools/kvbridge/kvb_log.c \
+        tools/kvbridge/kvbridge.conf.example \
+        $(KVBRIDGE_DECODE) $(KVBRIDGE_HDRS) t/unit/tap.h
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
+	    tools/kvbridge/kvb_conf.c tools/kvbridge/kvb_log.c \
+	    $(KVBRIDGE_DECODE) -lmsgpackc
+
 # the mirror keys blocks with the core's token key space
 KVBRIDGE_MIRROR := tools/kvbridge/kvb_mirror.c $(KVBRIDGE_DECODE)
 
@@ -43,7 +55,7 @@ $(BUILD)/unit/test_kvbridge_stream: t/unit/test_kvbridge_stream.c \
         $(KVBRIDGE_HDRS) t/unit/tap.h
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
-	    tools/kvbridge/kvb_stream.c tools/kvbridge/kvb_zmsg.c -lzmq
+	    tools/kvbridge/kvb_stream.c tools/kvbridge/kvb_zmsg.c -lzmq -lxxhash
 
 # what the bridge costs on one core (make bench-events runs it)
 $(BUILD)/bench_bridge: bench/bench_bridge.c bench/bench_util.h \
@@ -66,13 +78,32 @@ FUZZ_LIBS_kvb_decode := -lmsgpackc
 KVBRIDGE_METRICS := tools/kvbridge/kvb_metrics.c tools/kvbridge/kvb_chunked.c \
                     tools/kvbridge/kvb_scrape.c
 
-UNIT_TESTS += $(BUILD)/unit/test_kvbridge_metrics
+UNIT_TESTS += $(BUILD)/unit/test_kvbridge_metrics \
+              $(BUILD)/unit/test_kvbridge_chunked \
+              $(BUILD)/unit/test_kvbridge_scrape
+
+KVBRIDGE_FIXTURES := t/unit/kvb_metrics_fixtures.c t/unit/kvb_metrics_fixtures.h
 
 $(BUILD)/unit/test_kvbridge_metrics: t/unit/test_kvbridge_metrics.c \
-        $(KVBRIDGE_METRICS) $(KVBRIDGE_HDRS) \
+        tools/kvbridge/kvb_metrics.c $(KVBRIDGE_FIXTURES) $(KVBRIDGE_HDRS) \
+        t/unit/tap.h
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
+	    tools/kvbridge/kvb_metrics.c t/unit/kvb_metrics_fixtures.c -lm
+
+$(BUILD)/unit/test_kvbridge_chunked: t/unit/test_kvbridge_chunked.c \
+        tools/kvbridge/kvb_chunked.c $(KVBRIDGE_HDRS) \
         tools/common/kva_rand.h t/unit/tap.h
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -Itools/common -It/unit -o $@ $< \
+	    tools/kvbridge/kvb_chunked.c
+
+$(BUILD)/unit/test_kvbridge_scrape: t/unit/test_kvbridge_scrape.c \
+        t/unit/kvb_test_server.c t/unit/kvb_test_server.h \
+        $(KVBRIDGE_METRICS) $(KVBRIDGE_FIXTURES) $(KVBRIDGE_HDRS) t/unit/tap.h
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
+	    t/unit/kvb_test_server.c t/unit/kvb_metrics_fixtures.c \
 	    $(KVBRIDGE_METRICS) -lzmq -lm
 
 # zmq.h gives the client its poll constants only: no -lzmq

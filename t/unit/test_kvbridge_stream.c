@@ -1,8 +1,10 @@
 /*
  * kvbridge's stream (tools/kvbridge/kvb_stream.c): batches handed on once
  * and in order across duplicates, gaps, replays that work, replays that
- * skip or never end, and engines that restart.  The replay side is a
- * real ZeroMQ ROUTER socket answering as vLLM's publisher does.
+ * skip or never end, and engines that restart, seen by their seq going
+ * back or, when it did not, by the last batch seen replayed different or
+ * not at all.  The replay side is a real ZeroMQ ROUTER socket answering
+ * as vLLM's publisher does.
  */
 
 #include <stdio.h>
@@ -28,12 +30,15 @@ static char      last_reset[128];
 static void
 on_batch(void *data, uint64_t seq, const char *payload, size_t len)
 {
-    /* the payload says its seq too: "b<seq>" */
+    /* the payload says its seq too: "b<seq>", "n<seq>" for a new process */
     char  want[32];
 
-    snprintf(want, sizeof(want), "b%llu", (unsigned long long) seq);
+    snprintf(want, sizeof(want), "%c%llu", len ? payload[0] : 'b',
+             (unsigned long long) seq);
 
-    if (len != strlen(want) || memcmp(payload, want, len) != 0) {
+    if (len != strlen(want) || memcmp(payload, want, len) != 0
+        || (want[0] != 'b' && want[0] != 'n'))
+    {
         seq += 1000000;     /* shows up as wrong in the test */
     }
 
@@ -109,13 +114,14 @@ replay_request(unsigned char *id, size_t *id_len)
 
 
 static void
-replay_send(unsigned char *id, size_t id_len, int64_t seq, int topic)
+replay_send_as(unsigned char *id, size_t id_len, int64_t seq, int topic,
+    char process)
 {
     char           payload[32];
     unsigned char  s[8];
 
     be64((uint64_t) seq, s);
-    snprintf(payload, sizeof(payload), "b%lld", (long long) seq);
+    snprintf(payload, sizeof(payload), "%c%lld", process, (long long) seq);
 
     zmq_send(router, id, id_len, ZMQ_SNDMORE);
     zmq_send(router, "", 0, ZMQ_SNDMORE);
@@ -127,6 +133,13 @@ replay_send(unsigned char *id, size_t id_len, int64_t seq, int topic)
     zmq_send(router, s, 8, ZMQ_SNDMORE);
     zmq_send(router, seq < 0 ? "" : payload, seq < 0 ? 0 : strlen(payload),
              0);
+}
+
+
+static void
+replay_send(unsigned char *id, size_t id_len, int64_t seq, int topic)
+{
+    replay_send_as(id, id_len, seq, topic, 'b');
 }
 
 
@@ -213,7 +226,8 @@ main(void)
     live(st, 7);
     live(st, 8);
     from = replay_request(id, &id_len);
-    ok(from == 5, "a gap asks for a replay from the first missing seq");
+    ok(from == 4, "a gap asks for a replay from the last seq seen");
+    replay_send(id, id_len, 4, 0);
     replay_send(id, id_len, 5, 0);
     replay_send(id, id_len, 6, 0);
     replay_send(id, id_len, 7, 0);
@@ -227,21 +241,23 @@ main(void)
     /* newer vLLM: a topic frame in the replies */
     live(st, 12);
     from = replay_request(id, &id_len);
+    replay_send(id, id_len, 9, 1);
     replay_send(id, id_len, 10, 1);
     replay_send(id, id_len, 11, 1);
     replay_send(id, id_len, -1, 1);
     pump(st);
-    ok(from == 10 && ngot == 13 && got[12] == 12 && resets == 0,
+    ok(from == 9 && ngot == 13 && got[12] == 12 && resets == 0,
        "replies with a topic frame");
 
     /* the ROUTER dropped one: the replay skips */
     live(st, 16);
     from = replay_request(id, &id_len);
+    replay_send(id, id_len, 12, 0);
     replay_send(id, id_len, 13, 0);
     replay_send(id, id_len, 15, 0);
     replay_send(id, id_len, -1, 0);
     pump(st);
-    ok(from == 13 && resets == 1 && strstr(last_reset, "skipped") != NULL
+    ok(from == 12 && resets == 1 && strstr(last_reset, "skipped") != NULL
        && got[ngot - 1] == 16 && kvb_stream_stats(st)->replays_failed == 1,
        "a replay that skips a seq resets: %s", last_reset);
 
@@ -251,7 +267,7 @@ main(void)
     kvb_stream_tick(st, 100);
     ok(kvb_stream_socket(st) != NULL, "still waiting before the timeout");
     kvb_stream_tick(st, 1000);
-    ok(from == 17 && resets == 2 && strstr(last_reset, "timed out") != NULL
+    ok(from == 16 && resets == 2 && strstr(last_reset, "timed out") != NULL
        && got[ngot - 1] == 20 && kvb_stream_socket(st) == NULL,
        "a replay that never ends times out and resets");
 
@@ -295,7 +311,12 @@ main(void)
        "a bridge that joins late replays the engine from seq 0");
     kvb_stream_destroy(st);
 
-    /* the replay's buffer no longer reaches back */
+    /*
+     * The replay's buffer no longer reaches back to the last seq seen:
+     * nothing tells the same process from a new one, so it is a restart
+     * (the mirror cannot be vouched for); replayed from 0, which fails
+     * too, then on from the live batch.
+     */
     st = fresh(EP, 64);
     live(st, 0);
     live(st, 9);
@@ -303,8 +324,83 @@ main(void)
     replay_send(id, id_len, 5, 0);
     replay_send(id, id_len, -1, 0);
     pump(st);
-    ok(from == 1 && resets == 1 && got[ngot - 1] == 9,
-       "seqs no longer buffered: reset, then on from the live batch");
+    ok(from == 0 && restarts == 1
+       && strstr(last_reset, "seq 0 no longer replayed") != NULL,
+       "the last seq seen no longer buffered: a restart (%s)", last_reset);
+    from = replay_request(id, &id_len);
+    replay_send(id, id_len, 5, 0);
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    ok(from == 0 && resets == 2 && strstr(last_reset, "skipped") != NULL
+       && got[ngot - 1] == 9,
+       "replayed from 0, which cannot be had either (%s), then on from "
+       "the live batch", last_reset);
+    kvb_stream_destroy(st);
+
+    /*
+     * An engine that restarted while the bridge was cut off, and
+     * published past the seq the bridge saw: seq does not go back.  The
+     * replay from the last seq seen gives another batch under that seq:
+     * a restart, and the new process is replayed from its start.
+     */
+    st = fresh(EP, 64);
+    for (i = 0; i < 5; i++) {
+        live(st, i);
+    }
+    live(st, 9);
+    from = replay_request(id, &id_len);
+    replay_send_as(id, id_len, 4, 0, 'n');
+    replay_send_as(id, id_len, 5, 0, 'n');
+    pump(st);
+    ok(from == 4 && restarts == 1 && resets == 1
+       && strstr(last_reset, "seq 4 replayed is not the one seen"),
+       "seq 4 replayed differs from the seq 4 seen: a restart (%s)",
+       last_reset);
+    from = replay_request(id, &id_len);
+    for (i = 0; i < 9; i++) {
+        replay_send_as(id, id_len, i, 0, 'n');
+    }
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    ok(from == 0 && ngot == 15 && got[5] == 0 && got[13] == 8
+       && got[14] == 9 && resets == 1 && kvb_stream_socket(st) == NULL,
+       "the new process replayed from 0, its held live 9 after");
+
+    /* the socket reconnects to the same process: verified, nothing lost */
+    ok(kvb_stream_verify(st, 0) == 0, "a reconnect asks for a check");
+    from = replay_request(id, &id_len);
+    replay_send(id, id_len, 9, 0);
+    replay_send(id, id_len, 10, 0);
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    ok(from == 9 && resets == 1 && got[ngot - 1] == 10 && ngot == 16,
+       "the same process: seq 9 replayed unchanged, 10 handed on, no "
+       "reset");
+    ok(kvb_stream_stats(st)->verifies == 1, "one check counted");
+
+    /* ... to a new process that has published nothing yet */
+    ok(kvb_stream_verify(st, 0) == 0, "another reconnect");
+    from = replay_request(id, &id_len);
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    ok(from == 10 && restarts == 2
+       && strstr(last_reset, "seq 10 no longer replayed"),
+       "nothing replayed: a new process (%s)", last_reset);
+    from = replay_request(id, &id_len);
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    live(st, 0);
+    ok(from == 0 && got[ngot - 1] == 0 && resets == 2,
+       "replayed from 0 (nothing yet), then its seq 0 handed on");
+    kvb_stream_destroy(st);
+
+    /* nothing to check: nothing seen yet, or no replay endpoint */
+    st = fresh(EP, 64);
+    ok(kvb_stream_verify(st, 0) == -1, "no check before the first batch");
+    kvb_stream_destroy(st);
+    st = fresh(NULL, 64);
+    live(st, 0);
+    ok(kvb_stream_verify(st, 0) == -1, "no check without a replay socket");
     kvb_stream_destroy(st);
 
     /* more live batches than may be held during a replay */
@@ -314,7 +410,7 @@ main(void)
         live(st, i);
     }
     from = replay_request(id, &id_len);
-    ok(from == 1 && resets == 1 && got[ngot - 1] == 7
+    ok(from == 0 && resets == 1 && got[ngot - 1] == 7
        && kvb_stream_socket(st) == NULL,
        "past the hold limit the replay is abandoned: %s", last_reset);
     kvb_stream_destroy(st);

@@ -176,7 +176,7 @@ test_round_trip(void)
 
             msgpack_sbuffer_init(&sb);
 
-            ok(kvs_vllm_encode(&sb, enc, hf, 1795000000.25, ev, 4) == 0,
+            ok(kvs_vllm_encode(&sb, enc, hf, 1795000000.25, 0, ev, 4) == 0,
                "%s: encoded", what);
 
             good = (decode(&sb, &b) == 0);
@@ -370,7 +370,7 @@ test_bridge_keys(void)
         memset(&out, 0, sizeof(out));
 
         ok(m != NULL
-           && kvs_vllm_encode(&sb, KVS_VENC_MAP, KVS_VHASH_UINT64, 0.0,
+           && kvs_vllm_encode(&sb, KVS_VENC_MAP, KVS_VHASH_UINT64, 0.0, 0,
                               &ev, 1) == 0
            && decode(&sb, &in) == 0
            && kvb_mirror_apply(m, &in, &out) == 0

@@ -61,7 +61,8 @@ static const kvb_arg_t  kvb_args[] = {
       "NAME", "the module's events channel (kv_aware:events)" },
     { "engine", KVB_ARG_ENGINE, 0, 0, 0,
       "SPEC", "an engine: \"ADDRESS model=NAME events=ENDPOINT "
-      "[replay=ENDPOINT] [topic=T] [metrics=URL]\"" },
+      "[replay=ENDPOINT] [topic=T] [metrics=URL] [data_parallel=N | "
+      "rank=R]\"" },
     { "collect", KVB_ARG_STR, F(collect), 0, 0,
       "ENDPOINT", "bind one socket that engines connect to; engines "
       "then take topic= instead of events=" },
@@ -101,6 +102,10 @@ static int kvb_arg_set(kvb_conf_t *c, const kvb_arg_t *a, const char *v,
     char *err, size_t errlen);
 static int kvb_engine_spec(kvb_conf_t *c, const char *v, char *err,
     size_t errlen);
+static int kvb_engine_ranks(kvb_conf_t *c, unsigned n, char *err,
+    size_t errlen);
+static int kvb_parse_rank(const char *v, unsigned min, unsigned max,
+    unsigned *n);
 static int kvb_parse_size(const char *v, size_t *n);
 
 
@@ -307,9 +312,22 @@ kvb_conf_check(kvb_conf_t *c, char *err, size_t errlen)
         }
 
         for (j = 0; j < i; j++) {
-            if (strcmp(c->engines[j].engine.name, s->engine.name) == 0) {
-                snprintf(err, errlen, "engine \"%s\" given twice",
+            if (strcmp(c->engines[j].engine.name, s->engine.name) != 0) {
+                continue;
+            }
+
+            /* the ranks of one server: each once, all of them ranked */
+
+            if (!s->engine.ranked || !c->engines[j].engine.ranked) {
+                snprintf(err, errlen, "engine \"%s\" given twice (give "
+                         "its ranks data_parallel= or each its rank=)",
                          s->engine.name);
+                return -1;
+            }
+
+            if (c->engines[j].engine.rank == s->engine.rank) {
+                snprintf(err, errlen, "engine \"%s\" rank %u given twice",
+                         s->engine.name, s->engine.rank);
                 return -1;
             }
         }
@@ -469,6 +487,7 @@ static int
 kvb_engine_spec(kvb_conf_t *c, const char *v, char *err, size_t errlen)
 {
     char               *copy, *tok, *save, *eq;
+    unsigned            dp, rank;
     kvb_engine_spec_t  *s;
 
     if (c->nengines == KVB_ENGINES_MAX) {
@@ -485,6 +504,8 @@ kvb_engine_spec(kvb_conf_t *c, const char *v, char *err, size_t errlen)
     s = &c->engines[c->nengines];
     memset(s, 0, sizeof(*s));
     s->engine.topic = "";
+    dp = 0;
+    rank = 0;
 
     tok = strtok_r(copy, " \t\r\n", &save);
     if (tok == NULL || strchr(tok, '=') != NULL) {
@@ -533,12 +554,35 @@ kvb_engine_spec(kvb_conf_t *c, const char *v, char *err, size_t errlen)
 
             s->metrics = eq;
 
+        } else if (strcmp(tok, "data_parallel") == 0) {
+            if (kvb_parse_rank(eq, 1, KVB_RANKS_MAX, &dp) != 0) {
+                snprintf(err, errlen, "invalid data_parallel \"%s\", "
+                         "expected 1 to %d", eq, KVB_RANKS_MAX);
+                return -1;
+            }
+
+        } else if (strcmp(tok, "rank") == 0) {
+            if (kvb_parse_rank(eq, 0, KVB_RANKS_MAX - 1, &rank) != 0) {
+                snprintf(err, errlen, "invalid rank \"%s\", expected 0 "
+                         "to %d", eq, KVB_RANKS_MAX - 1);
+                return -1;
+            }
+
+            s->engine.rank = rank;
+            s->engine.ranked = 1;
+
         } else {
             snprintf(err, errlen, "unknown engine parameter \"%s\", "
-                     "expected model, events, replay, topic or metrics",
-                     tok);
+                     "expected model, events, replay, topic, metrics, "
+                     "data_parallel or rank", tok);
             return -1;
         }
+    }
+
+    if (dp && s->engine.ranked) {
+        snprintf(err, errlen, "engine \"%s\": data_parallel= gives all "
+                 "its ranks, rank= one of them: not both", s->engine.name);
+        return -1;
     }
 
     if (s->engine.model == NULL) {
@@ -548,6 +592,129 @@ kvb_engine_spec(kvb_conf_t *c, const char *v, char *err, size_t errlen)
     }
 
     c->nengines++;
+
+    return dp > 1 ? kvb_engine_ranks(c, dp, err, errlen) : 0;
+}
+
+
+/*
+ * data_parallel=N: the spec just read becomes rank 0 of N, and ranks 1
+ * to N - 1 follow it, each on the endpoints vLLM gives rank r
+ * (vllm/distributed/kv_events.py, offset_endpoint_port): a tcp port plus
+ * r, an ipc or inproc path with "_dp<r>" appended.  One metrics URL
+ * serves them all: the bridge scrapes it once.
+ */
+
+static int
+kvb_engine_ranks(kvb_conf_t *c, unsigned n, char *err, size_t errlen)
+{
+    unsigned            r;
+    kvb_engine_spec_t  *first, *s;
+
+    if (c->nengines - 1 + n > KVB_ENGINES_MAX) {
+        snprintf(err, errlen, "more than %d engines, ranks counted",
+                 KVB_ENGINES_MAX);
+        return -1;
+    }
+
+    first = &c->engines[c->nengines - 1];
+    first->engine.ranked = 1;
+    first->engine.rank = 0;
+
+    for (r = 1; r < n; r++) {
+        s = &c->engines[c->nengines];
+        *s = *first;
+        s->engine.rank = r;
+
+        s->engine.events = kvb_conf_rank_endpoint(first->engine.events, r,
+                                                  err, errlen);
+        if (first->engine.events != NULL && s->engine.events == NULL) {
+            return -1;
+        }
+
+        s->engine.replay = kvb_conf_rank_endpoint(first->engine.replay, r,
+                                                  err, errlen);
+        if (first->engine.replay != NULL && s->engine.replay == NULL) {
+            return -1;
+        }
+
+        c->nengines++;
+    }
+
+    return 0;
+}
+
+
+char *
+kvb_conf_rank_endpoint(const char *ep, unsigned rank, char *err,
+    size_t errlen)
+{
+    char           *out, *end;
+    size_t          len;
+    const char     *colon;
+    unsigned long   port;
+
+    if (ep == NULL) {
+        return NULL;
+    }
+
+    len = strlen(ep);
+    out = malloc(len + 16);
+    if (out == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+
+    if (rank == 0) {
+        memcpy(out, ep, len + 1);
+        return out;
+    }
+
+    if (strncmp(ep, "ipc://", 6) == 0 || strncmp(ep, "inproc://", 9) == 0) {
+        snprintf(out, len + 16, "%s_dp%u", ep, rank);
+        return out;
+    }
+
+    colon = strrchr(ep, ':');
+
+    if (strncmp(ep, "tcp://", 6) == 0 && colon != NULL && colon > ep + 5) {
+        errno = 0;
+        port = strtoul(colon + 1, &end, 10);
+
+        if (errno == 0 && end != colon + 1 && *end == '\0'
+            && port + rank <= 65535)
+        {
+            snprintf(out, len + 16, "%.*s:%lu", (int) (colon - ep), ep,
+                     port + rank);
+            return out;
+        }
+    }
+
+    free(out);
+    snprintf(err, errlen, "endpoint \"%s\" for rank %u: expected "
+             "tcp://HOST:PORT (rank r on PORT + r, at most 65535), or an "
+             "ipc:// or inproc:// path", ep, rank);
+
+    return NULL;
+}
+
+
+static int
+kvb_parse_rank(const char *v, unsigned min, unsigned max, unsigned *n)
+{
+    char           *end;
+    unsigned long   x;
+
+    errno = 0;
+    x = strtoul(v, &end, 10);
+
+    if (errno || end == v || *end || v[0] == '-' || v[0] == '+'
+        || x < min || x > max)
+    {
+        return -1;
+    }
+
+    *n = (unsigned) x;
 
     return 0;
 }

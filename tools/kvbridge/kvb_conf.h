@@ -6,6 +6,9 @@
  *   engine 127.0.0.1:8001 model=llama events=tcp://127.0.0.1:5557
  *          replay=tcp://127.0.0.1:5558 metrics=http://127.0.0.1:8001/metrics
  *
+ * A data-parallel server (data_parallel=N) becomes N engines, one a rank,
+ * each with its own endpoints (rank 0's port + r) and its own state.
+ *
  * Errors name the directive, the value and what was expected, as nginx -t
  * does, and stop the bridge before it starts.
  */
@@ -19,7 +22,10 @@
 #include "kvb_engine.h"
 
 
+/* one engine a data-parallel rank: ranks count */
 #define KVB_ENGINES_MAX  256
+/* ranks of one server, as the module's "rank" (0 .. 63) */
+#define KVB_RANKS_MAX    64
 
 
 typedef struct {
@@ -64,6 +70,14 @@ int kvb_conf_file(kvb_conf_t *c, const char *path, char *err,
 int kvb_conf_check(kvb_conf_t *c, char *err, size_t errlen);
 
 void kvb_conf_usage(void);
+
+/*
+ * The endpoint vLLM's rank r binds or connects to, given rank 0's: a
+ * malloc'ed string; NULL with err set when ep has no port to offset or
+ * the port would pass 65535.  NULL ep gives NULL and no error.
+ */
+char *kvb_conf_rank_endpoint(const char *ep, unsigned rank, char *err,
+    size_t errlen);
 
 
 #endif /* _KVB_CONF_H_INCLUDED_ */

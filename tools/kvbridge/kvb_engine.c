@@ -30,9 +30,11 @@ struct kvb_engine_s {
     kvb_engine_conf_t       conf;
     kvb_engine_limits_t     lim;
     char                   *name;
+    char                   *label;          /* name, and rank if ranked */
     char                   *model;
     char                   *topic;
     void                   *sub;
+    void                   *mon;            /* the SUB's connects */
     kvb_stream_t           *stream;
     kvb_mirror_t           *mirror;
     kvb_redis_t            *redis;
@@ -56,6 +58,7 @@ struct kvb_engine_s {
     kvb_engine_stats_t      st;
     kvb_log_limit_t         bad_log;        /* batches refused */
     kvb_log_limit_t         skip_log;       /* events skipped */
+    kvb_log_limit_t         rank_log;       /* batches of another rank */
 };
 
 
@@ -66,6 +69,7 @@ static void kvb_engine_on_reset(void *data, kvb_reset_e why,
 static void kvb_engine_publish(kvb_engine_t *e, kva_batch_t *b);
 static void kvb_engine_send(kvb_engine_t *e, kva_batch_t *m);
 static void kvb_engine_slice(kvb_engine_t *e);
+static int kvb_engine_watch(kvb_engine_t *e, void *zctx);
 
 
 kvb_engine_t *
@@ -88,6 +92,7 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
     e->lim = *lim;
     e->redis = redis;
     e->name = strdup(conf->name);
+    e->label = malloc(strlen(conf->name) + sizeof(" rank 4294967295"));
     e->model = strdup(conf->model);
     e->topic = strdup(conf->topic ? conf->topic : "");
     e->keys = malloc(lim->max_hashes * sizeof(uint64_t));
@@ -99,7 +104,15 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
     e->stream = kvb_stream_create(zctx, conf->replay, lim->replay_ms,
                                   lim->replay_hold, &h);
 
-    if (e->name == NULL || e->model == NULL || e->topic == NULL
+    if (e->label != NULL && conf->ranked) {
+        sprintf(e->label, "%s rank %u", conf->name, conf->rank);
+
+    } else if (e->label != NULL) {
+        strcpy(e->label, conf->name);
+    }
+
+    if (e->name == NULL || e->label == NULL || e->model == NULL
+        || e->topic == NULL
         || e->keys == NULL || e->mirror == NULL || e->stream == NULL)
     {
         snprintf(err, errlen, "out of memory");
@@ -131,6 +144,7 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
 
     if (zmq_setsockopt(e->sub, ZMQ_SUBSCRIBE, e->topic, strlen(e->topic))
         != 0
+        || kvb_engine_watch(e, zctx) != 0
         || zmq_connect(e->sub, conf->events) != 0)
     {
         snprintf(err, errlen, "events=%s: %s", conf->events,
@@ -143,11 +157,81 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
 }
 
 
+/*
+ * The SUB socket's connects, from ZeroMQ's monitor: a reconnect may be
+ * to a new engine process that has already published past the seq the
+ * bridge saw, which no seq going back would tell (kvb_stream_verify()).
+ */
+
+static int
+kvb_engine_watch(kvb_engine_t *e, void *zctx)
+{
+    char  ep[64];
+
+    snprintf(ep, sizeof(ep), "inproc://kvb-monitor-%p", (void *) e);
+
+    if (e->conf.replay == NULL) {
+        return 0;                       /* nothing to check with */
+    }
+
+    if (zmq_socket_monitor(e->sub, ep, ZMQ_EVENT_CONNECTED) != 0) {
+        return -1;
+    }
+
+    e->mon = zmq_socket(zctx, ZMQ_PAIR);
+
+    if (e->mon == NULL || zmq_connect(e->mon, ep) != 0) {
+        return -1;
+    }
+
+    return 0;
+}
+
+
+void *
+kvb_engine_monitor(const kvb_engine_t *e)
+{
+    return e->mon;
+}
+
+
+void
+kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms)
+{
+    int         n;
+    uint16_t    event;
+    kvb_zmsg_t  m;
+
+    /* [event (2 bytes) and value (4), endpoint] */
+
+    for (n = 0; n < 64 && kvb_zmsg_recv(e->mon, &m, 2); n++) {
+        if (m.n >= 1 && zmq_msg_size(&m.part[0]) >= 2) {
+            memcpy(&event, zmq_msg_data(&m.part[0]), 2);
+
+            if (event == ZMQ_EVENT_CONNECTED) {
+                e->now = now_ms;
+
+                if (kvb_stream_verify(e->stream, now_ms) == 0) {
+                    kvb_log(KVB_LOG_INFO, "engine %s: reconnected, "
+                            "checking it is the same process", e->label);
+                }
+            }
+        }
+
+        kvb_zmsg_close(&m);
+    }
+}
+
+
 void
 kvb_engine_destroy(kvb_engine_t *e)
 {
     if (e == NULL) {
         return;
+    }
+
+    if (e->mon != NULL) {
+        zmq_close(e->mon);
     }
 
     if (e->sub != NULL) {
@@ -159,6 +243,7 @@ kvb_engine_destroy(kvb_engine_t *e)
     free(e->keys);
     free(e->topic);
     free(e->model);
+    free(e->label);
     free(e->name);
     free(e);
 }
@@ -172,9 +257,23 @@ kvb_engine_name(const kvb_engine_t *e)
 
 
 const char *
+kvb_engine_label(const kvb_engine_t *e)
+{
+    return e->label;
+}
+
+
+const char *
 kvb_engine_topic(const kvb_engine_t *e)
 {
     return e->topic;
+}
+
+
+unsigned
+kvb_engine_rank(const kvb_engine_t *e)
+{
+    return e->conf.rank;
 }
 
 
@@ -212,7 +311,7 @@ kvb_engine_sub_io(kvb_engine_t *e, uint64_t now_ms)
             e->st.bad_batches++;
             kvb_log_limited(&e->bad_log, now_ms, KVB_LOG_WARN,
                             "engine %s: a message of %s%zu parts, not 3",
-                            e->name, m.too_long ? "more than " : "", m.n);
+                            e->label, m.too_long ? "more than " : "", m.n);
         }
 
         kvb_zmsg_close(&m);
@@ -293,7 +392,7 @@ kvb_engine_tick(kvb_engine_t *e, uint64_t now_ms)
     if (ss->replays_ok + ss->replays_failed != e->replays_seen) {
         e->replays_seen = ss->replays_ok + ss->replays_failed;
         kvb_log(KVB_LOG_INFO, "engine %s: gaps %llu, replayed %llu, "
-                "lost %llu, duplicates %llu, restarts %llu", e->name,
+                "lost %llu, duplicates %llu, restarts %llu", e->label,
                 (unsigned long long) ss->gaps,
                 (unsigned long long) ss->replays_ok,
                 (unsigned long long) ss->replays_failed,
@@ -349,10 +448,26 @@ kvb_engine_on_batch(void *data, uint64_t seq, const char *payload,
         /* lost: what it said stays unknown until a snapshot is asked */
         e->st.bad_batches++;
         kvb_log_limited(&e->bad_log, e->now, KVB_LOG_WARN,
-                        "engine %s: batch %llu refused (%s): %s", e->name,
+                        "engine %s: batch %llu refused (%s): %s", e->label,
                         (unsigned long long) seq, kvb_strerror(rc), err);
         kvb_batch_free(&in);
         return;
+    }
+
+    if (in.has_rank && (uint64_t) in.rank != e->conf.rank) {
+        /*
+         * The socket says whose batch this is; a rank that disagrees is
+         * a port given to the wrong rank, or ports crossed: the batch is
+         * kept (the socket's engine holds those blocks), the operator
+         * told.
+         */
+        e->st.wrong_rank++;
+        kvb_log_limited(&e->rank_log, e->now, KVB_LOG_WARN,
+                        "engine %s: batch %llu says data_parallel_rank "
+                        "%lld (%llu so far): check its events= port",
+                        e->label,
+                        (unsigned long long) seq, (long long) in.rank,
+                        (unsigned long long) e->st.wrong_rank);
     }
 
     e->st.bad_events += in.malformed;
@@ -361,14 +476,14 @@ kvb_engine_on_batch(void *data, uint64_t seq, const char *payload,
     if (in.malformed) {
         kvb_log_limited(&e->skip_log, e->now, KVB_LOG_WARN,
                         "engine %s: batch %llu: %u malformed events skipped",
-                        e->name, (unsigned long long) seq, in.malformed);
+                        e->label, (unsigned long long) seq, in.malformed);
     }
 
     memset(&out, 0, sizeof(out));
 
     if (kvb_mirror_apply(e->mirror, &in, &out) != 0) {
         kvb_log(KVB_LOG_ERR, "engine %s: out of memory applying batch %llu",
-                e->name, (unsigned long long) seq);
+                e->label, (unsigned long long) seq);
     }
 
     kvb_batch_free(&in);
@@ -390,7 +505,7 @@ kvb_engine_on_reset(void *data, kvb_reset_e why, const char *detail)
 
     if (why == KVB_RESET_RESTART) {
         kvb_log(KVB_LOG_INFO, "engine %s restarted (%s): its cache is empty",
-                e->name, detail);
+                e->label, detail);
         kvb_mirror_clear(e->mirror);
 
         if (e->snapshotting) {
@@ -411,7 +526,7 @@ kvb_engine_on_reset(void *data, kvb_reset_e why, const char *detail)
     /* events lost for good: nginx gets what the mirror holds, afresh */
 
     kvb_log(KVB_LOG_WARN, "engine %s: events lost (%s), sending a snapshot "
-            "of %zu blocks", e->name, detail, kvb_mirror_size(e->mirror));
+            "of %zu blocks", e->label, detail, kvb_mirror_size(e->mirror));
     kvb_engine_resync(e);
 }
 
@@ -471,6 +586,8 @@ kvb_engine_send(kvb_engine_t *e, kva_batch_t *m)
 
     m->server_len = strlen(e->name);
     memcpy(m->server, e->name, m->server_len + 1);
+    m->has_rank = e->conf.ranked;
+    m->rank = e->conf.rank;
     m->seq = ++e->seq;
     m->keyspace = KVA_KEYSPACE_TOKEN_KEYS;
     m->hash_count = 0;
@@ -488,7 +605,7 @@ kvb_engine_send(kvb_engine_t *e, kva_batch_t *m)
 
     msg = kva_event_encode(m, &len);
     if (msg == NULL) {
-        kvb_log(KVB_LOG_ERR, "engine %s: out of memory encoding", e->name);
+        kvb_log(KVB_LOG_ERR, "engine %s: out of memory encoding", e->label);
         return;
     }
 

@@ -29,7 +29,8 @@ typedef struct {
     const char             *events;     /* NULL: fed by the collector */
     const char             *replay;     /* NULL: no replay */
     const char             *topic;      /* "" subscribes to all */
-    unsigned                rank;
+    unsigned                rank;       /* its data-parallel rank */
+    unsigned                ranked:1;   /* messages say "rank" */
 } kvb_engine_conf_t;
 
 
@@ -52,6 +53,7 @@ typedef struct {
     uint64_t                unknown_events;
     uint64_t                messages;       /* published to nginx */
     uint64_t                snapshots;
+    uint64_t                wrong_rank;     /* batches of another rank */
 } kvb_engine_stats_t;
 
 
@@ -65,12 +67,18 @@ void kvb_engine_destroy(kvb_engine_t *e);
 
 const char *kvb_engine_name(const kvb_engine_t *e);
 const char *kvb_engine_topic(const kvb_engine_t *e);
+/* for log lines: "NAME", or "NAME rank R" for a data-parallel rank */
+const char *kvb_engine_label(const kvb_engine_t *e);
+unsigned kvb_engine_rank(const kvb_engine_t *e);
 
 /* sockets to poll: its SUB (if it has one) and a replay in progress */
 void *kvb_engine_sub(const kvb_engine_t *e);
 void *kvb_engine_replay(const kvb_engine_t *e);
 void kvb_engine_sub_io(kvb_engine_t *e, uint64_t now_ms);
 void kvb_engine_replay_io(kvb_engine_t *e, uint64_t now_ms);
+/* the SUB socket's connect events (NULL without a replay endpoint) */
+void *kvb_engine_monitor(const kvb_engine_t *e);
+void kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms);
 
 /* a [topic, seq, payload] message from the collector */
 void kvb_engine_frame(kvb_engine_t *e, const void *seq, size_t seq_len,

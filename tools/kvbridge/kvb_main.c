@@ -22,14 +22,16 @@
 #include "kvb_log.h"
 #include "kvb_scrape.h"
 #include "kvb_redis.h"
+#include "kvb_vllm.h"
 #include "kvb_zmsg.h"
 
 
 /*
- * engines' SUB and replay sockets and metrics scrapes, the collector,
+ * engines' SUB, monitor and replay sockets and metrics scrapes, the
+ * collector,
  * Redis' two links
  */
-#define KVB_ITEMS_MAX  (3 * KVB_ENGINES_MAX + 1 + 2)
+#define KVB_ITEMS_MAX  (4 * KVB_ENGINES_MAX + 1 + 2)
 
 /* a scrape gives up after this, whatever the interval */
 #define KVB_SCRAPE_TIMEOUT_MS  2000
@@ -38,6 +40,7 @@
 typedef enum {
     KVB_ITEM_SUB = 0,
     KVB_ITEM_REPLAY,
+    KVB_ITEM_MONITOR,
     KVB_ITEM_SCRAPE,
     KVB_ITEM_COLLECT,
     KVB_ITEM_REDIS
@@ -54,11 +57,19 @@ static kvb_conf_t              kvb_conf;    /* lives as long as the process */
 static kvb_engine_t           *kvb_engines[KVB_ENGINES_MAX];
 static kvb_scrape_t           *kvb_scrapes[KVB_ENGINES_MAX];
 static uint64_t                kvb_scraped[KVB_ENGINES_MAX];
+/* the engine whose scrape gives this one's load: the ranks of a server
+   share one /metrics */
+static size_t                  kvb_scrape_of[KVB_ENGINES_MAX];
 static volatile sig_atomic_t   kvb_stop;
 
 
 static void kvb_on_signal(int signo);
-static void kvb_on_resync(void *data, const char *server, size_t len);
+static void kvb_on_resync(void *data, const char *server, size_t len,
+    unsigned rank);
+static int kvb_scrape_setup(size_t e, char *err, size_t errlen);
+static int kvb_collect_bind(void *collect);
+static kvb_engine_t *kvb_collected(zmq_msg_t *topic,
+    zmq_msg_t *payload, int64_t *rank);
 static void kvb_collect_io(void *collect, uint64_t now_ms);
 static void kvb_scrape_done(size_t e, uint64_t now_ms);
 static int kvb_daemonize(const char *pid_file);
@@ -135,21 +146,15 @@ main(int argc, char **argv)
             return 1;
         }
 
-        if (kvb_conf.engines[e].metrics != NULL) {
-            kvb_scrapes[e] = kvb_scrape_create(kvb_conf.engines[e].metrics,
-                                               kvb_conf.metrics_ms,
-                                               KVB_SCRAPE_TIMEOUT_MS, err,
-                                               sizeof(err));
-            if (kvb_scrapes[e] == NULL) {
-                kvb_log(KVB_LOG_ERR, "engine %s: metrics=%s: %s",
-                        kvb_conf.engines[e].engine.name,
-                        kvb_conf.engines[e].metrics, err);
-                return 1;
-            }
+        if (kvb_scrape_setup(e, err, sizeof(err)) != 0) {
+            kvb_log(KVB_LOG_ERR, "engine %s: metrics=%s: %s",
+                    kvb_conf.engines[e].engine.name,
+                    kvb_conf.engines[e].metrics, err);
+            return 1;
         }
 
         kvb_log(KVB_LOG_INFO, "engine %s: model \"%s\", events %s%s%s",
-                kvb_conf.engines[e].engine.name,
+                kvb_engine_label(kvb_engines[e]),
                 kvb_conf.engines[e].engine.model,
                 kvb_conf.engines[e].engine.events
                 ? kvb_conf.engines[e].engine.events : "(collected)",
@@ -172,6 +177,10 @@ main(int argc, char **argv)
             return 1;
         }
 
+        if (kvb_collect_bind(collect) != 0) {
+            return 1;
+        }
+
         kvb_log(KVB_LOG_INFO, "collecting engines on %s", kvb_conf.collect);
     }
 
@@ -185,6 +194,13 @@ main(int argc, char **argv)
                 items[n].socket = kvb_engine_sub(kvb_engines[e]);
                 items[n].events = ZMQ_POLLIN;
                 what[n].kind = KVB_ITEM_SUB;
+                what[n++].engine = e;
+            }
+
+            if (kvb_engine_monitor(kvb_engines[e]) != NULL) {
+                items[n].socket = kvb_engine_monitor(kvb_engines[e]);
+                items[n].events = ZMQ_POLLIN;
+                what[n].kind = KVB_ITEM_MONITOR;
                 what[n++].engine = e;
             }
 
@@ -262,6 +278,9 @@ main(int argc, char **argv)
             case KVB_ITEM_REPLAY:
                 kvb_engine_replay_io(kvb_engines[what[i].engine], now);
                 break;
+            case KVB_ITEM_MONITOR:
+                kvb_engine_monitor_io(kvb_engines[what[i].engine], now);
+                break;
             case KVB_ITEM_SCRAPE:
                 kvb_scrape_io(kvb_scrapes[what[i].engine], items[i].revents,
                               now);
@@ -319,8 +338,10 @@ kvb_on_signal(int signo)
 }
 
 
+/* a server's rank: one of its data-parallel ranks, or 0 for a server */
+
 static void
-kvb_on_resync(void *data, const char *server, size_t len)
+kvb_on_resync(void *data, const char *server, size_t len, unsigned rank)
 {
     size_t       e;
     const char  *name;
@@ -328,15 +349,55 @@ kvb_on_resync(void *data, const char *server, size_t len)
     for (e = 0; e < kvb_conf.nengines; e++) {
         name = kvb_engine_name(kvb_engines[e]);
 
-        if (strlen(name) == len && memcmp(name, server, len) == 0) {
+        if (strlen(name) == len && memcmp(name, server, len) == 0
+            && kvb_engine_rank(kvb_engines[e]) == rank)
+        {
             kvb_log(KVB_LOG_INFO, "engine %s: nginx asks for a resync",
-                    name);
+                    kvb_engine_label(kvb_engines[e]));
             kvb_engine_resync(kvb_engines[e]);
             return;
         }
     }
 
-    /* another bridge's engine, or another publisher's */
+    /* another bridge's engine, or another publisher's, or no such rank */
+
+    kvb_log(KVB_LOG_DEBUG, "a resync for %.*s rank %u, not ours",
+            (int) len, server, rank);
+}
+
+
+/*
+ * The ranks of a data-parallel server give one metrics URL: the first
+ * engine with a URL scrapes it, the others with the same URL read its
+ * result, each its own rank's series.
+ */
+
+static int
+kvb_scrape_setup(size_t e, char *err, size_t errlen)
+{
+    size_t       j;
+    const char  *url;
+
+    url = kvb_conf.engines[e].metrics;
+    kvb_scrape_of[e] = e;
+
+    if (url == NULL) {
+        return 0;
+    }
+
+    for (j = 0; j < e; j++) {
+        if (kvb_conf.engines[j].metrics != NULL
+            && strcmp(kvb_conf.engines[j].metrics, url) == 0)
+        {
+            kvb_scrape_of[e] = kvb_scrape_of[j];
+            return 0;
+        }
+    }
+
+    kvb_scrapes[e] = kvb_scrape_create(url, kvb_conf.metrics_ms,
+                                       KVB_SCRAPE_TIMEOUT_MS, err, errlen);
+
+    return kvb_scrapes[e] != NULL ? 0 : -1;
 }
 
 
@@ -345,8 +406,11 @@ kvb_on_resync(void *data, const char *server, size_t len)
 static void
 kvb_scrape_done(size_t e, uint64_t now_ms)
 {
-    uint64_t    taken;
-    kvb_load_t  load;
+    int                       rc;
+    size_t                    k;
+    uint64_t                  taken;
+    kvb_load_t                load;
+    const kvb_engine_conf_t  *c;
 
     if (kvb_scrape_load(kvb_scrapes[e], &load, &taken) != 0
         || taken == kvb_scraped[e])
@@ -355,37 +419,143 @@ kvb_scrape_done(size_t e, uint64_t now_ms)
     }
 
     kvb_scraped[e] = taken;
-    kvb_engine_load(kvb_engines[e], load.waiting, load.running,
-                    load.kv_usage, taken);
+
+    /* a rank takes its own series; an engine without ranks all of them */
+
+    for (k = e; k < kvb_conf.nengines; k++) {
+        if (kvb_scrape_of[k] != e) {
+            continue;
+        }
+
+        c = &kvb_conf.engines[k].engine;
+        rc = c->ranked ? kvb_scrape_rank_load(kvb_scrapes[e], c->rank,
+                                              &load, &taken)
+                       : kvb_scrape_load(kvb_scrapes[e], &load, &taken);
+
+        if (rc == 0) {
+            kvb_engine_load(kvb_engines[k], load.waiting, load.running,
+                            load.kv_usage, taken);
+        }
+    }
 }
 
 
 /* engines that connect to one bound socket: the topic says whose */
 
+/*
+ * vLLM's rank r connects to the collector's port + r as it binds port + r
+ * (offset_endpoint_port): the one SUB socket binds those ports too, for
+ * the most ranks a collected server has.
+ */
+
+static int
+kvb_collect_bind(void *collect)
+{
+    char      err[256], *ep;
+    size_t    e;
+    unsigned  r, ranks;
+
+    ranks = 1;
+
+    for (e = 0; e < kvb_conf.nengines; e++) {
+        if (kvb_conf.engines[e].engine.events == NULL
+            && kvb_conf.engines[e].engine.rank + 1 > ranks)
+        {
+            ranks = kvb_conf.engines[e].engine.rank + 1;
+        }
+    }
+
+    for (r = 1; r < ranks; r++) {
+        ep = kvb_conf_rank_endpoint(kvb_conf.collect, r, err, sizeof(err));
+
+        if (ep == NULL) {
+            kvb_log(KVB_LOG_ERR, "collect: %s", err);
+            return -1;
+        }
+
+        if (zmq_bind(collect, ep) != 0) {
+            kvb_log(KVB_LOG_ERR, "collect %s (rank %u): %s", ep, r,
+                    zmq_strerror(zmq_errno()));
+            free(ep);
+            return -1;
+        }
+
+        kvb_log(KVB_LOG_INFO, "collecting rank %u on %s", r, ep);
+        free(ep);
+    }
+
+    return 0;
+}
+
+
+/*
+ * The engine a collected message is for: its topic names the server, and
+ * for a data-parallel one the batch's data_parallel_rank the rank (its
+ * own stream and seq; a batch that says none is rank 0's).  NULL when no
+ * engine is configured for the pair: a rank's batches must never enter
+ * another rank's stream, whose seqs they would scramble.  A payload
+ * that does not decode goes to rank 0, which counts and logs it.
+ */
+
+static kvb_engine_t *
+kvb_collected(zmq_msg_t *topic, zmq_msg_t *payload,
+    int64_t *rank)
+{
+    size_t       e, len;
+    const char  *t;
+
+    *rank = -1;
+
+    for (e = 0; e < kvb_conf.nengines; e++) {
+        if (kvb_conf.engines[e].engine.events != NULL) {
+            continue;
+        }
+
+        t = kvb_engine_topic(kvb_engines[e]);
+        len = strlen(t);
+
+        if (len != zmq_msg_size(topic)
+            || memcmp(t, zmq_msg_data(topic), len) != 0)
+        {
+            continue;
+        }
+
+        if (!kvb_conf.engines[e].engine.ranked) {
+            return kvb_engines[e];
+        }
+
+        if (*rank < 0
+            && kvb_decode_rank(zmq_msg_data(payload), zmq_msg_size(payload),
+                               &kvb_conf.lim.decode, rank) != 0)
+        {
+            *rank = 0;
+        }
+
+        if ((int64_t) kvb_engine_rank(kvb_engines[e]) == *rank) {
+            return kvb_engines[e];
+        }
+    }
+
+    return NULL;
+}
+
+
 static void
 kvb_collect_io(void *collect, uint64_t now_ms)
 {
     int                     n;
-    size_t                  e, len;
+    int64_t                 rank;
     kvb_zmsg_t              m;
-    const char             *topic;
     kvb_engine_t           *engine;
     static kvb_log_limit_t  unknown_log;
 
     for (n = 0; n < 256 && kvb_zmsg_recv(collect, &m, 3); n++) {
 
         engine = NULL;
+        rank = -1;
 
-        for (e = 0; m.n == 3 && !m.too_long && e < kvb_conf.nengines; e++) {
-            topic = kvb_engine_topic(kvb_engines[e]);
-            len = strlen(topic);
-
-            if (len == zmq_msg_size(&m.part[0])
-                && memcmp(topic, zmq_msg_data(&m.part[0]), len) == 0)
-            {
-                engine = kvb_engines[e];
-                break;
-            }
+        if (m.n == 3 && !m.too_long) {
+            engine = kvb_collected(&m.part[0], &m.part[2], &rank);
         }
 
         if (engine != NULL) {
@@ -398,6 +568,15 @@ kvb_collect_io(void *collect, uint64_t now_ms)
             kvb_log_limited(&unknown_log, now_ms, KVB_LOG_WARN,
                             "collect: a message of %s%zu parts, not 3",
                             m.too_long ? "more than " : "", m.n);
+
+        } else if (rank >= 0) {
+            kvb_log_limited(&unknown_log, now_ms, KVB_LOG_WARN,
+                            "collect: a batch of rank %lld on topic "
+                            "\"%.*s\", a rank no engine names",
+                            (long long) rank,
+                            (int) (zmq_msg_size(&m.part[0]) > 64
+                                   ? 64 : zmq_msg_size(&m.part[0])),
+                            (char *) zmq_msg_data(&m.part[0]));
 
         } else {
             kvb_log_limited(&unknown_log, now_ms, KVB_LOG_WARN,

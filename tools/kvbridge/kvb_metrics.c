@@ -49,24 +49,48 @@ static const kvb_metric_name_t  kvb_metric_names[] = {
     (sizeof(kvb_metric_names) / sizeof(kvb_metric_names[0]))
 
 
+typedef struct kvb_acc_s  kvb_acc_t;
+
+static void kvb_metrics_add(kvb_acc_t *a, kvb_metric_e kind, double v);
+static int kvb_metrics_load(const kvb_acc_t *a, kvb_load_t *load);
 static int kvb_metrics_line(const char *p, const char *end,
-    kvb_metric_e *kind, double *value);
-static const char *kvb_metrics_labels(const char *p, const char *end);
+    kvb_metric_e *kind, double *value, int *rank);
+static const char *kvb_metrics_labels(const char *p, const char *end,
+    int *rank);
+static int kvb_metrics_rank(const char *name, size_t nlen,
+    const char *value, size_t vlen);
 static int kvb_name_char(int c, int first);
 
 
 int
 kvb_metrics_parse(const char *text, size_t len, kvb_load_t *load)
 {
-    double        count[2], usage, v;
+    return kvb_metrics_parse_ranks(text, len, load, NULL, 0);
+}
+
+
+/* sums per rank, then rounded and saturated as the loads say */
+
+struct kvb_acc_s {
+    double        count[2];
+    double        usage;
+    kvb_load_t    have;
+};
+
+
+int
+kvb_metrics_parse_ranks(const char *text, size_t len, kvb_load_t *all,
+    kvb_load_t *ranks, unsigned nranks)
+{
+    int           rank;
+    double        v;
+    unsigned      r;
+    kvb_acc_t     acc[1 + KVB_METRICS_RANKS];
     const char   *p, *end, *nl, *eol;
     kvb_metric_e  kind;
 
-    memset(load, 0, sizeof(kvb_load_t));
-
-    count[KVB_M_RUNNING] = 0;
-    count[KVB_M_WAITING] = 0;
-    usage = 0;
+    nranks = nranks < KVB_METRICS_RANKS ? nranks : KVB_METRICS_RANKS;
+    memset(acc, 0, (1 + nranks) * sizeof(kvb_acc_t));
 
     p = text;
     end = text + len;
@@ -76,38 +100,67 @@ kvb_metrics_parse(const char *text, size_t len, kvb_load_t *load)
         eol = nl ? nl : end;
 
         if ((size_t) (eol - p) <= KVB_METRICS_LINE_MAX
-            && kvb_metrics_line(p, eol, &kind, &v) == 0)
+            && kvb_metrics_line(p, eol, &kind, &v, &rank) == 0)
         {
-            switch (kind) {
+            kvb_metrics_add(&acc[0], kind, v);
 
-            case KVB_M_RUNNING:
-                count[KVB_M_RUNNING] += v;
-                load->have_running = 1;
-                break;
+            /* a series without a rank label is rank 0's (one engine) */
+            rank = rank < 0 ? 0 : rank;
 
-            case KVB_M_WAITING:
-                count[KVB_M_WAITING] += v;
-                load->have_waiting = 1;
-                break;
-
-            default: /* KVB_M_USAGE */
-                if (v > usage) {
-                    usage = v > 1.0 ? 1.0 : v;
-                }
-                load->have_usage = 1;
-                break;
+            if ((unsigned) rank < nranks) {
+                kvb_metrics_add(&acc[1 + rank], kind, v);
             }
         }
 
         p = nl ? nl + 1 : end;
     }
 
+    for (r = 0; r < nranks; r++) {
+        kvb_metrics_load(&acc[1 + r], &ranks[r]);
+    }
+
+    return kvb_metrics_load(&acc[0], all);
+}
+
+
+static void
+kvb_metrics_add(kvb_acc_t *a, kvb_metric_e kind, double v)
+{
+    switch (kind) {
+
+    case KVB_M_RUNNING:
+        a->count[KVB_M_RUNNING] += v;
+        a->have.have_running = 1;
+        break;
+
+    case KVB_M_WAITING:
+        a->count[KVB_M_WAITING] += v;
+        a->have.have_waiting = 1;
+        break;
+
+    default: /* KVB_M_USAGE */
+        if (v > a->usage) {
+            a->usage = v > 1.0 ? 1.0 : v;
+        }
+        a->have.have_usage = 1;
+        break;
+    }
+}
+
+
+static int
+kvb_metrics_load(const kvb_acc_t *a, kvb_load_t *load)
+{
+    *load = a->have;
+
     /* the engines print counts as floats, "3.0": round, then saturate */
-    load->running = count[KVB_M_RUNNING] >= 4294967295.0
-                    ? UINT32_MAX : (uint32_t) (count[KVB_M_RUNNING] + 0.5);
-    load->waiting = count[KVB_M_WAITING] >= 4294967295.0
-                    ? UINT32_MAX : (uint32_t) (count[KVB_M_WAITING] + 0.5);
-    load->kv_usage = usage;
+    load->running = a->count[KVB_M_RUNNING] >= 4294967295.0
+                    ? UINT32_MAX
+                    : (uint32_t) (a->count[KVB_M_RUNNING] + 0.5);
+    load->waiting = a->count[KVB_M_WAITING] >= 4294967295.0
+                    ? UINT32_MAX
+                    : (uint32_t) (a->count[KVB_M_WAITING] + 0.5);
+    load->kv_usage = a->usage;
 
     return (load->have_running || load->have_waiting || load->have_usage)
            ? 0 : -1;
@@ -121,7 +174,7 @@ kvb_metrics_parse(const char *text, size_t len, kvb_load_t *load)
 
 static int
 kvb_metrics_line(const char *p, const char *end, kvb_metric_e *kind,
-    double *value)
+    double *value, int *rank)
 {
     char        num[64], *last;
     size_t      i, n;
@@ -159,13 +212,14 @@ kvb_metrics_line(const char *p, const char *end, kvb_metric_e *kind,
     }
 
     p = q;
+    *rank = -1;
 
     while (p < end && (*p == ' ' || *p == '\t')) {
         p++;
     }
 
     if (p < end && *p == '{') {
-        p = kvb_metrics_labels(p + 1, end);
+        p = kvb_metrics_labels(p + 1, end, rank);
         if (p == NULL) {
             return -1;
         }
@@ -211,12 +265,17 @@ kvb_metrics_line(const char *p, const char *end, kvb_metric_e *kind,
 }
 
 
-/* after "{": returns what follows "}", or NULL */
+/*
+ * after "{": returns what follows "}", or NULL; *rank is the series'
+ * data-parallel rank if a label names one
+ */
 
 static const char *
-kvb_metrics_labels(const char *p, const char *end)
+kvb_metrics_labels(const char *p, const char *end, int *rank)
 {
-    const char  *q;
+    int          r;
+    const char  *q, *name, *value;
+    size_t       nlen;
 
     for ( ;; ) {
         while (p < end && (*p == ' ' || *p == '\t')) {
@@ -242,6 +301,8 @@ kvb_metrics_labels(const char *p, const char *end)
             return NULL;
         }
 
+        name = p;
+        nlen = q - p;
         p = q;
 
         while (p < end && (*p == ' ' || *p == '\t')) {
@@ -260,6 +321,8 @@ kvb_metrics_labels(const char *p, const char *end)
             return NULL;
         }
 
+        value = p;
+
         /* \\, \" and \n: a backslash always takes the next byte along */
         while (p < end && *p != '"') {
             if (*p == '\\') {
@@ -274,6 +337,11 @@ kvb_metrics_labels(const char *p, const char *end)
 
         if (p == end) {
             return NULL;
+        }
+
+        r = kvb_metrics_rank(name, nlen, value, p - value);
+        if (r >= 0) {
+            *rank = r;
         }
 
         p++;
@@ -293,6 +361,47 @@ kvb_metrics_labels(const char *p, const char *end)
 
         return NULL;
     }
+}
+
+
+/*
+ * vLLM labels each data-parallel engine's series engine="r" (its v1
+ * PrometheusStatLogger, labelnames model_name and engine); SGLang adds
+ * dp_rank="r" to its schedulers' when it runs data parallel.  -1: not a
+ * rank's label; KVB_METRICS_RANKS: a value that names none of ours (not
+ * a decimal number below 64), so no rank's.
+ */
+
+static int
+kvb_metrics_rank(const char *name, size_t nlen, const char *value,
+    size_t vlen)
+{
+    int     r;
+    size_t  i;
+
+    if (!((nlen == 6 && memcmp(name, "engine", 6) == 0)
+          || (nlen == 7 && memcmp(name, "dp_rank", 7) == 0)))
+    {
+        return -1;
+    }
+
+    /* a rank's label with a value past our ranks: no rank of ours */
+
+    if (vlen == 0 || vlen > 2 || (vlen == 2 && value[0] == '0')) {
+        return KVB_METRICS_RANKS;
+    }
+
+    r = 0;
+
+    for (i = 0; i < vlen; i++) {
+        if (value[i] < '0' || value[i] > '9') {
+            return KVB_METRICS_RANKS;
+        }
+
+        r = r * 10 + (value[i] - '0');
+    }
+
+    return r < KVB_METRICS_RANKS ? r : KVB_METRICS_RANKS;
 }
 
 

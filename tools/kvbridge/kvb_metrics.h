@@ -37,5 +37,18 @@ typedef struct {
  */
 int kvb_metrics_parse(const char *text, size_t len, kvb_load_t *load);
 
+/* ranks of one server: vLLM's engine="r", SGLang's dp_rank="r" */
+#define KVB_METRICS_RANKS      64
+
+/*
+ * The same sums into all, and each rank's own into ranks[0, nranks):
+ * the series labelled with that rank (vLLM's engine, SGLang's dp_rank),
+ * and for rank 0 also those without such a label (a single engine); a
+ * series labelled with a value that is no rank below 64 is no rank's.
+ * Returns what kvb_metrics_parse() returns for all.
+ */
+int kvb_metrics_parse_ranks(const char *text, size_t len, kvb_load_t *all,
+    kvb_load_t *ranks, unsigned nranks);
+
 
 #endif /* _KVB_METRICS_H_INCLUDED_ */

@@ -432,6 +432,7 @@ kvb_on_message(redisAsyncContext *ac, void *reply, void *data)
 {
     char          server[KVA_EVENT_SERVER_MAX];
     size_t        len;
+    unsigned      rank;
     kvb_link_t   *l = data;
     redisReply   *rep = reply, *kind, *msg;
 
@@ -458,8 +459,10 @@ kvb_on_message(redisAsyncContext *ac, void *reply, void *data)
         return;
     }
 
+    /* a request without "rank" asks for rank 0 */
+
     if (kva_event_decode_resync(msg->str, msg->len, server, sizeof(server),
-                                &len, NULL)
+                                &len, &rank)
         != 0)
     {
         l->r->st.bad_requests++;
@@ -467,7 +470,7 @@ kvb_on_message(redisAsyncContext *ac, void *reply, void *data)
     }
 
     l->r->st.resyncs++;
-    l->r->h.resync(l->r->h.data, server, len);
+    l->r->h.resync(l->r->h.data, server, len, rank);
 }
 
 

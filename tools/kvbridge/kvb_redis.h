@@ -22,9 +22,9 @@
 
 
 typedef struct {
-    /* nginx asks for this server's snapshot */
+    /* nginx asks for this server's snapshot (of one data-parallel rank) */
     void                  (*resync)(void *data, const char *server,
-                                    size_t len);
+                                    size_t len, unsigned rank);
     void                   *data;
 } kvb_redis_handler_t;
 

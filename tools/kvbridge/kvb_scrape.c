@@ -60,6 +60,7 @@ struct kvb_scrape_s {
     uint64_t                 next_ms;
 
     kvb_load_t               load;
+    kvb_load_t               ranks[KVB_METRICS_RANKS];
     uint64_t                 load_ms;
     unsigned                 have_load:1;
 
@@ -343,6 +344,24 @@ kvb_scrape_load(const kvb_scrape_t *s, kvb_load_t *load, uint64_t *taken_ms)
     }
 
     *load = s->load;
+    *taken_ms = s->load_ms;
+
+    return 0;
+}
+
+
+int
+kvb_scrape_rank_load(const kvb_scrape_t *s, unsigned rank, kvb_load_t *load,
+    uint64_t *taken_ms)
+{
+    if (!s->have_load || rank >= KVB_METRICS_RANKS
+        || !(s->ranks[rank].have_running || s->ranks[rank].have_waiting
+             || s->ranks[rank].have_usage))
+    {
+        return -1;
+    }
+
+    *load = s->ranks[rank];
     *taken_ms = s->load_ms;
 
     return 0;
@@ -793,7 +812,10 @@ kvb_scrape_done(kvb_scrape_t *s, uint64_t now)
 {
     kvb_load_t  load;
 
-    if (kvb_metrics_parse(s->buf, s->len, &load) != 0) {
+    if (kvb_metrics_parse_ranks(s->buf, s->len, &load, s->ranks,
+                                KVB_METRICS_RANKS)
+        != 0)
+    {
         kvb_scrape_fail(s, now, "no vLLM or SGLang load metric in %zu bytes",
                         s->len);
         return;

@@ -59,6 +59,9 @@ uint64_t kvb_scrape_deadline(const kvb_scrape_t *s);
 /* the last good load and when it was taken; -1 if none yet */
 int kvb_scrape_load(const kvb_scrape_t *s, kvb_load_t *load,
     uint64_t *taken_ms);
+/* one data-parallel rank's (kvb_metrics_parse_ranks()); -1 if none */
+int kvb_scrape_rank_load(const kvb_scrape_t *s, unsigned rank,
+    kvb_load_t *load, uint64_t *taken_ms);
 void kvb_scrape_stats(const kvb_scrape_t *s, kvb_scrape_stats_t *st);
 
 

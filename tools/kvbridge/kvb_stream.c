@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
 #include <zmq.h>
 
 #include "kvb_stream.h"
@@ -34,7 +35,10 @@ struct kvb_stream_s {
 
     unsigned                started:1;
     unsigned                replaying:1;
+    unsigned                verifying:1;    /* next - 1 is replayed first */
+    unsigned                have_last:1;
     uint64_t                next;           /* the seq expected */
+    uint64_t                last_digest;    /* of next - 1's payload */
     uint64_t                deadline;
 
     kvb_held_t             *held;
@@ -50,6 +54,9 @@ static void kvb_stream_deliver(kvb_stream_t *st, uint64_t seq,
     const char *payload, size_t len);
 static int kvb_stream_replay(kvb_stream_t *st, uint64_t from,
     uint64_t now_ms);
+static int kvb_stream_replay_gap(kvb_stream_t *st, uint64_t now_ms);
+static int kvb_stream_check(kvb_stream_t *st, uint64_t seq,
+    const char *payload, size_t len, uint64_t now_ms);
 static int kvb_stream_hold(kvb_stream_t *st, uint64_t seq,
     const char *payload, size_t len);
 static void kvb_stream_drain(kvb_stream_t *st);
@@ -153,8 +160,6 @@ kvb_stream_io(kvb_stream_t *st, uint64_t now_ms)
     uint64_t    seq;
     kvb_zmsg_t  m;
 
-    (void) now_ms;
-
     /* ["", [topic,] seq, payload]: newer vLLM adds the topic */
 
     while (st->replaying && kvb_zmsg_recv(st->dealer, &m, 4)) {
@@ -168,7 +173,14 @@ kvb_stream_io(kvb_stream_t *st, uint64_t now_ms)
         } else {
             seq = kvb_be64(zmq_msg_data(&m.part[n - 2]));
 
-            if (seq == KVB_SEQ_END) {
+            if (st->verifying
+                && kvb_stream_check(st, seq, zmq_msg_data(&m.part[n - 1]),
+                                    zmq_msg_size(&m.part[n - 1]), now_ms)
+                   != 0)
+            {
+                /* a restart: a replay from 0 asked instead, or given up */
+
+            } else if (seq == KVB_SEQ_END) {
                 kvb_stream_close(st);
                 kvb_stream_drain(st);
 
@@ -261,7 +273,7 @@ kvb_stream_live(kvb_stream_t *st, uint64_t seq, const char *payload,
 
     st->st.gaps++;
 
-    if (st->replay_ep != NULL && kvb_stream_replay(st, st->next, now_ms) == 0
+    if (st->replay_ep != NULL && kvb_stream_replay_gap(st, now_ms) == 0
         && kvb_stream_hold(st, seq, payload, len) == 0)
     {
         return;
@@ -284,6 +296,8 @@ kvb_stream_deliver(kvb_stream_t *st, uint64_t seq, const char *payload,
     size_t len)
 {
     st->next = seq + 1;
+    st->last_digest = XXH3_64bits(payload, len);
+    st->have_last = 1;
     st->st.batches++;
     st->h.batch(st->h.data, seq, payload, len);
 }
@@ -324,9 +338,94 @@ kvb_stream_replay(kvb_stream_t *st, uint64_t from, uint64_t now_ms)
     }
 
     st->replaying = 1;
+    st->verifying = 0;
     st->deadline = now_ms + st->timeout_ms;
 
     return 0;
+}
+
+
+/*
+ * A replay of what is missing, from the last batch delivered on: that
+ * one must come back first and the same, byte for byte (its digest).  A
+ * different one, or none, is a new engine process that has published
+ * more batches than the bridge saw of the old one (seq did not go back):
+ * its buffer holds none of the old process's batches.
+ */
+
+static int
+kvb_stream_replay_gap(kvb_stream_t *st, uint64_t now_ms)
+{
+    if (!st->have_last || st->next == 0) {
+        return kvb_stream_replay(st, st->next, now_ms);
+    }
+
+    if (kvb_stream_replay(st, st->next - 1, now_ms) != 0) {
+        return -1;
+    }
+
+    st->verifying = 1;
+
+    return 0;
+}
+
+
+int
+kvb_stream_verify(kvb_stream_t *st, uint64_t now_ms)
+{
+    if (!st->started || !st->have_last || st->replay_ep == NULL
+        || st->replaying)
+    {
+        return -1;
+    }
+
+    st->st.verifies++;
+
+    return kvb_stream_replay_gap(st, now_ms);
+}
+
+
+/*
+ * The first message of a verifying replay: 0 when it is the batch
+ * delivered last, unchanged (the replay goes on); -1 when the engine is
+ * another process: its owner starts again from a clean slate and the
+ * new process is replayed from its start, the live batches still held.
+ */
+
+static int
+kvb_stream_check(kvb_stream_t *st, uint64_t seq, const char *payload,
+    size_t len, uint64_t now_ms)
+{
+    char  detail[96];
+
+    st->verifying = 0;
+
+    if (seq == st->next - 1) {
+        if (XXH3_64bits(payload, len) == st->last_digest) {
+            /* the same process: the batch is known, the rest follows */
+            return 0;
+        }
+
+        snprintf(detail, sizeof(detail), "seq %llu replayed is not the "
+                 "one seen", (unsigned long long) seq);
+
+    } else {
+        snprintf(detail, sizeof(detail), "seq %llu no longer replayed",
+                 (unsigned long long) st->next - 1);
+    }
+
+    st->st.restarts++;
+    st->st.resets++;
+    kvb_stream_close(st);
+    st->h.reset(st->h.data, KVB_RESET_RESTART, detail);
+    st->next = 0;
+    st->have_last = 0;
+
+    if (kvb_stream_replay(st, 0, now_ms) != 0) {
+        kvb_stream_give_up(st, "cannot replay the new process");
+    }
+
+    return -1;
 }
 
 

@@ -14,6 +14,11 @@
  *     the replayed ones and then the held ones.  A replay that skips a
  *     seq (ROUTER drops past its high-water mark, silently), never ends,
  *     or does not reach the held batches, fails;
+ *   - a replay starts at the last seq handed on, which must come back
+ *     the same (a digest of its payload): otherwise the engine is a new
+ *     process that has run past the seq the bridge saw (while the bridge
+ *     was cut off from it), and it is replayed from its start instead;
+ *     the same check runs when the SUB socket reconnects;
  *   - a restart, or a gap that replay cannot close (no replay endpoint,
  *     the seq no longer buffered, a failed replay): the stream says so
  *     (on_reset), so that the engine's owner starts again from a clean
@@ -58,6 +63,7 @@ typedef struct {
     uint64_t                restarts;
     uint64_t                resets;
     uint64_t                bad_frames;
+    uint64_t                verifies;       /* on reconnects */
 } kvb_stream_stats_t;
 
 
@@ -79,6 +85,13 @@ void kvb_stream_frame(kvb_stream_t *st, const void *seq, size_t seq_len,
 /* the replay socket to poll while a replay runs (else NULL), and its I/O */
 void *kvb_stream_socket(const kvb_stream_t *st);
 void kvb_stream_io(kvb_stream_t *st, uint64_t now_ms);
+
+/*
+ * The engine's socket (re)connected: is it still the process whose
+ * batches were delivered?  A replay from the last one delivered answers
+ * (see above); -1 when there is nothing to check or no way to.
+ */
+int kvb_stream_verify(kvb_stream_t *st, uint64_t now_ms);
 
 /* when kvb_stream_tick() must run without I/O (UINT64_MAX: never) */
 uint64_t kvb_stream_deadline(const kvb_stream_t *st);

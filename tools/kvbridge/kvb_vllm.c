@@ -622,3 +622,23 @@ kvb_get_int(const msgpack_object *v, int64_t *n)
 
     return -1;
 }
+
+
+int
+kvb_decode_rank(const char *buf, size_t len, const kvb_limits_t *lim,
+    int64_t *rank)
+{
+    char         err[160];
+    kvb_rc_e     rc;
+    kvb_batch_t  b;
+
+    rc = kvb_decode(buf, len, lim, &b, err, sizeof(err));
+
+    if (rc == KVB_OK) {
+        *rank = b.has_rank ? b.rank : 0;
+    }
+
+    kvb_batch_free(&b);
+
+    return rc == KVB_OK ? 0 : -1;
+}

@@ -116,6 +116,14 @@ typedef enum {
 kvb_rc_e kvb_decode(const char *buf, size_t len, const kvb_limits_t *lim,
     kvb_batch_t *b, char *err, size_t errlen);
 void kvb_batch_free(kvb_batch_t *b);
+
+/*
+ * A batch's data_parallel_rank (0 when it says none), for the collector,
+ * which must pick a rank's stream before the stream decodes the batch:
+ * a whole decode, paid twice by collected data-parallel engines only.
+ */
+int kvb_decode_rank(const char *buf, size_t len, const kvb_limits_t *lim,
+    int64_t *rank);
 const char *kvb_strerror(kvb_rc_e rc);
 
 /*

@@ -37,6 +37,7 @@ typedef enum {
 
 typedef struct {
     unsigned            servers;
+    unsigned            data_parallel;  /* ranks a server, 1: none */
     unsigned            base_port;
     unsigned            block_tokens;
     unsigned            num_blocks;
@@ -73,9 +74,15 @@ typedef struct {
 } kvs_conf_t;
 
 
+/*
+ * One rank of one server (a server without data parallelism is its rank
+ * 0): its own cache, scheduler and events; rank 0 holds the server's
+ * HTTP side and hands each request to a rank.
+ */
 typedef struct {
     kvs_sim_t          *sim;
-    unsigned            index;
+    unsigned            index;          /* in sim->servers: s * dp + r */
+    unsigned            rank;
     unsigned            port;
     char                id[KVS_ID_MAX];
     size_t              id_len;
@@ -98,13 +105,15 @@ typedef struct {
     /* requests */
     uint64_t            requests;
     uint64_t            rejected;       /* 4xx, 5xx */
+    uint64_t            bad_rank;       /* rank 0: headers out of range */
 } kvs_server_t;
 
 
 struct kvs_sim_s {
     kvs_conf_t          conf;
     struct event_base  *base;
-    kvs_server_t       *servers;
+    kvs_server_t       *servers;        /* every rank of every server */
+    unsigned            nranks;         /* servers * data_parallel */
     kvs_events_t       *events;
     kvs_zmq_t          *zmq;
     uint64_t            rng;            /* kva_rand.h */

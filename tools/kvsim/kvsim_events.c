@@ -251,6 +251,9 @@ kvs_publish(kvs_events_t *ev, kvs_server_t *srv, kva_batch_t *b)
 
     memcpy(b->server, srv->id, srv->id_len);
     b->server_len = srv->id_len;
+    /* a data-parallel server's ranks: each its own seq, "rank" always */
+    b->has_rank = (ev->sim->conf.data_parallel > 1);
+    b->rank = srv->rank;
     b->seq = ++srv->seq;
     b->heartbeat = (b->nevents == 0 && b->snapshot == KVA_SNAP_NONE);
     b->has_load = 1;
@@ -415,6 +418,7 @@ kvs_on_resync(redisAsyncContext *ac, void *reply, void *arg)
 {
     char           server[KVA_EVENT_SERVER_MAX];
     size_t         len;
+    unsigned       rank;
     redisReply    *r = reply;
     kvs_events_t  *ev = arg;
     kvs_server_t  *srv;
@@ -428,12 +432,13 @@ kvs_on_resync(redisAsyncContext *ac, void *reply, void *arg)
     }
 
     if (kva_event_decode_resync(r->element[2]->str, r->element[2]->len,
-                                server, sizeof(server), &len, NULL) != 0)
+                                server, sizeof(server), &len, &rank) != 0)
     {
         return;
     }
 
-    srv = kvs_server_find(ev->sim, server, len);
+    /* without "rank": rank 0, the whole of a server that has no ranks */
+    srv = kvs_server_find(ev->sim, server, len, rank);
 
     if (srv && !kvs_paused(ev)) {
         kvs_snapshot(ev, srv);
@@ -460,7 +465,7 @@ kvs_heartbeat_handler(evutil_socket_t fd, short what, void *arg)
         return;
     }
 
-    for (i = 0; i < ev->sim->conf.servers; i++) {
+    for (i = 0; i < ev->sim->nranks; i++) {
         srv = &ev->sim->servers[i];
 
         if (srv->cache.nops || srv->cache.ops_lost || !srv->announced) {

@@ -56,6 +56,8 @@ static void kvs_watch_handler(evutil_socket_t fd, short what, void *arg);
 static void kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
     struct evhttp_request *req, int chat);
 static void kvs_req_done(kvs_req_t *r);
+static kvs_server_t *kvs_rank_of(kvs_server_t *srv,
+    struct evhttp_request *req);
 
 
 int
@@ -176,13 +178,27 @@ kvs_http_seq_event(kvs_seq_t *seq, int done, void *arg)
 static void
 kvs_http_handler(struct evhttp_request *req, void *arg)
 {
-    kvs_server_t     *srv = arg;
+    kvs_server_t     *srv = arg, *rank;
     const char       *uri;
     size_t            n;
     kvs_conn_t       *conn;
     struct evbuffer  *b;
 
-    srv->requests++;
+    uri = evhttp_request_get_uri(req);
+    n = strcspn(uri, "?");
+
+#define kvs_path(s)  (n == sizeof(s) - 1 && memcmp(uri, s, n) == 0)
+
+    /* a completion runs on a rank (data parallelism), and counts there */
+    rank = srv;
+
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_POST
+        && (kvs_path("/v1/chat/completions") || kvs_path("/v1/completions")))
+    {
+        rank = kvs_rank_of(srv, req);
+    }
+
+    rank->requests++;
 
     conn = kvs_conn_get(srv, req);
     if (conn == NULL) {
@@ -192,17 +208,12 @@ kvs_http_handler(struct evhttp_request *req, void *arg)
         return;
     }
 
-    uri = evhttp_request_get_uri(req);
-    n = strcspn(uri, "?");
-
-#define kvs_path(s)  (n == sizeof(s) - 1 && memcmp(uri, s, n) == 0)
-
     if (evhttp_request_get_command(req) == EVHTTP_REQ_POST) {
         if (kvs_path("/v1/chat/completions")) {
-            kvs_completion(srv, conn, req, 1);
+            kvs_completion(rank, conn, req, 1);
 
         } else if (kvs_path("/v1/completions")) {
-            kvs_completion(srv, conn, req, 0);
+            kvs_completion(rank, conn, req, 0);
 
         } else if (kvs_path("/tokenize")) {
             kvs_tokenize(srv, req, &conn->tok);
@@ -341,6 +352,7 @@ kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
                           "Cache-Control", "no-cache");
         evhttp_add_header(evhttp_request_get_output_headers(req),
                           "X-Kvsim-Server", srv->id);
+        kvs_reply_rank_header(srv, req);
     }
 
     kvs_server_kick(srv);
@@ -387,6 +399,18 @@ kvs_watch_handler(evutil_socket_t fd, short what, void *arg)
 
     /* kvs_conn_close() aborts the sequence */
     evhttp_connection_free(r->conn->evcon);
+}
+
+
+/* the request's rank, by vLLM's header (data parallelism) */
+
+static kvs_server_t *
+kvs_rank_of(kvs_server_t *srv, struct evhttp_request *req)
+{
+    return kvs_server_rank(srv,
+                           evhttp_find_header(
+                               evhttp_request_get_input_headers(req),
+                               "X-data-parallel-rank"));
 }
 
 

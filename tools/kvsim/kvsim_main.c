@@ -35,7 +35,8 @@ enum {
     KVS_OPT_ZMQ_REPLAY_TOPIC,
     KVS_OPT_LORA,
     KVS_OPT_TOKENIZE_DELAY,
-    KVS_OPT_TOKENIZE_FAIL
+    KVS_OPT_TOKENIZE_FAIL,
+    KVS_OPT_DATA_PARALLEL
 };
 
 
@@ -52,6 +53,7 @@ static void kvs_die_handler(evutil_socket_t fd, short what, void *arg);
 
 static struct option  kvs_options[] = {
     { "servers",            required_argument, NULL, 'n' },
+    { "data-parallel",      required_argument, NULL, KVS_OPT_DATA_PARALLEL },
     { "base-port",          required_argument, NULL, 'p' },
     { "block-tokens",       required_argument, NULL, 'b' },
     { "num-blocks",         required_argument, NULL, 'k' },
@@ -124,7 +126,8 @@ main(int argc, char **argv)
     sim.t0 = kvs_now_ms();
     sim.rng = sim.conf.seed;
     sim.engine_seed = kvs_random_seed();
-    sim.servers = calloc(sim.conf.servers, sizeof(kvs_server_t));
+    sim.nranks = sim.conf.servers * sim.conf.data_parallel;
+    sim.servers = calloc(sim.nranks, sizeof(kvs_server_t));
     sigint = evsignal_new(sim.base, SIGINT, kvs_signal_handler, &sim);
     sigterm = evsignal_new(sim.base, SIGTERM, kvs_signal_handler, &sim);
     die = evtimer_new(sim.base, kvs_die_handler, &sim);
@@ -139,7 +142,7 @@ main(int argc, char **argv)
         goto done;
     }
 
-    for (i = 0; i < sim.conf.servers; i++) {
+    for (i = 0; i < sim.nranks; i++) {
         if (kvs_server_init(&sim, &sim.servers[i], i) != 0) {
             goto done;
         }
@@ -173,7 +176,7 @@ main(int argc, char **argv)
                 sim.conf.base_port + sim.conf.servers - 1,
                 sim.conf.num_blocks, sim.conf.block_tokens,
                 sim.conf.time_scale, sim.conf.zmq_port,
-                sim.conf.zmq_port + 2 * sim.conf.servers - 1);
+                sim.conf.zmq_port + 2 * sim.nranks - 1);
 
     } else if (!sim.conf.quiet) {
         fprintf(stderr, "kvsim: %u servers on 127.0.0.1:%u..%u, %u blocks "
@@ -183,6 +186,12 @@ main(int argc, char **argv)
                 sim.conf.num_blocks, sim.conf.block_tokens,
                 sim.conf.time_scale,
                 sim.conf.redis_host[0] ? sim.conf.channel : "off");
+    }
+
+    if (!sim.conf.quiet && sim.conf.data_parallel > 1) {
+        fprintf(stderr, "kvsim: %u data-parallel ranks a server, each its "
+                "own cache and scheduler (X-data-parallel-rank)\n",
+                sim.conf.data_parallel);
     }
 
     rc = (event_base_dispatch(sim.base) < 0);
@@ -197,7 +206,7 @@ done:
         kvs_zmq_destroy(sim.zmq);
     }
 
-    for (i = 0; sim.servers && i < sim.conf.servers; i++) {
+    for (i = 0; sim.servers && i < sim.nranks; i++) {
         kvs_server_free(&sim.servers[i]);
     }
 
@@ -279,6 +288,7 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
     struct in_addr   addr;
 
     conf->servers = 8;
+    conf->data_parallel = 1;
     conf->base_port = 8001;
     conf->block_tokens = 64;
     conf->num_blocks = 4802;
@@ -368,6 +378,7 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
 
         switch (c) {
         case 'n': conf->servers = v; break;
+        case KVS_OPT_DATA_PARALLEL: conf->data_parallel = v; break;
         case 'p': conf->base_port = v; break;
         case 'b': block_tokens = v; break;
         case 'k': conf->num_blocks = v; break;
@@ -396,7 +407,10 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         || conf->max_seqs < 1 || conf->max_seqs > 65536
         || conf->token_budget < 1 || conf->max_conns < 1
         || conf->heartbeat_ms < 10 || strlen(conf->channel) > 200
-        || conf->zmq_port < 1 || conf->zmq_port + 2 * conf->servers > 65536
+        || conf->data_parallel < 1 || conf->data_parallel > 64
+        || conf->servers * conf->data_parallel > 1024
+        || conf->zmq_port < 1
+        || conf->zmq_port + 2 * conf->servers * conf->data_parallel > 65536
         || conf->zmq_buffer < 1 || conf->zmq_buffer > (1u << 24)
         || conf->tokenize_delay_ms > 600000 || strlen(conf->zmq_topic) > 200)
     {
@@ -606,11 +620,15 @@ kvs_usage(void)
         "    [--redis 127.0.0.1:6379|off] [--channel kv_aware:events]\n"
         "    [--heartbeat-ms 1000] [--drop-events 0.0]\n"
         "    [--pause-publish-after-ms N --pause-ms M] [--die-after-ms N]\n"
-        "    [--seed 1] [--quiet]\n"
+        "    [--seed 1] [--quiet] [--data-parallel 1]\n"
         "    [--keyspace text|tokens] [--lora NAME[,NAME]]\n"
         "    [--events redis|zmq] [--zmq-port 5557] [--zmq-topic \"\"]\n"
         "    [--zmq-encoding map|array] [--zmq-hash uint64|int64|bytes]\n"
         "    [--zmq-buffer 10000] [--zmq-drop 0.0] [--zmq-replay-topic]\n"
         "    [--tokenize-delay-ms 0] [--tokenize-fail]\n"
-        "--block-tokens defaults to 16 with --keyspace tokens\n");
+        "--block-tokens defaults to 16 with --keyspace tokens\n"
+        "--data-parallel N: N ranks a server behind its one port, picked by "
+        "X-data-parallel-rank\n  (else the least loaded); with --events zmq"
+        " server s rank r publishes on\n  P + 2Ns + r, replays on "
+        "P + 2Ns + N + r (P: --zmq-port)\n");
 }

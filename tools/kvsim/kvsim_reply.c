@@ -5,6 +5,8 @@
  * what it found cached and how long the request queued.
  */
 
+#include <stdio.h>
+
 #include <event2/buffer.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -108,9 +110,10 @@ kvs_tail(struct evbuffer *b, kvs_req_t *r, int first, int done)
 
     if (first) {
         evbuffer_add_printf(b, ",\"kvsim\":{\"server\":\"%s\","
+                            "\"rank\":%u,"
                             "\"cached_tokens\":%u,\"queue_ms\":%.3f,"
                             "\"preempted\":%u}",
-                            r->srv->id, seq->cached,
+                            r->srv->id, r->srv->rank, seq->cached,
                             seq->t_admitted - seq->t_arrival,
                             seq->preempted);
     }
@@ -134,12 +137,19 @@ kvs_token(kvs_sim_t *sim, struct evbuffer *b)
 }
 
 
+/*
+ * vLLM's series, and ours.  A data-parallel server labels each rank's
+ * series engine="r", as vLLM's PrometheusStatLogger does for each of its
+ * engines; rank 0's HTTP side answers for all of them.
+ */
+
 void
 kvs_reply_metrics(kvs_server_t *srv, struct evhttp_request *req)
 {
+    char              eng[32];
+    unsigned          r, n;
     const char       *m;
-    kvs_cache_t      *c = &srv->cache;
-    kvs_sched_t      *s = &srv->sched;
+    kvs_server_t     *first, *x;
     struct evbuffer  *b;
 
     b = evbuffer_new();
@@ -149,48 +159,70 @@ kvs_reply_metrics(kvs_server_t *srv, struct evhttp_request *req)
     }
 
     m = srv->sim->conf.model;
+    n = srv->sim->conf.data_parallel;
+    first = srv - srv->rank;
 
 #define kvs_metric(name, type, fmt, v)                                      \
-    evbuffer_add_printf(b, "# TYPE " name " " type "\n"                     \
-                        name "{model_name=\"%s\"} " fmt "\n", m, v)
+    evbuffer_add_printf(b, "# TYPE " name " " type "\n");                   \
+    for (r = 0; r < n; r++) {                                               \
+        x = &first[r];                                                      \
+        if (n > 1) {                                                        \
+            snprintf(eng, sizeof(eng), ",engine=\"%u\"", r);                \
+        } else {                                                            \
+            eng[0] = '\0';                                                  \
+        }                                                                   \
+        evbuffer_add_printf(b, name "{model_name=\"%s\"%s} " fmt "\n",     \
+                            m, eng, v);                                     \
+    }
 
-    kvs_metric("vllm:num_requests_running", "gauge", "%u", s->nrunning);
-    kvs_metric("vllm:num_requests_waiting", "gauge", "%u", s->nwaiting);
+    kvs_metric("vllm:num_requests_running", "gauge", "%u",
+               x->sched.nrunning);
+    kvs_metric("vllm:num_requests_waiting", "gauge", "%u",
+               x->sched.nwaiting);
     kvs_metric("vllm:gpu_cache_usage_perc", "gauge", "%.6f",
-               kvs_cache_usage(c));
+               kvs_cache_usage(&x->cache));
     kvs_metric("vllm:kv_cache_usage_perc", "gauge", "%.6f",
-               kvs_cache_usage(c));
+               kvs_cache_usage(&x->cache));
     kvs_metric("vllm:prefix_cache_queries_total", "counter", "%llu",
-               (unsigned long long) s->query_tokens);
+               (unsigned long long) x->sched.query_tokens);
     kvs_metric("vllm:prefix_cache_hits_total", "counter", "%llu",
-               (unsigned long long) s->hit_tokens);
+               (unsigned long long) x->sched.hit_tokens);
     kvs_metric("vllm:num_preemptions_total", "counter", "%llu",
-               (unsigned long long) s->preemptions);
+               (unsigned long long) x->sched.preemptions);
     kvs_metric("vllm:prompt_tokens_total", "counter", "%llu",
-               (unsigned long long) s->prompt_tokens);
+               (unsigned long long) x->sched.prompt_tokens);
     kvs_metric("vllm:generation_tokens_total", "counter", "%llu",
-               (unsigned long long) s->gen_tokens);
+               (unsigned long long) x->sched.gen_tokens);
     kvs_metric("vllm:request_success_total", "counter", "%llu",
-               (unsigned long long) s->finished);
+               (unsigned long long) x->sched.finished);
     kvs_metric("kvsim_steps_total", "counter", "%llu",
-               (unsigned long long) s->steps);
-    kvs_metric("kvsim_step_lag_ms", "gauge", "%.3f", srv->lag_ms);
-    kvs_metric("kvsim_cache_blocks_cached", "gauge", "%u", c->nhashed);
-    kvs_metric("kvsim_cache_blocks_free", "gauge", "%u", c->nfree);
+               (unsigned long long) x->sched.steps);
+    kvs_metric("kvsim_step_lag_ms", "gauge", "%.3f", x->lag_ms);
+    kvs_metric("kvsim_cache_blocks_cached", "gauge", "%u",
+               x->cache.nhashed);
+    kvs_metric("kvsim_cache_blocks_free", "gauge", "%u", x->cache.nfree);
     kvs_metric("kvsim_cache_evictions_total", "counter", "%llu",
-               (unsigned long long) c->evictions);
+               (unsigned long long) x->cache.evictions);
     kvs_metric("kvsim_events_published_total", "counter", "%llu",
-               (unsigned long long) srv->published);
+               (unsigned long long) x->published);
     kvs_metric("kvsim_events_dropped_total", "counter", "%llu",
-               (unsigned long long) srv->dropped);
+               (unsigned long long) x->dropped);
     kvs_metric("kvsim_event_seq", "gauge", "%llu",
-               (unsigned long long) srv->seq);
+               (unsigned long long) x->seq);
     kvs_metric("kvsim_requests_total", "counter", "%llu",
-               (unsigned long long) srv->requests);
+               (unsigned long long) x->requests);
     kvs_metric("kvsim_requests_rejected_total", "counter", "%llu",
-               (unsigned long long) srv->rejected);
+               (unsigned long long) x->rejected);
 
 #undef kvs_metric
+
+    if (n > 1) {
+        /* X-data-parallel-rank headers that named no rank */
+        evbuffer_add_printf(b, "# TYPE kvsim_dp_rank_invalid_total counter\n"
+                            "kvsim_dp_rank_invalid_total{model_name=\"%s\"}"
+                            " %llu\n", m,
+                            (unsigned long long) first->bad_rank);
+    }
 
     kvs_reply(srv, req, 200, "text/plain; version=0.0.4", b);
     evbuffer_free(b);
@@ -210,7 +242,21 @@ kvs_reply(kvs_server_t *srv, struct evhttp_request *req, int code,
     h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Content-Type", type);
     evhttp_add_header(h, "X-Kvsim-Server", srv->id);
+    kvs_reply_rank_header(srv, req);
     evhttp_send_reply(req, code, NULL, body);
+}
+
+
+void
+kvs_reply_rank_header(kvs_server_t *srv, struct evhttp_request *req)
+{
+    char  rank[16];
+
+    if (srv->sim->conf.data_parallel > 1) {
+        snprintf(rank, sizeof(rank), "%u", srv->rank);
+        evhttp_add_header(evhttp_request_get_output_headers(req),
+                          "X-Kvsim-Rank", rank);
+    }
 }
 
 

@@ -22,6 +22,8 @@ void kvs_reply(kvs_server_t *srv, struct evhttp_request *req, int code,
     const char *type, struct evbuffer *body);
 void kvs_reply_error(kvs_server_t *srv, struct evhttp_request *req, int code,
     const char *msg);
+/* X-Kvsim-Rank: the rank that answered, on a data-parallel server */
+void kvs_reply_rank_header(kvs_server_t *srv, struct evhttp_request *req);
 
 
 #endif /* _KVSIM_REPLY_H_INCLUDED_ */

@@ -4,6 +4,7 @@
  */
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -26,7 +27,8 @@ kvs_server_init(kvs_sim_t *sim, kvs_server_t *srv, unsigned i)
 
     srv->sim = sim;
     srv->index = i;
-    srv->port = sim->conf.base_port + i;
+    srv->rank = i % sim->conf.data_parallel;
+    srv->port = sim->conf.base_port + i / sim->conf.data_parallel;
     srv->id_len = snprintf(srv->id, KVS_ID_MAX, "127.0.0.1:%u", srv->port);
 
     sc.block_tokens = sim->conf.block_tokens;
@@ -46,7 +48,8 @@ kvs_server_init(kvs_sim_t *sim, kvs_server_t *srv, unsigned i)
         return -1;
     }
 
-    return kvs_http_init(srv);
+    /* one HTTP port a server: its rank 0 listens for all its ranks */
+    return srv->rank == 0 ? kvs_http_init(srv) : 0;
 }
 
 
@@ -58,7 +61,9 @@ kvs_server_free(kvs_server_t *srv)
         kvs_sched_free(&srv->sched, kvs_http_seq_event, srv);
     }
 
-    kvs_http_free(srv);
+    if (srv->http) {
+        kvs_http_free(srv);
+    }
 
     if (srv->step_ev) {
         event_free(srv->step_ev);
@@ -78,19 +83,81 @@ kvs_server_kick(kvs_server_t *srv)
 
 
 kvs_server_t *
-kvs_server_find(kvs_sim_t *sim, const char *id, size_t len)
+kvs_server_find(kvs_sim_t *sim, const char *id, size_t len, unsigned rank)
 {
     unsigned  i;
 
-    for (i = 0; i < sim->conf.servers; i++) {
+    if (rank >= sim->conf.data_parallel) {
+        return NULL;
+    }
+
+    for (i = 0; i < sim->nranks; i += sim->conf.data_parallel) {
         if (sim->servers[i].id_len == len
             && memcmp(sim->servers[i].id, id, len) == 0)
         {
-            return &sim->servers[i];
+            return &sim->servers[i + rank];
         }
     }
 
     return NULL;
+}
+
+
+/*
+ * The rank a request runs on: the one X-data-parallel-rank names, as
+ * vLLM's API server takes it; without one (or with one out of range,
+ * counted and logged) the least loaded, as vLLM's own balancer picks
+ * (its score: waiting * 4 + running), the lowest rank on a tie.
+ */
+kvs_server_t *
+kvs_server_rank(kvs_server_t *srv, const char *header)
+{
+    char           *end;
+    unsigned        r, best;
+    kvs_sim_t      *sim = srv->sim;
+    unsigned long   v;
+    uint64_t        score, least;
+    kvs_server_t   *first = srv - srv->rank;
+
+    if (sim->conf.data_parallel == 1 && header == NULL) {
+        return srv;
+    }
+
+    if (header != NULL) {
+        v = strtoul(header, &end, 10);
+
+        if (end != header && *end == '\0' && header[0] >= '0'
+            && header[0] <= '9' && v < sim->conf.data_parallel)
+        {
+            return first + v;
+        }
+
+        first->bad_rank++;
+
+        if (!sim->conf.quiet
+            && (first->bad_rank & (first->bad_rank - 1)) == 0)
+        {
+            fprintf(stderr, "kvsim: %s: X-data-parallel-rank \"%.16s\" is "
+                    "not a rank of 0..%u (%llu so far): balanced instead\n",
+                    srv->id, header, sim->conf.data_parallel - 1,
+                    (unsigned long long) first->bad_rank);
+        }
+    }
+
+    best = 0;
+    least = UINT64_MAX;
+
+    for (r = 0; r < sim->conf.data_parallel; r++) {
+        score = 4 * (uint64_t) first[r].sched.nwaiting
+                + first[r].sched.nrunning;
+
+        if (score < least) {
+            least = score;
+            best = r;
+        }
+    }
+
+    return first + best;
 }
 
 

@@ -37,7 +37,7 @@ kvs_vllm_salt(const char *name, size_t len)
 
 int
 kvs_vllm_encode(msgpack_sbuffer *sb, kvs_venc_e enc, kvs_vhash_e hform,
-    double ts, const kvs_vev_t *evs, size_t nevs)
+    double ts, unsigned rank, const kvs_vev_t *evs, size_t nevs)
 {
     size_t          i;
     msgpack_packer  pk;
@@ -67,7 +67,7 @@ kvs_vllm_encode(msgpack_sbuffer *sb, kvs_venc_e enc, kvs_vhash_e hform,
     }
 
     if ((enc == KVS_VENC_MAP && kvs_pack_str(&pk, "data_parallel_rank"))
-        || msgpack_pack_int(&pk, 0))
+        || msgpack_pack_unsigned_int(&pk, rank))
     {
         return -1;
     }

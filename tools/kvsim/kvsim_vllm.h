@@ -62,7 +62,7 @@ uint64_t kvs_vllm_salt(const char *name, size_t len);
 
 /* a batch [ts, events, rank] or {ts, events, data_parallel_rank} into sb */
 int kvs_vllm_encode(msgpack_sbuffer *sb, kvs_venc_e enc, kvs_vhash_e hform,
-    double ts, const kvs_vev_t *evs, size_t nevs);
+    double ts, unsigned rank, const kvs_vev_t *evs, size_t nevs);
 
 
 #endif /* _KVSIM_VLLM_H_INCLUDED_ */

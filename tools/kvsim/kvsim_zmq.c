@@ -81,7 +81,7 @@ kvs_zmq_create(kvs_sim_t *sim)
     msgpack_sbuffer_init(&z->sb);
 
     z->ctx = zmq_ctx_new();
-    z->srvs = calloc(sim->conf.servers, sizeof(kvs_zsrv_t));
+    z->srvs = calloc(sim->nranks, sizeof(kvs_zsrv_t));
 
     if (z->ctx == NULL || z->srvs == NULL) {
         fprintf(stderr, "kvsim: zmq: out of memory\n");
@@ -89,7 +89,7 @@ kvs_zmq_create(kvs_sim_t *sim)
         return NULL;
     }
 
-    for (i = 0; i < sim->conf.servers; i++) {
+    for (i = 0; i < sim->nranks; i++) {
         if (kvs_zmq_open(z, &z->srvs[i], i) != 0) {
             kvs_zmq_destroy(z);
             return NULL;
@@ -107,7 +107,7 @@ kvs_zmq_destroy(kvs_zmq_t *z)
     unsigned     i;
     kvs_zsrv_t  *zs;
 
-    for (i = 0; z->srvs && i < z->sim->conf.servers; i++) {
+    for (i = 0; z->srvs && i < z->sim->nranks; i++) {
         zs = &z->srvs[i];
 
         if (zs->ev) {
@@ -148,7 +148,7 @@ kvs_zmq_open(kvs_zmq_t *z, kvs_zsrv_t *zs, unsigned i)
     int          linger, fd;
     char         ep[64];
     size_t       fdlen;
-    unsigned     port;
+    unsigned     port, dp;
     kvs_sim_t   *sim = z->sim;
 
     zs->z = z;
@@ -166,7 +166,14 @@ kvs_zmq_open(kvs_zmq_t *z, kvs_zsrv_t *zs, unsigned i)
     zmq_setsockopt(zs->pub, ZMQ_LINGER, &linger, sizeof(int));
     zmq_setsockopt(zs->router, ZMQ_LINGER, &linger, sizeof(int));
 
-    port = sim->conf.zmq_port + 2 * i;
+    /*
+     * Server s's ranks as vLLM lays one server's out: events on a base
+     * port + r, replay on another base + r; the bases of server s are
+     * P + 2 N s and P + 2 N s + N (N ranks).  Without data parallelism:
+     * P + 2 s and P + 2 s + 1.
+     */
+    dp = sim->conf.data_parallel;
+    port = sim->conf.zmq_port + 2 * dp * (i / dp) + i % dp;
     snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", port);
 
     if (zmq_bind(zs->pub, ep) != 0) {
@@ -175,7 +182,7 @@ kvs_zmq_open(kvs_zmq_t *z, kvs_zsrv_t *zs, unsigned i)
         return -1;
     }
 
-    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", port + 1);
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", port + dp);
 
     if (zmq_bind(zs->router, ep) != 0) {
         fprintf(stderr, "kvsim: zmq: cannot bind %s: %s\n", ep,
@@ -291,7 +298,8 @@ kvs_zmq_step(kvs_zmq_t *z, kvs_server_t *srv)
     msgpack_sbuffer_clear(&z->sb);
 
     if (kvs_vllm_encode(&z->sb, conf->zmq_encoding, conf->zmq_hash,
-                        tv.tv_sec + tv.tv_usec / 1e6, z->evs, nev)
+                        tv.tv_sec + tv.tv_usec / 1e6, srv->rank, z->evs,
+                        nev)
         != 0)
     {
         zs->next++;

@@ -1,0 +1,95 @@
+/*
+ * Fixtures of kvbridge's metrics tests (kvb_metrics_fixtures.h).
+ */
+
+#include "kvb_metrics_fixtures.h"
+
+
+/* vLLM v1, two engines (data parallel), one model, as prometheus_client */
+const char  kvb_fx_vllm_text[] =
+    "# HELP python_gc_objects_collected_total Objects collected during gc\n"
+    "# TYPE python_gc_objects_collected_total counter\n"
+    "python_gc_objects_collected_total{generation=\"0\"} 12345.0\n"
+    "# HELP vllm:num_requests_running Number of requests in model "
+    "execution batches.\n"
+    "# TYPE vllm:num_requests_running gauge\n"
+    "vllm:num_requests_running{engine=\"0\",model_name=\"meta-llama/"
+    "Llama-3.1-8B-Instruct\"} 7.0\n"
+    "vllm:num_requests_running{engine=\"1\",model_name=\"meta-llama/"
+    "Llama-3.1-8B-Instruct\"} 5.0\n"
+    "# HELP vllm:num_requests_waiting Number of requests waiting to be "
+    "processed.\n"
+    "# TYPE vllm:num_requests_waiting gauge\n"
+    "vllm:num_requests_waiting{engine=\"0\",model_name=\"meta-llama/"
+    "Llama-3.1-8B-Instruct\"} 2.0\n"
+    "vllm:num_requests_waiting{engine=\"1\",model_name=\"meta-llama/"
+    "Llama-3.1-8B-Instruct\"} 1.0\n"
+    "# HELP vllm:num_requests_waiting_by_reason Waiting requests by reason\n"
+    "# TYPE vllm:num_requests_waiting_by_reason gauge\n"
+    "vllm:num_requests_waiting_by_reason{engine=\"0\",reason=\"capacity\"} "
+    "40.0\n"
+    "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent "
+    "usage.\n"
+    "# TYPE vllm:kv_cache_usage_perc gauge\n"
+    "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"meta-llama/"
+    "Llama-3.1-8B-Instruct\"} 0.4375\n"
+    "vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"meta-llama/"
+    "Llama-3.1-8B-Instruct\"} 0.8125\n"
+    "# HELP vllm:time_to_first_token_seconds Histogram of time to first "
+    "token in seconds.\n"
+    "# TYPE vllm:time_to_first_token_seconds histogram\n"
+    "vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.001\","
+    "model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.0\n"
+    "vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\","
+    "model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 310.0\n"
+    "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name="
+    "\"meta-llama/Llama-3.1-8B-Instruct\"} 310.0\n"
+    "vllm:time_to_first_token_seconds_sum{engine=\"0\",model_name="
+    "\"meta-llama/Llama-3.1-8B-Instruct\"} 41.90625\n"
+    "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n"
+    "# TYPE vllm:prompt_tokens_total counter\n"
+    "vllm:prompt_tokens_total{engine=\"0\",model_name=\"meta-llama/"
+    "Llama-3.1-8B-Instruct\"} 8.125e+06\n";
+
+/* vLLM before v0.10: the deprecated usage name, no engine label */
+const char  kvb_fx_vllm_old_text[] =
+    "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 "
+    "percent usage.\n"
+    "# TYPE vllm:gpu_cache_usage_perc gauge\n"
+    "vllm:gpu_cache_usage_perc{model_name=\"Qwen/Qwen2.5-7B\"} 0.25\n"
+    "# HELP vllm:num_requests_running Number of requests currently "
+    "running on GPU.\n"
+    "# TYPE vllm:num_requests_running gauge\n"
+    "vllm:num_requests_running{model_name=\"Qwen/Qwen2.5-7B\"} 3.0\n";
+
+/* SGLang, two DP ranks, CRLF as a proxy might rewrite it */
+const char  kvb_fx_sglang_text[] =
+    "# HELP sglang:num_running_reqs The number of running requests.\r\n"
+    "# TYPE sglang:num_running_reqs gauge\r\n"
+    "sglang:num_running_reqs{dp_rank=\"0\",engine_type=\"unified\","
+    "model_name=\"deepseek-ai/DeepSeek-V3\",pp_rank=\"0\",tp_rank=\"0\"} "
+    "31.0\r\n"
+    "sglang:num_running_reqs{dp_rank=\"1\",engine_type=\"unified\","
+    "model_name=\"deepseek-ai/DeepSeek-V3\",pp_rank=\"0\",tp_rank=\"0\"} "
+    "29.0\r\n"
+    "# HELP sglang:num_queue_reqs The number of requests in the waiting "
+    "queue.\r\n"
+    "# TYPE sglang:num_queue_reqs gauge\r\n"
+    "sglang:num_queue_reqs{dp_rank=\"0\",engine_type=\"unified\","
+    "model_name=\"deepseek-ai/DeepSeek-V3\",pp_rank=\"0\",tp_rank=\"0\"} "
+    "4.0\r\n"
+    "sglang:num_queue_reqs{dp_rank=\"1\",engine_type=\"unified\","
+    "model_name=\"deepseek-ai/DeepSeek-V3\",pp_rank=\"0\",tp_rank=\"0\"} "
+    "0.0\r\n"
+    "# HELP sglang:token_usage The token usage.\r\n"
+    "# TYPE sglang:token_usage gauge\r\n"
+    "sglang:token_usage{dp_rank=\"0\",engine_type=\"unified\","
+    "model_name=\"deepseek-ai/DeepSeek-V3\",pp_rank=\"0\",tp_rank=\"0\"} "
+    "0.61\r\n"
+    "sglang:token_usage{dp_rank=\"1\",engine_type=\"unified\","
+    "model_name=\"deepseek-ai/DeepSeek-V3\",pp_rank=\"0\",tp_rank=\"0\"} "
+    "0.58\r\n"
+    "# HELP sglang:num_used_tokens The number of used tokens.\r\n"
+    "# TYPE sglang:num_used_tokens gauge\r\n"
+    "sglang:num_used_tokens{dp_rank=\"0\"} 123456.0\r\n";
+
