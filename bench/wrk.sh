@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
 conns=${2:-32}
-module=$PWD/build/ngx_http_kv_aware_module.so
+module=${KV_AWARE_MODULE:-$PWD/build/ngx_http_kv_aware_module.so}
 prefix=$PWD/build/bench-wrk
 launch=$PWD/tools/kva-launch
 # nginx and the four trivial upstreams on consecutive ports

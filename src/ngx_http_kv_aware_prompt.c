@@ -123,30 +123,24 @@ ngx_http_kv_aware_text_hashes(ngx_http_request_t *r,
     u_char *body, size_t len)
 {
     size_t            max_blocks, nblocks;
-    u_char           *out;
     kva_prompt_t      prompt;
     kva_prompt_rc_e   rc;
 
     max_blocks = kva_hash_body_max(len, kcf->block_size);
 
-    out = ngx_pnalloc(r->pool, len + KVA_PROMPT_OUT_SLACK);
-
     if (max_blocks) {
         ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
         ctx->found = ngx_palloc(r->pool, max_blocks * sizeof(uint32_t));
+
+        if (ctx->hashes == NULL || ctx->found == NULL) {
+            ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
+            return NGX_DECLINED;
+        }
     }
 
-    if (out == NULL
-        || (max_blocks && (ctx->hashes == NULL || ctx->found == NULL)))
-    {
-        ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
-        return NGX_DECLINED;
-    }
-
-    rc = kva_hash_body(body, len, kcf->block_size, out, ctx->hashes,
+    /* hashed as it is scanned: the canonical prompt is never written */
+    rc = kva_hash_body(body, len, kcf->block_size, NULL, ctx->hashes,
                        &nblocks, &prompt);
-
-    ngx_pfree(r->pool, out);
 
     if (rc != KVA_PROMPT_OK) {
         return ngx_http_kv_aware_prompt_failed(r, ctx, rc);
@@ -154,10 +148,9 @@ ngx_http_kv_aware_text_hashes(ngx_http_request_t *r,
 
     ctx->nblocks = (uint32_t) nblocks;
 
-    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "kv_aware: prompt of %uz bytes, %uD blocks%s",
-                   prompt.out_len, ctx->nblocks,
-                   prompt.truncated ? ", truncated" : "");
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kv_aware: prompt of %uz bytes, %uD blocks",
+                   prompt.len, ctx->nblocks);
 
     return NGX_OK;
 }
@@ -230,8 +223,7 @@ ngx_http_kv_aware_token_hashes(ngx_http_request_t *r,
             ctx->fallback = NGX_HTTP_KV_AWARE_NO_TOKENS;
         }
 
-        seed = kva_hash_seed(KVA_KEYSPACE_TEXT, prompt.model,
-                             prompt.model_len);
+        seed = 0;
         max_blocks = prompt.out_len / kcf->block_size;
 
     } else {
@@ -267,10 +259,11 @@ ngx_http_kv_aware_token_hashes(ngx_http_request_t *r,
     }
 
     if (ids == NULL) {
-        ctx->nblocks = (uint32_t) kva_hash_blocks(seed, prompt.out,
-                                                  prompt.out_len,
-                                                  kcf->block_size,
-                                                  ctx->hashes, max_blocks);
+        ctx->nblocks = (uint32_t) kva_hash_text(prompt.model,
+                                                prompt.model_len,
+                                                prompt.out, prompt.out_len,
+                                                kcf->block_size,
+                                                ctx->hashes, max_blocks);
 
     } else {
         ctx->nblocks = (uint32_t) kva_token_blocks(seed, ids, n,

@@ -340,8 +340,7 @@ kva_json_string(kva_json_lex_t *lx, kva_sink_t *sink)
         }
 
         if (c == '"' || c == '\\') {
-            sink->len = kva_json_put(sink->buf, sink->len, sink->cap, run,
-                                (size_t) (pos - run));
+            kva_sink_put(sink, run, (size_t) (pos - run));
 
             if (c == '"') {
                 break;
@@ -353,7 +352,7 @@ kva_json_string(kva_json_lex_t *lx, kva_sink_t *sink)
                 return -1;
             }
 
-            sink->len = kva_json_put(sink->buf, sink->len, sink->cap, utf8, n);
+            kva_sink_put(sink, utf8, n);
             pos = lx->pos;
             run = pos;
             continue;

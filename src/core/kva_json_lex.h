@@ -12,17 +12,22 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kva_hash.h"
 #include "kva_prompt.h"
 
 
 #define kva_is_digit(c)   ((unsigned) ((c) - '0') < 10)
 
 
-/* decoded bytes go to buf[0 .. cap); len counts them all, it may pass cap */
+/*
+ * decoded bytes go to buf[0 .. cap), and to the hash chain hs unless it
+ * is NULL; len counts them all, it may pass cap
+ */
 typedef struct {
-    uint8_t          *buf;
-    size_t            len;
-    size_t            cap;
+    uint8_t            *buf;
+    size_t              len;
+    size_t              cap;
+    kva_hash_stream_t  *hs;
 } kva_sink_t;
 
 
@@ -84,6 +89,17 @@ kva_json_put(uint8_t *buf, size_t len, size_t cap, const uint8_t *src,
     }
 
     return len + n;
+}
+
+
+static inline void
+kva_sink_put(kva_sink_t *sink, const uint8_t *src, size_t n)
+{
+    if (sink->hs != NULL) {
+        kva_hash_feed(sink->hs, src, n);
+    }
+
+    sink->len = kva_json_put(sink->buf, sink->len, sink->cap, src, n);
 }
 
 

@@ -2,8 +2,8 @@
  * kv_aware core: OpenAI-style request body -> canonical prompt bytes.
  *
  * One pass over the body: a strict RFC 8259 validator that decodes the few
- * string values routing cares about straight into the caller's buffer, and
- * skips (but still validates) everything else.  Recursion happens only on
+ * string values routing cares about straight into the caller's buffer or
+ * the hash chain, and skips (but still validates) everything else.  Recursion happens only on
  * '{' and '[', and every level is counted against KVA_PROMPT_MAX_DEPTH, so
  * hostile nesting cannot exhaust the stack.
  *
@@ -45,6 +45,7 @@ typedef struct {
     unsigned          model_seen;
     const uint8_t    *tools_start;
     const uint8_t    *tools_end;
+    const uint8_t    *prompt_start; /* the value that decided the kind */
     unsigned          ids_mixed;    /* a prompt element not a token id */
     size_t            nids;         /* token ids directly in "prompt" */
 } kva_parse_t;
@@ -83,7 +84,7 @@ static int kva_message_member(kva_parse_t *ps, kva_key_e key, void *ctx);
 static int kva_part_item(kva_parse_t *ps, kva_key_e key, void *ctx);
 static int kva_parse_text(kva_parse_t *ps);
 static int kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx);
-static void kva_place_tools(kva_parse_t *ps);
+static int kva_prompt_value(kva_parse_t *ps, unsigned kind);
 static int kva_answer_item(kva_parse_t *ps, kva_key_e key, void *ctx);
 static int kva_answer_id(kva_parse_t *ps, kva_key_e key, void *ctx);
 
@@ -91,11 +92,7 @@ static int kva_answer_id(kva_parse_t *ps, kva_key_e key, void *ctx);
 static void
 kva_emit_byte(kva_parse_t *ps, uint8_t c)
 {
-    if (ps->out.len < ps->out.cap) {
-        ps->out.buf[ps->out.len] = c;
-    }
-
-    ps->out.len++;
+    kva_sink_put(&ps->out, &c, 1);
 }
 
 
@@ -180,6 +177,7 @@ kva_next(kva_parse_t *ps, kva_key_e *key, size_t *n)
     sink.buf = buf;
     sink.len = 0;
     sink.cap = KVA_KEY_MAX;
+    sink.hs = NULL;
 
     if (kva_json_string(&ps->lx, &sink) != 0) {
         return -1;
@@ -257,6 +255,7 @@ kva_skip_value(kva_parse_t *ps)
         none.buf = NULL;
         none.len = 0;
         none.cap = 0;
+        none.hs = NULL;
         return kva_json_string(&ps->lx, &none);
 
     case 't':
@@ -308,6 +307,7 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
         sink.buf = p->model;
         sink.len = 0;
         sink.cap = KVA_PROMPT_MODEL_MAX;
+        sink.hs = NULL;
 
         if (kva_json_string(&ps->lx, &sink) != 0) {
             return -1;
@@ -319,19 +319,17 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
 
     if (key == KVA_KEY_MESSAGES && none && c == '[') {
         p->kind = KVA_PROMPT_KIND_MESSAGES;
-        return kva_walk(ps, kva_message_item, NULL);
+        return kva_prompt_value(ps, p->kind);
     }
 
     if (key == KVA_KEY_PROMPT && none && (c == '"' || c == '[')) {
         p->kind = KVA_PROMPT_KIND_PROMPT;
-        return (c == '"') ? kva_parse_text(ps)
-                          : kva_walk(ps, kva_prompt_item, NULL);
+        return kva_prompt_value(ps, p->kind);
     }
 
     if (key == KVA_KEY_INPUT && none && (c == '"' || c == '[')) {
         p->kind = KVA_PROMPT_KIND_INPUT;
-        return (c == '"') ? kva_parse_text(ps)
-                          : kva_walk(ps, kva_message_item, ps);
+        return kva_prompt_value(ps, p->kind);
     }
 
     if (key == KVA_KEY_CACHE_SALT && p->salt == NULL && c == '"') {
@@ -360,6 +358,40 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
 }
 
 
+/*
+ * The value that decided the kind, ps->lx.pos at it.  Messages and input
+ * take the tools value in front, raw, when it came first; when it comes
+ * after, the caller runs this again behind it at the end.
+ */
+
+static int
+kva_prompt_value(kva_parse_t *ps, unsigned kind)
+{
+    uint8_t  c;
+
+    c = *ps->lx.pos;
+    ps->prompt_start = ps->lx.pos;
+
+    if (kind != KVA_PROMPT_KIND_PROMPT && ps->tools_start != NULL) {
+        kva_sink_put(&ps->out, ps->tools_start,
+                     (size_t) (ps->tools_end - ps->tools_start));
+        kva_emit_byte(ps, KVA_SEP_TOOLS);
+    }
+
+    if (kind == KVA_PROMPT_KIND_MESSAGES) {
+        return kva_walk(ps, kva_message_item, NULL);
+    }
+
+    if (c == '"') {
+        return kva_parse_text(ps);
+    }
+
+    return (kind == KVA_PROMPT_KIND_PROMPT)
+           ? kva_walk(ps, kva_prompt_item, NULL)
+           : kva_walk(ps, kva_message_item, ps);
+}
+
+
 /* an element of messages, or of input (ctx != NULL), which takes strings */
 
 static int
@@ -379,6 +411,7 @@ kva_message_item(kva_parse_t *ps, kva_key_e key, void *ctx)
     msg.role.buf = msg.role_buf;
     msg.role.len = 0;
     msg.role.cap = KVA_ROLE_MAX;
+    msg.role.hs = NULL;
     msg.role_seen = 0;
     msg.content_seen = 0;
 
@@ -389,8 +422,7 @@ kva_message_item(kva_parse_t *ps, kva_key_e key, void *ctx)
     len = (msg.role.len < KVA_ROLE_MAX) ? msg.role.len : KVA_ROLE_MAX;
 
     kva_emit_byte(ps, KVA_SEP_ROLE);
-    ps->out.len = kva_json_put(ps->out.buf, ps->out.len, ps->out.cap,
-                          msg.role_buf, len);
+    kva_sink_put(&ps->out, msg.role_buf, len);
     kva_emit_byte(ps, KVA_SEP_MESSAGE);
 
     return 0;
@@ -534,46 +566,10 @@ kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx)
         le[1] = (uint8_t) (token >> 8);
         le[2] = (uint8_t) (token >> 16);
         le[3] = (uint8_t) (token >> 24);
-        ps->out.len = kva_json_put(ps->out.buf, ps->out.len, ps->out.cap,
-                                   le, 4);
+        kva_sink_put(&ps->out, le, 4);
     }
 
     return 0;
-}
-
-
-/*
- * The tools value may come after the messages, so the messages are written
- * first and shifted once at the end.  Only the part of them that still fits
- * behind the tools is moved, which keeps out an exact prefix.
- */
-
-static void
-kva_place_tools(kva_parse_t *ps)
-{
-    size_t    tlen, head, cap, keep;
-    uint8_t  *out;
-
-    out = ps->out.buf;
-    cap = ps->out.cap;
-    tlen = (size_t) (ps->tools_end - ps->tools_start);
-    head = tlen + 1;
-
-    if (head < cap) {
-        keep = cap - head;
-        keep = (ps->out.len < keep) ? ps->out.len : keep;
-        memmove(out + head, out, keep);
-    }
-
-    if (cap > 0) {
-        memcpy(out, ps->tools_start, (tlen < cap) ? tlen : cap);
-    }
-
-    if (tlen < cap) {
-        out[tlen] = KVA_SEP_TOOLS;
-    }
-
-    ps->out.len += head;
 }
 
 
@@ -581,11 +577,20 @@ kva_prompt_rc_e
 kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
     size_t out_cap, kva_prompt_t *p)
 {
+    return kva_prompt_hash(body, len, out, out_cap, NULL, p);
+}
+
+
+kva_prompt_rc_e
+kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
+    size_t out_cap, kva_hash_stream_t *hs, kva_prompt_t *p)
+{
     int          rc;
     kva_parse_t  ps;
 
     p->out = out;
     p->out_len = 0;
+    p->len = 0;
     p->truncated = 0;
     p->kind = KVA_PROMPT_KIND_NONE;
     p->model_len = 0;
@@ -603,11 +608,13 @@ kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
     ps.out.buf = out;
     ps.out.len = 0;
     ps.out.cap = out_cap;
+    ps.out.hs = hs;
     ps.depth = 0;
     ps.lx.rc = KVA_PROMPT_OK;
     ps.model_seen = 0;
     ps.tools_start = NULL;
     ps.tools_end = NULL;
+    ps.prompt_start = NULL;
     ps.ids_mixed = 0;
     ps.nids = 0;
 
@@ -640,10 +647,33 @@ kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
         return KVA_PROMPT_NO_PROMPT;
     }
 
-    if (ps.tools_start != NULL && p->kind != KVA_PROMPT_KIND_PROMPT) {
-        kva_place_tools(&ps);
+    if (ps.tools_start != NULL && ps.tools_start > ps.prompt_start
+        && p->kind != KVA_PROMPT_KIND_PROMPT)
+    {
+        /*
+         * The tools came after the prompt (openai-python's order) and go
+         * in front of it: the prompt's value is scanned again behind
+         * them.  Only that value, and it is valid by now; the chain
+         * starts over, as a prefix must hash the same whatever follows.
+         */
+        ps.out.len = 0;
+
+        if (hs != NULL) {
+            kva_hash_stream_init(hs, hs->block_size, hs->out, hs->max);
+        }
+
+        ps.lx.pos = ps.prompt_start;
+        ps.lx.end = body + len;
+        ps.depth = 1;
+
+        if (kva_prompt_value(&ps, p->kind) != 0) {
+            p->kind = KVA_PROMPT_KIND_NONE;
+            p->model_len = 0;
+            return ps.lx.rc;
+        }
     }
 
+    p->len = ps.out.len;
     p->out_len = (ps.out.len < out_cap) ? ps.out.len : out_cap;
     p->truncated = (ps.out.len > out_cap);
 
@@ -669,6 +699,7 @@ kva_prompt_salt(const uint8_t *str, size_t len, uint8_t *out)
     sink.buf = out;
     sink.len = 0;
     sink.cap = len;
+    sink.hs = NULL;
 
     /* the scan that found it has validated it */
     if (kva_json_string(&lx, &sink) != 0) {
