@@ -59,12 +59,17 @@ uint64_t
 kva_hash_fold(uint64_t c, uint64_t m)
 {
     uint8_t  le[8];
+
+#if (defined __BYTE_ORDER__ && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
+    memcpy(le, &c, 8);
+#else
     size_t   i;
 
     /* the bytes written out: the same key on a big-endian machine */
     for (i = 0; i < 8; i++) {
         le[i] = (uint8_t) (c >> (8 * i));
     }
+#endif
 
     return XXH3_64bits_withSeed(le, 8, m);
 }
@@ -126,9 +131,32 @@ kva_hash_piece_done(kva_hash_stream_t *hs)
 void
 kva_hash_feed(kva_hash_stream_t *hs, const uint8_t *data, size_t len)
 {
-    size_t  take;
+    size_t    take, off, piece, bs;
+    uint64_t  h;
 
     while (len && hs->n < hs->max) {
+
+        if (hs->fill == 0 && hs->block_off == 0 && len >= hs->block_size) {
+            /* whole blocks inside a long string: kva_hash_blocks' loop */
+            bs = hs->block_size;
+            h = hs->h;
+
+            do {
+                for (off = 0; off < bs; off += piece) {
+                    piece = (bs - off < KVA_HASH_PIECE)
+                            ? bs - off : KVA_HASH_PIECE;
+                    h = XXH3_64bits_withSeed(data + off, piece, h);
+                }
+
+                hs->out[hs->n++] = h;
+                data += bs;
+                len -= bs;
+
+            } while (len >= bs && hs->n < hs->max);
+
+            hs->h = h;
+            continue;
+        }
 
         if (hs->fill == 0 && len >= hs->piece) {
             /* the common case inside a long string: hashed in place */
