@@ -526,7 +526,7 @@ check_hashes(group_t *g, unsigned i, const buf_t *body, buf_t *scratch)
     nref = kva_hash_text(p.model, p.model_len, scratch->p, p.out_len, bs,
                          ref, max);
 
-    if (n != nref || p2.len != p.out_len
+    if (n != nref || p2.len != p.len
         || (n > 0 && memcmp(h, ref, n * sizeof(uint64_t)) != 0))
     {
         g->failed++;
