@@ -46,6 +46,9 @@ typedef struct {
     const uint8_t    *tools_start;
     const uint8_t    *tools_end;
     const uint8_t    *prompt_start; /* the value that decided the kind */
+    unsigned          members;      /* of the top-level object so far */
+    unsigned          deferred;     /* prompt_start only validated */
+    unsigned          again;        /* its second pass */
     unsigned          ids_mixed;    /* a prompt element not a token id */
     size_t            nids;         /* token ids directly in "prompt" */
 } kva_parse_t;
@@ -296,6 +299,7 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
     p = ctx;
     c = *ps->lx.pos;
     none = (p->kind == KVA_PROMPT_KIND_NONE);
+    ps->members++;
 
     if (key == KVA_KEY_MODEL && !ps->model_seen) {
         ps->model_seen = 1;
@@ -362,15 +366,38 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
  * The value that decided the kind, ps->lx.pos at it.  Messages and input
  * take the tools value in front, raw, when it came first; when it comes
  * after, the caller runs this again behind it at the end.
+ *
+ * Messages or input that open the body (openai-python's order: messages,
+ * model, ..., tools) are only validated here and written (hashed) in that
+ * second pass: tools are likely to follow, and a scan costs less than a
+ * hash.  In any other order they are written at once.
  */
 
 static int
 kva_prompt_value(kva_parse_t *ps, unsigned kind)
 {
-    uint8_t  c;
+    int         rc;
+    uint8_t     c;
+    kva_sink_t  saved;
 
     c = *ps->lx.pos;
     ps->prompt_start = ps->lx.pos;
+
+    if (kind != KVA_PROMPT_KIND_PROMPT && ps->members == 1 && !ps->again) {
+        ps->deferred = 1;
+        saved = ps->out;
+        ps->out.buf = NULL;
+        ps->out.cap = 0;
+        ps->out.hs = NULL;
+
+        rc = (kind == KVA_PROMPT_KIND_MESSAGES || c != '"')
+             ? kva_walk(ps, kva_message_item,
+                        (kind == KVA_PROMPT_KIND_MESSAGES) ? NULL : ps)
+             : kva_parse_text(ps);
+
+        ps->out = saved;
+        return rc;
+    }
 
     if (kind != KVA_PROMPT_KIND_PROMPT && ps->tools_start != NULL) {
         kva_sink_put(&ps->out, ps->tools_start,
@@ -615,6 +642,9 @@ kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
     ps.tools_start = NULL;
     ps.tools_end = NULL;
     ps.prompt_start = NULL;
+    ps.members = 0;
+    ps.deferred = 0;
+    ps.again = 0;
     ps.ids_mixed = 0;
     ps.nids = 0;
 
@@ -647,14 +677,16 @@ kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
         return KVA_PROMPT_NO_PROMPT;
     }
 
-    if (ps.tools_start != NULL && ps.tools_start > ps.prompt_start
-        && p->kind != KVA_PROMPT_KIND_PROMPT)
+    if (ps.deferred
+        || (ps.tools_start != NULL && ps.tools_start > ps.prompt_start
+            && p->kind != KVA_PROMPT_KIND_PROMPT))
     {
         /*
          * The tools came after the prompt (openai-python's order) and go
-         * in front of it: the prompt's value is scanned again behind
-         * them.  Only that value, and it is valid by now; the chain
-         * starts over, as a prefix must hash the same whatever follows.
+         * in front of it, or the prompt was only validated: its value is
+         * scanned again, behind the tools.  Only that value, and it is
+         * valid by now; the chain starts over, as a prefix must hash the
+         * same whatever follows.
          */
         ps.out.len = 0;
 
@@ -665,6 +697,7 @@ kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
         ps.lx.pos = ps.prompt_start;
         ps.lx.end = body + len;
         ps.depth = 1;
+        ps.again = 1;
 
         if (kva_prompt_value(&ps, p->kind) != 0) {
             p->kind = KVA_PROMPT_KIND_NONE;
