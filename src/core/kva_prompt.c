@@ -3,9 +3,11 @@
  *
  * One pass over the body: a strict RFC 8259 validator that decodes the few
  * string values routing cares about straight into the caller's buffer or
- * the hash chain, and skips (but still validates) everything else.  Recursion happens only on
- * '{' and '[', and every level is counted against KVA_PROMPT_MAX_DEPTH, so
- * hostile nesting cannot exhaust the stack.
+ * the hash chain, and skips (but still validates) everything else.
+ * Recursion happens only on '{' and '[', and every level is counted
+ * against KVA_PROMPT_MAX_DEPTH, so hostile nesting cannot exhaust the
+ * stack.  The prompt's value is walked a second time when tools come
+ * after it or when it opens the body (kva_prompt_value()).
  *
  * Duplicate keys: the first occurrence wins (jansson keeps the last one).
  * By the time a duplicate shows up the first value has already been streamed
