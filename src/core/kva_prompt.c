@@ -385,7 +385,9 @@ kva_prompt_value(kva_parse_t *ps, unsigned kind)
     c = *ps->lx.pos;
     ps->prompt_start = ps->lx.pos;
 
-    if (kind != KVA_PROMPT_KIND_PROMPT && ps->members == 1 && !ps->again) {
+    if (kind != KVA_PROMPT_KIND_PROMPT && ps->members == 1 && !ps->again
+        && (ps->out.cap > 0 || ps->out.hs != NULL))
+    {
         ps->deferred = 1;
         saved = ps->out;
         ps->out.buf = NULL;
@@ -615,6 +617,7 @@ kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
     size_t out_cap, kva_hash_stream_t *hs, kva_prompt_t *p)
 {
     int          rc;
+    unsigned     late;
     kva_parse_t  ps;
 
     p->out = out;
@@ -679,10 +682,14 @@ kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
         return KVA_PROMPT_NO_PROMPT;
     }
 
-    if (ps.deferred
-        || (ps.tools_start != NULL && ps.tools_start > ps.prompt_start
-            && p->kind != KVA_PROMPT_KIND_PROMPT))
-    {
+    late = (ps.tools_start != NULL && ps.tools_start > ps.prompt_start
+            && p->kind != KVA_PROMPT_KIND_PROMPT);
+
+    if (late && out_cap == 0 && hs == NULL) {
+        /* validation only: the length is all there is to tell */
+        ps.out.len += (size_t) (ps.tools_end - ps.tools_start) + 1;
+
+    } else if (late || ps.deferred) {
         /*
          * The tools came after the prompt (openai-python's order) and go
          * in front of it, or the prompt was only validated: its value is

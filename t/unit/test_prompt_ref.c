@@ -541,6 +541,14 @@ check_hashes(group_t *g, unsigned i, const buf_t *body, buf_t *scratch)
         goto done;
     }
 
+    /* validation only tells the same length */
+    if (kva_prompt_extract(body->p, body->len, NULL, 0, &p2) != rc
+        || p2.len != p.len)
+    {
+        g->failed++;
+        goto done;
+    }
+
     /* with scratch: the same hashes, and the canonical bytes as well */
     memset(scratch->p, 0, p.out_len);
     rc2 = kva_hash_body(body->p, body->len, bs, scratch->p, h, &m, &p2);
@@ -656,6 +664,15 @@ check_tools(group_t *g, group_t *pg, unsigned i, const buf_t *body,
         g->failed++;
         printf("# %s: body #%u: tools last, canonical bytes differ\n",
                g->name, i);
+        goto done;
+    }
+
+    if (kva_prompt_extract(last.p, last.len, NULL, 0, &p) != KVA_PROMPT_OK
+        || p.len != canon.len)
+    {
+        g->failed++;
+        printf("# %s: body #%u: tools last, validation only: length %zu, "
+               "not %zu\n", g->name, i, p.len, canon.len);
         goto done;
     }
 
