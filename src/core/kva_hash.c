@@ -228,3 +228,43 @@ kva_hash_body(const uint8_t *body, size_t body_len, size_t block_size,
 
     return KVA_PROMPT_OK;
 }
+
+
+kva_prompt_rc_e
+kva_hash_body2(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen,
+    size_t block_size, uint8_t *scratch, uint64_t *hashes, size_t *nblocks,
+    kva_prompt_t *p)
+{
+    size_t             k;
+    kva_prompt_rc_e    rc;
+    kva_hash_stream_t  hs;
+
+    *nblocks = 0;
+
+    kva_hash_stream_init(&hs, block_size, hashes,
+                         hashes ? kva_hash_body_max(alen + blen, block_size)
+                                : 0);
+
+    /* the window: all of a, and as much of b as the lexer looks ahead */
+    k = (blen < KVA_HASH_SEAM) ? blen : KVA_HASH_SEAM;
+
+    memcpy(scratch, a, alen);
+    memcpy(scratch + alen, b, k);
+
+    if (k == blen) {
+        rc = kva_prompt_hash(scratch, alen + blen, NULL, 0, &hs, p);
+        p->salt = NULL;
+        p->salt_len = 0;
+
+    } else {
+        rc = kva_prompt_hash_split(scratch, alen + k, alen, b, blen, &hs, p);
+    }
+
+    if (rc != KVA_PROMPT_OK) {
+        return rc;
+    }
+
+    *nblocks = kva_hash_stream_end(&hs, p->model, p->model_len);
+
+    return KVA_PROMPT_OK;
+}

@@ -98,6 +98,19 @@ kva_prompt_rc_e kva_hash_body(const uint8_t *body, size_t body_len,
     size_t block_size, uint8_t *scratch, uint64_t *hashes, size_t *nblocks,
     kva_prompt_t *p);
 
+/*
+ * The same for a body in two pieces, a then b (nginx: the part read with
+ * the headers, then the rest), without joining them: scratch holds
+ * alen + KVA_HASH_SEAM bytes; hashes is sized for alen + blen.
+ * KVA_PROMPT_SEAM: a number longer than KVA_HASH_SEAM bytes crosses from
+ * a to b; join them and call kva_hash_body().
+ */
+#define KVA_HASH_SEAM  64
+
+kva_prompt_rc_e kva_hash_body2(const uint8_t *a, size_t alen,
+    const uint8_t *b, size_t blen, size_t block_size, uint8_t *scratch,
+    uint64_t *hashes, size_t *nblocks, kva_prompt_t *p);
+
 /* the most blocks a body of body_len bytes can yield */
 #define kva_hash_body_max(body_len, block_size)                              \
     (((body_len) + KVA_PROMPT_OUT_SLACK) / (block_size))

@@ -354,6 +354,16 @@ kva_json_string(kva_json_lex_t *lx, kva_sink_t *sink)
 
     for ( ;; ) {
 
+        if (lx->seam != NULL && end - pos < KVA_SEAM_K) {
+            /* near the window's end: on in the second piece */
+            kva_sink_put(sink, run, (size_t) (pos - run));
+            lx->pos = pos;
+            kva_json_jump(lx);
+            pos = lx->pos;
+            end = lx->end;
+            run = pos;
+        }
+
 #if (KVA_AVX2)
         if (kva_avx2 && end - pos >= 64) {
             pos = kva_skip_plain32(pos, end);
@@ -376,6 +386,10 @@ kva_json_string(kva_json_lex_t *lx, kva_sink_t *sink)
             pos += 8;
         }
 
+        if (lx->seam != NULL && end - pos < KVA_SEAM_K) {
+            continue;
+        }
+
         if (pos == end) {
             return kva_json_fail(lx, KVA_PROMPT_NOT_JSON);
         }
@@ -395,7 +409,8 @@ kva_json_string(kva_json_lex_t *lx, kva_sink_t *sink)
 
                 pos += n;
 
-            } while (pos < end && *pos >= 0x80);
+            } while (pos < end && *pos >= 0x80
+                     && (lx->seam == NULL || end - pos >= KVA_SEAM_K));
 
             continue;
         }
@@ -455,6 +470,20 @@ kva_json_number(kva_json_lex_t *lx, uint32_t *token, unsigned *is_token)
     const uint8_t  *pos, *end, *digits, *p;
 
     end = lx->end;
+
+    if (lx->seam != NULL) {
+        /* a number that may run past the window: a copy must lex it */
+        for (p = lx->pos;
+             p < end && (kva_is_digit(*p) || *p == '-' || *p == '+'
+                         || *p == '.' || (*p | 0x20) == 'e');
+             p++)
+        { /* void */ }
+
+        if (p == end) {
+            return kva_json_fail(lx, KVA_PROMPT_SEAM);
+        }
+    }
+
     digits = lx->pos + (*lx->pos == '-');
 
     if (digits < end && *digits == '0') {
@@ -506,6 +535,15 @@ kva_json_number(kva_json_lex_t *lx, uint32_t *token, unsigned *is_token)
     lx->pos = pos;
 
     return 0;
+}
+
+
+void
+kva_json_jump(kva_json_lex_t *lx)
+{
+    lx->pos = lx->next + (lx->pos - lx->seam);
+    lx->end = lx->next_end;
+    lx->seam = NULL;
 }
 
 

@@ -31,10 +31,24 @@ typedef struct {
 } kva_sink_t;
 
 
+/*
+ * A body in two pieces (kva_hash_body2()) is lexed from a window: the
+ * first piece and a copy of the second's first KVA_SEAM_K bytes, from
+ * seam on.  Once a token starts past the seam, or a string runs to within
+ * KVA_SEAM_K bytes of the window's end, the lexer goes on in the second
+ * piece itself at the same offset: the bytes there are the same.  Only a
+ * number longer than KVA_SEAM_K bytes across the seam cannot be lexed so
+ * (KVA_PROMPT_SEAM): the caller then copies the body into one piece.
+ */
+#define KVA_SEAM_K        KVA_HASH_SEAM
+
 typedef struct {
     const uint8_t    *pos;
     const uint8_t    *end;
     kva_prompt_rc_e   rc;           /* why the last call returned -1 */
+    const uint8_t    *seam;         /* NULL: one piece, or after the jump */
+    const uint8_t    *next;         /* the second piece */
+    const uint8_t    *next_end;
 } kva_json_lex_t;
 
 
@@ -47,6 +61,9 @@ typedef struct {
 int kva_json_string(kva_json_lex_t *lx, kva_sink_t *sink);
 int kva_json_number(kva_json_lex_t *lx, uint32_t *token, unsigned *is_token);
 int kva_json_literal(kva_json_lex_t *lx, const char *lit, size_t n);
+
+/* lx->pos (past lx->seam) to the same byte in the second piece */
+void kva_json_jump(kva_json_lex_t *lx);
 
 
 /* the helpers below run between every two tokens: inline */
@@ -65,6 +82,8 @@ kva_json_skip_ws(kva_json_lex_t *lx)
 {
     const uint8_t  *pos, *end;
 
+again:
+
     pos = lx->pos;
     end = lx->end;
 
@@ -75,6 +94,12 @@ kva_json_skip_ws(kva_json_lex_t *lx)
     }
 
     lx->pos = pos;
+
+    /* the next token starts past the seam: it is lexed in the second piece */
+    if (lx->seam != NULL && pos >= lx->seam) {
+        kva_json_jump(lx);
+        goto again;
+    }
 }
 
 

@@ -48,6 +48,12 @@ typedef struct {
     const uint8_t    *tools_start;
     const uint8_t    *tools_end;
     const uint8_t    *prompt_start; /* the value that decided the kind */
+    unsigned          tools_at;     /* the members before them, with them */
+    unsigned          prompt_at;
+    const uint8_t    *win;          /* a split body (kva_json_lex.h): */
+    const uint8_t    *win_end;      /*   the window, */
+    const uint8_t    *seam;         /*   where the second piece's copy */
+    const uint8_t    *next;         /*   begins, and that piece */
     unsigned          members;      /* of the top-level object so far */
     unsigned          deferred;     /* prompt_start only validated */
     unsigned          again;        /* its second pass */
@@ -90,6 +96,12 @@ static int kva_part_item(kva_parse_t *ps, kva_key_e key, void *ctx);
 static int kva_parse_text(kva_parse_t *ps);
 static int kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx);
 static int kva_prompt_value(kva_parse_t *ps, unsigned kind);
+static unsigned kva_in_window(kva_parse_t *ps, const uint8_t *at);
+static size_t kva_span_put(kva_parse_t *ps, kva_sink_t *sink,
+    const uint8_t *start, const uint8_t *end);
+static kva_prompt_rc_e kva_prompt_scan(kva_parse_t *ps,
+    const uint8_t *body, size_t len, uint8_t *out, size_t out_cap,
+    kva_hash_stream_t *hs, kva_prompt_t *p);
 static int kva_answer_item(kva_parse_t *ps, kva_key_e key, void *ctx);
 static int kva_answer_id(kva_parse_t *ps, kva_key_e key, void *ctx);
 
@@ -351,6 +363,7 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
 
     if (key == KVA_KEY_TOOLS && ps->tools_start == NULL) {
         ps->tools_start = ps->lx.pos;
+        ps->tools_at = ps->members;
 
         if (kva_skip_value(ps) != 0) {
             return -1;
@@ -384,6 +397,7 @@ kva_prompt_value(kva_parse_t *ps, unsigned kind)
 
     c = *ps->lx.pos;
     ps->prompt_start = ps->lx.pos;
+    ps->prompt_at = ps->members;
 
     if (kind != KVA_PROMPT_KIND_PROMPT && ps->members == 1 && !ps->again
         && (ps->out.cap > 0 || ps->out.hs != NULL))
@@ -404,8 +418,7 @@ kva_prompt_value(kva_parse_t *ps, unsigned kind)
     }
 
     if (kind != KVA_PROMPT_KIND_PROMPT && ps->tools_start != NULL) {
-        kva_sink_put(&ps->out, ps->tools_start,
-                     (size_t) (ps->tools_end - ps->tools_start));
+        (void) kva_span_put(ps, &ps->out, ps->tools_start, ps->tools_end);
         kva_emit_byte(ps, KVA_SEP_TOOLS);
     }
 
@@ -612,13 +625,96 @@ kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
 }
 
 
+/* a split body: whether at lies in the window rather than the second piece */
+
+static unsigned
+kva_in_window(kva_parse_t *ps, const uint8_t *at)
+{
+    return ps->seam == NULL
+           || ((uintptr_t) at >= (uintptr_t) ps->win
+               && (uintptr_t) at <= (uintptr_t) ps->win_end);
+}
+
+
+/*
+ * The raw bytes [start, end) of the body into sink (NULL: none), the
+ * first in the window and the last past the seam when they straddle it;
+ * returns their number.
+ */
+
+static size_t
+kva_span_put(kva_parse_t *ps, kva_sink_t *sink, const uint8_t *start,
+    const uint8_t *end)
+{
+    size_t  a;
+
+    if (kva_in_window(ps, start) && !kva_in_window(ps, end)) {
+        a = (size_t) (ps->seam - start);
+
+        if (sink != NULL) {
+            kva_sink_put(sink, start, a);
+            kva_sink_put(sink, ps->next, (size_t) (end - ps->next));
+        }
+
+        return a + (size_t) (end - ps->next);
+    }
+
+    if (sink != NULL) {
+        kva_sink_put(sink, start, (size_t) (end - start));
+    }
+
+    return (size_t) (end - start);
+}
+
+
 kva_prompt_rc_e
 kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
     size_t out_cap, kva_hash_stream_t *hs, kva_prompt_t *p)
 {
+    kva_parse_t  ps;
+
+    ps.lx.seam = NULL;
+    ps.seam = NULL;
+
+    return kva_prompt_scan(&ps, body, len, out, out_cap, hs, p);
+}
+
+
+kva_prompt_rc_e
+kva_prompt_hash_split(const uint8_t *win, size_t win_len, size_t seam,
+    const uint8_t *next, size_t next_len, kva_hash_stream_t *hs,
+    kva_prompt_t *p)
+{
+    kva_prompt_rc_e  rc;
+    kva_parse_t      ps;
+
+    ps.lx.seam = win + seam;
+    ps.lx.next = next;
+    ps.lx.next_end = next + next_len;
+    ps.seam = ps.lx.seam;
+    ps.next = next;
+
+    rc = kva_prompt_scan(&ps, win, win_len, NULL, 0, hs, p);
+
+    /* it may lie in the window, which is the caller's scratch */
+    p->salt = NULL;
+    p->salt_len = 0;
+
+    return rc;
+}
+
+
+/*
+ * The scan itself: ps->lx.seam and ps->seam are set for a split body
+ * (kva_prompt_hash_split()), NULL otherwise.
+ */
+
+static kva_prompt_rc_e
+kva_prompt_scan(kva_parse_t *ps, const uint8_t *body, size_t len,
+    uint8_t *out, size_t out_cap, kva_hash_stream_t *hs, kva_prompt_t *p)
+{
     int          rc;
     unsigned     late;
-    kva_parse_t  ps;
 
     p->out = out;
     p->out_len = 0;
@@ -635,38 +731,42 @@ kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
         return KVA_PROMPT_EMPTY;
     }
 
-    ps.lx.pos = body;
-    ps.lx.end = body + len;
-    ps.out.buf = out;
-    ps.out.len = 0;
-    ps.out.cap = out_cap;
-    ps.out.hs = hs;
-    ps.depth = 0;
-    ps.lx.rc = KVA_PROMPT_OK;
-    ps.model_seen = 0;
-    ps.tools_start = NULL;
-    ps.tools_end = NULL;
-    ps.prompt_start = NULL;
-    ps.members = 0;
-    ps.deferred = 0;
-    ps.again = 0;
-    ps.ids_mixed = 0;
-    ps.nids = 0;
+    ps->lx.pos = body;
+    ps->lx.end = body + len;
+    ps->win = body;
+    ps->win_end = body + len;
+    ps->out.buf = out;
+    ps->out.len = 0;
+    ps->out.cap = out_cap;
+    ps->out.hs = hs;
+    ps->depth = 0;
+    ps->lx.rc = KVA_PROMPT_OK;
+    ps->model_seen = 0;
+    ps->tools_start = NULL;
+    ps->tools_end = NULL;
+    ps->prompt_start = NULL;
+    ps->tools_at = 0;
+    ps->prompt_at = 0;
+    ps->members = 0;
+    ps->deferred = 0;
+    ps->again = 0;
+    ps->ids_mixed = 0;
+    ps->nids = 0;
 
-    kva_json_skip_ws(&ps.lx);
+    kva_json_skip_ws(&ps->lx);
 
-    if (ps.lx.pos < ps.lx.end && *ps.lx.pos == '{') {
-        rc = kva_walk(&ps, kva_top_item, p);
+    if (ps->lx.pos < ps->lx.end && *ps->lx.pos == '{') {
+        rc = kva_walk(ps, kva_top_item, p);
 
     } else {
-        rc = kva_skip_value(&ps);
+        rc = kva_skip_value(ps);
     }
 
     if (rc == 0) {
-        kva_json_skip_ws(&ps.lx);
+        kva_json_skip_ws(&ps->lx);
 
-        if (ps.lx.pos != ps.lx.end) {
-            rc = kva_json_fail(&ps.lx, KVA_PROMPT_NOT_JSON);
+        if (ps->lx.pos != ps->lx.end) {
+            rc = kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
         }
     }
 
@@ -675,21 +775,22 @@ kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
         p->model_len = 0;
         p->salt = NULL;
         p->salt_len = 0;
-        return ps.lx.rc;
+        return ps->lx.rc;
     }
 
     if (p->kind == KVA_PROMPT_KIND_NONE) {
         return KVA_PROMPT_NO_PROMPT;
     }
 
-    late = (ps.tools_start != NULL && ps.tools_start > ps.prompt_start
+    late = (ps->tools_start != NULL && ps->tools_at > ps->prompt_at
             && p->kind != KVA_PROMPT_KIND_PROMPT);
 
     if (late && out_cap == 0 && hs == NULL) {
         /* validation only: the length is all there is to tell */
-        ps.out.len += (size_t) (ps.tools_end - ps.tools_start) + 1;
+        ps->out.len += kva_span_put(ps, NULL, ps->tools_start, ps->tools_end)
+                      + 1;
 
-    } else if (late || ps.deferred) {
+    } else if (late || ps->deferred) {
         /*
          * The tools came after the prompt (openai-python's order) and go
          * in front of it, or the prompt was only validated: its value is
@@ -697,31 +798,40 @@ kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
          * valid by now; the chain starts over, as a prefix must hash the
          * same whatever follows.
          */
-        ps.out.len = 0;
+        ps->out.len = 0;
 
         if (hs != NULL) {
             kva_hash_stream_init(hs, hs->block_size, hs->out, hs->max);
         }
 
-        ps.lx.pos = ps.prompt_start;
-        ps.lx.end = body + len;
-        ps.depth = 1;
-        ps.again = 1;
+        ps->lx.pos = ps->prompt_start;
 
-        if (kva_prompt_value(&ps, p->kind) != 0) {
+        if (kva_in_window(ps, ps->prompt_start)) {
+            ps->lx.end = body + len;
+            ps->lx.seam = ps->seam;
+
+        } else {
+            ps->lx.end = ps->lx.next_end;
+            ps->lx.seam = NULL;
+        }
+
+        ps->depth = 1;
+        ps->again = 1;
+
+        if (kva_prompt_value(ps, p->kind) != 0) {
             p->kind = KVA_PROMPT_KIND_NONE;
             p->model_len = 0;
-            return ps.lx.rc;
+            return ps->lx.rc;
         }
     }
 
-    p->len = ps.out.len;
-    p->out_len = (ps.out.len < out_cap) ? ps.out.len : out_cap;
-    p->truncated = (ps.out.len > out_cap);
+    p->len = ps->out.len;
+    p->out_len = (ps->out.len < out_cap) ? ps->out.len : out_cap;
+    p->truncated = (ps->out.len > out_cap);
 
-    if (p->kind == KVA_PROMPT_KIND_PROMPT && !ps.ids_mixed && ps.nids) {
+    if (p->kind == KVA_PROMPT_KIND_PROMPT && !ps->ids_mixed && ps->nids) {
         p->token_ids = 1;
-        p->nids = ps.nids;
+        p->nids = ps->nids;
     }
 
     return KVA_PROMPT_OK;
@@ -737,6 +847,7 @@ kva_prompt_salt(const uint8_t *str, size_t len, uint8_t *out)
     lx.pos = str;
     lx.end = str + len;
     lx.rc = KVA_PROMPT_OK;
+    lx.seam = NULL;
 
     sink.buf = out;
     sink.len = 0;
@@ -880,7 +991,7 @@ kva_prompt_strerror(kva_prompt_rc_e rc)
 {
     static const char  *reasons[] = {
         "ok", "not json", "invalid utf-8", "too deep", "no prompt",
-        "empty body"
+        "empty body", "number across the seam"
     };
 
     if ((unsigned) rc < sizeof(reasons) / sizeof(reasons[0])) {

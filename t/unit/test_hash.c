@@ -13,6 +13,7 @@
 static void test_text(void);
 static void test_stream(void);
 static void test_body(void);
+static void test_split(void);
 
 
 int
@@ -74,6 +75,7 @@ main(void)
     test_text();
     test_stream();
     test_body();
+    test_split();
 
     return done_testing();
 }
@@ -228,4 +230,75 @@ test_body(void)
     ok(kva_hash_body((const uint8_t *) body[0], len[0] - 1, 256, NULL,
                      h[0], &n[0], &p) == KVA_PROMPT_NOT_JSON && n[0] == 0,
        "body: a malformed body hashes nothing");
+}
+
+
+/* a body in two pieces hashes as in one, cut anywhere */
+
+static void
+test_split(void)
+{
+    char             body[4096], digits[101];
+    size_t           len, cut, n, n2, bad;
+    uint8_t          win[4096 + KVA_HASH_SEAM];
+    uint64_t         h[64], h2[64];
+    kva_prompt_t     p;
+    kva_prompt_rc_e  rc;
+
+    len = snprintf(body, sizeof(body), "{\"messages\": [{\"role\":"
+                   "\"user\",\"content\":\"%0600d\\n\\u00e9 caf\u00e9 "
+                   "\\ud83d\\ude00 %0500d\"}], \"tools\":[{\"a\":[true,"
+                   "null,-1.5e3]}],\"model\" : \"m\"  }", 7, 9);
+
+    if (kva_hash_body((const uint8_t *) body, len, 64, NULL, h, &n, &p)
+        != KVA_PROMPT_OK)
+    {
+        n = 0;
+    }
+
+    bad = 0;
+
+    for (cut = 0; cut <= len; cut++) {
+        rc = kva_hash_body2((const uint8_t *) body, cut,
+                            (const uint8_t *) body + cut, len - cut, 64, win,
+                            h2, &n2, &p);
+
+        if (rc != KVA_PROMPT_OK || n2 != n
+            || memcmp(h, h2, n * sizeof(uint64_t)) != 0)
+        {
+            bad++;
+        }
+    }
+
+    ok(n > 0 && bad == 0, "split: every cut of a %zu-byte body hashes as "
+       "the whole (%zu cuts differ)", len, bad);
+
+    bad = 0;
+
+    for (cut = 0; cut <= len; cut++) {
+        rc = kva_hash_body2((const uint8_t *) body, cut,
+                            (const uint8_t *) body + cut, len - cut - 1, 64,
+                            win, h2, &n2, &p);
+
+        if (rc != KVA_PROMPT_NOT_JSON || n2 != 0) {
+            bad++;
+        }
+    }
+
+    ok(bad == 0, "split: cut short, every cut says not json (%zu differ)",
+       bad);
+
+    memset(digits, '7', 100);
+    digits[100] = '\0';
+    len = snprintf(body, sizeof(body), "{\"n\":%s,\"prompt\":\"x\"}",
+                   digits);
+    rc = kva_hash_body2((const uint8_t *) body, 10,
+                        (const uint8_t *) body + 10, len - 10, 64, win, h2,
+                        &n2, &p);
+    ok(rc == KVA_PROMPT_SEAM && n2 == 0,
+       "split: a 100-digit number across the seam: hash a copy");
+    rc = kva_hash_body2((const uint8_t *) body, 60,
+                        (const uint8_t *) body + 60, len - 60, 64, win, h2,
+                        &n2, &p);
+    ok(rc == KVA_PROMPT_OK, "split: past the number, no copy needed");
 }

@@ -56,6 +56,8 @@ typedef struct {
     unsigned        failed;
     unsigned        skipped;
     unsigned        rejected;
+    unsigned        split;              /* bodies hashed in two pieces */
+    unsigned        seam;               /* of them, sent back whole */
 } group_t;
 
 
@@ -74,6 +76,9 @@ static void check_prefix(group_t *g, unsigned i, const buf_t *body,
     buf_t *scratch);
 static void check_hashes(group_t *g, unsigned i, const buf_t *body,
     buf_t *scratch);
+static void check_split(group_t *g, unsigned i, const buf_t *body,
+    size_t bs, kva_prompt_rc_e rc, size_t n, const uint64_t *h,
+    const kva_prompt_t *p);
 static void with_tools(const buf_t *body, const buf_t *tools, int last,
     buf_t *out);
 static void check_tools(group_t *g, group_t *pg, unsigned i,
@@ -508,6 +513,8 @@ check_hashes(group_t *g, unsigned i, const buf_t *body, buf_t *scratch)
 
     rc2 = kva_hash_body(body->p, body->len, bs, NULL, h, &n, &p2);
 
+    check_split(g, i, body, bs, rc2, n, h, &p2);
+
     if (rc2 != rc) {
         g->failed++;
         printf("# %s: body #%u: rc %d scanning, %d hashing\n", g->name, i,
@@ -564,6 +571,70 @@ done:
 
     free(h);
     free(ref);
+}
+
+
+/*
+ * The body in two pieces, as nginx may hold it (the part read with the
+ * headers, then the rest), cut anywhere: the same verdict, length, model
+ * and hashes as in one piece (rc, n, h, p), or KVA_PROMPT_SEAM.
+ */
+
+static void
+check_split(group_t *g, unsigned i, const buf_t *body, size_t bs,
+    kva_prompt_rc_e rc, size_t n, const uint64_t *h, const kva_prompt_t *p)
+{
+    size_t           m, cut, n2;
+    uint8_t         *win;
+    uint64_t        *h2;
+    kva_prompt_t     p2;
+    kva_prompt_rc_e  rc2;
+
+    h2 = malloc((kva_hash_body_max(body->len, bs) + 1) * sizeof(uint64_t));
+
+    if (h2 == NULL) {
+        abort();
+    }
+
+    for (m = 0; m < 3; m++) {
+        cut = (m == 2) ? body->len / 2 : prompt_rand_u64() % (body->len + 1);
+        win = malloc(cut + KVA_HASH_SEAM);
+
+        if (win == NULL) {
+            abort();
+        }
+
+        g->split++;
+        rc2 = kva_hash_body2(body->p, cut, body->p + cut, body->len - cut,
+                             bs, win, h2, &n2, &p2);
+        free(win);
+
+        if (rc2 == KVA_PROMPT_SEAM) {
+            g->seam++;
+            continue;
+        }
+
+        if (rc2 != rc
+            || (rc == KVA_PROMPT_OK
+                && (n2 != n || p2.len != p->len
+                    || p2.model_len != p->model_len
+                    || memcmp(p2.model, p->model, p->model_len) != 0
+                    || (n > 0 && memcmp(h2, h, n * sizeof(uint64_t)) != 0))))
+        {
+            g->failed++;
+
+            if (g->failed == 1) {
+                printf("# %s: body #%u cut at %zu of %zu, block %zu: rc %d, "
+                       "%zu blocks; in one piece rc %d, %zu blocks\n",
+                       g->name, i, cut, body->len, bs, rc2, n2, rc, n);
+                hexdump("body", body->p, body->len, cut);
+            }
+
+            break;
+        }
+    }
+
+    free(h2);
 }
 
 
@@ -773,6 +844,10 @@ test_random(void)
     ok(hashed.failed == 0 && hashed.total > 0,
         "hashed while scanning = the text key space over the canonical "
         "bytes (%u bodies, %u failed)", hashed.total, hashed.failed);
+
+    ok(hashed.split > 0 && hashed.seam * 100 < hashed.split,
+        "in two pieces: sent back whole %u times of %u (numbers across "
+        "the seam)", hashed.seam, hashed.split);
 
     ok(tools.failed == 0 && tools.total > 0,
         "tools first or last: same canonical bytes, same hashes "
