@@ -2,7 +2,11 @@
  * Micro benchmark of kva_prompt_extract() on chat bodies with one long user
  * message: plain ASCII, ASCII with a "\n" escape every ~80 bytes, and
  * multibyte UTF-8 text.  Prints body MB/s (1 MB = 10^6 bytes), the median
- * of many timed samples.
+ * of many timed samples.  Then kva_hash_body(), the module's path (scan
+ * and hash, nothing written), in microseconds a body, for the key orders
+ * clients send: model first; messages first (openai-python), where the
+ * prompt is validated, then hashed in a second pass; and messages first
+ * with tools last, whose prompt goes behind the tools.
  *
  *   make $PWD/build/bench_prompt && build/bench_prompt
  */
@@ -13,6 +17,7 @@
 #include <time.h>
 
 #include "bench_util.h"
+#include "kva_hash.h"
 #include "kva_prompt.h"
 #include "kva_rand.h"
 
@@ -23,6 +28,12 @@
 #define TEXT_PLAIN       0
 #define TEXT_ESCAPES     1
 #define TEXT_UTF8        2
+
+#define ORDER_MODEL      0              /* model, messages, ... */
+#define ORDER_OPENAI     1              /* messages, model, ... */
+#define ORDER_TOOLS      2              /* messages, model, ..., tools */
+
+#define BLOCK_SIZE       256
 
 
 typedef struct {
@@ -118,17 +129,45 @@ gen_text(buf_t *b, size_t size, int type)
 
 
 static void
-gen_body(buf_t *b, size_t size, int type)
+gen_body(buf_t *b, size_t size, int type, int order)
 {
-    b->len = 0;
+    int  i;
 
-    buf_puts(b, "{\"model\":\"meta-llama/Llama-3.1-8B-Instruct\","
-                "\"messages\":[{\"role\":\"system\",\"content\":"
+    b->len = 0;
+    buf_puts(b, "{");
+
+    if (order == ORDER_MODEL) {
+        buf_puts(b, "\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",");
+    }
+
+    buf_puts(b, "\"messages\":[{\"role\":\"system\",\"content\":"
                 "\"You are a helpful assistant.\"},"
                 "{\"role\":\"user\",\"content\":\"");
     gen_text(b, size, type);
-    buf_puts(b, "\"}],\"max_tokens\":256,\"temperature\":0.7,"
-                "\"stream\":true}");
+    buf_puts(b, "\"}],");
+
+    if (order != ORDER_MODEL) {
+        buf_puts(b, "\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",");
+    }
+
+    buf_puts(b, "\"max_tokens\":256,\"temperature\":0.7,\"stream\":true");
+
+    if (order == ORDER_TOOLS) {
+        /* 16 functions, about 2 kB */
+        buf_puts(b, ",\"tools\":[");
+
+        for (i = 0; i < 16; i++) {
+            buf_puts(b, i ? ",{" : "{");
+            buf_puts(b, "\"type\":\"function\",\"function\":{\"name\":"
+                        "\"tool\",\"description\":\"Reads a file of the "
+                        "repository\",\"parameters\":{\"type\":\"object\","
+                        "\"properties\":{\"path\":{\"type\":\"string\"}}}}}");
+        }
+
+        buf_puts(b, "]");
+    }
+
+    buf_puts(b, "}");
 }
 
 
@@ -149,7 +188,7 @@ bench(const char *name, size_t size, int type)
     static volatile size_t  sink;
 
     memset(&body, 0, sizeof(body));
-    gen_body(&body, size, type);
+    gen_body(&body, size, type, ORDER_MODEL);
 
     out_cap = body.len + KVA_PROMPT_OUT_SLACK;
     out = malloc(out_cap);
@@ -194,6 +233,61 @@ bench(const char *name, size_t size, int type)
 }
 
 
+/* kva_hash_body() as the module calls it: microseconds a body */
+static void
+bench_hash(const char *name, size_t size, int order)
+{
+    size_t           i, r, reps, n;
+    buf_t            body;
+    double           us[SAMPLES];
+    uint64_t         t0, t1, *hashes;
+    kva_prompt_t     p;
+
+    static volatile size_t  sink;
+
+    memset(&body, 0, sizeof(body));
+    gen_body(&body, size, TEXT_PLAIN, order);
+
+    hashes = malloc(kva_hash_body_max(body.len, BLOCK_SIZE)
+                    * sizeof(uint64_t));
+
+    if (hashes == NULL
+        || kva_hash_body(body.p, body.len, BLOCK_SIZE, NULL, hashes, &n, &p)
+           != KVA_PROMPT_OK)
+    {
+        abort();
+    }
+
+    t0 = bench_now_ns();
+
+    for (reps = 0; bench_now_ns() - t0 < SAMPLE_NS; reps++) {
+        kva_hash_body(body.p, body.len, BLOCK_SIZE, NULL, hashes, &n, &p);
+    }
+
+    for (i = 0; i < SAMPLES; i++) {
+        t0 = bench_now_ns();
+
+        for (r = 0; r < reps; r++) {
+            kva_hash_body(body.p, body.len, BLOCK_SIZE, NULL, hashes, &n,
+                          &p);
+            sink += n;
+        }
+
+        t1 = bench_now_ns();
+        us[i] = (double) (t1 - t0) / 1e3 / (double) reps;
+    }
+
+    qsort(us, SAMPLES, sizeof(double), bench_cmp_double);
+
+    printf("%-36s body %7zu B  %4zu blocks  %7.2f us  (min %.2f, max %.2f)"
+           "\n", name, body.len, n, us[SAMPLES / 2], us[0],
+           us[SAMPLES - 1]);
+
+    free(hashes);
+    free(body.p);
+}
+
+
 int
 main(void)
 {
@@ -206,6 +300,14 @@ main(void)
     bench("128k tokens, plain ASCII", 512 * 1024, TEXT_PLAIN);
     bench("128k tokens, \\n every ~80 B", 512 * 1024, TEXT_ESCAPES);
     bench("128k tokens, UTF-8 text", 512 * 1024, TEXT_UTF8);
+
+    printf("\nkva_hash_body, blocks of %d bytes, median of %d samples\n",
+           BLOCK_SIZE, SAMPLES);
+
+    bench_hash("8k tokens, model first", 32 * 1024, ORDER_MODEL);
+    bench_hash("8k tokens, messages first", 32 * 1024, ORDER_OPENAI);
+    bench_hash("8k tokens, messages first, tools last", 32 * 1024,
+               ORDER_TOOLS);
 
     return 0;
 }

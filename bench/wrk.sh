@@ -3,7 +3,11 @@
 #
 # One nginx (1 worker) proxies 8k-token chat bodies to four trivial
 # upstream servers (nginx itself, `return 200`); wrk drives each upstream
-# in turn.  Prints requests/s and the kv_aware / round-robin ratio.
+# in turn.  Prints requests/s and the kv_aware / round-robin ratio, and
+# the worker's CPU time per request (utime + stime over wrk's count): a
+# run that other work on a shared machine slowed shows in its requests/s
+# but hardly in its CPU time per request, so the two ratios side by side
+# tell noise from cost.
 #
 #   bash bench/wrk.sh [seconds] [connections]
 set -euo pipefail
@@ -11,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
 conns=${2:-32}
-module=$PWD/build/ngx_http_kv_aware_module.so
+module=${KV_AWARE_MODULE:-$PWD/build/ngx_http_kv_aware_module.so}
 prefix=$PWD/build/bench-wrk
 launch=$PWD/tools/kva-launch
 # nginx and the four trivial upstreams on consecutive ports
@@ -98,32 +102,52 @@ LUA
 trap '"$launch" stop "$prefix"' EXIT
 [ -n "${KEEP_NGINX:-}" ] && trap - EXIT
 
+worker=$(pgrep -P "$("$launch" pid "$prefix" nginx)" | head -1)
+hz=$(getconf CLK_TCK)
+
+# the worker's utime + stime, in clock ticks
+ticks() { awk '{ print $14 + $15 }' "/proc/$worker/stat"; }
+
+# prints "requests/s CPU-microseconds-a-request"
 run() {
-    wrk -t1 -c"$conns" -d"${secs}s" -s "$prefix/body.lua" \
-        "http://127.0.0.1:$port/$1/v1/chat/completions" \
-        | awk '/Requests\/sec/ {print $2} /Non-2xx/ {print "errors " $4 > "/dev/stderr"}'
+    local t0 t1 out
+    t0=$(ticks)
+    out=$(wrk -t1 -c"$conns" -d"${secs}s" -s "$prefix/body.lua" \
+              "http://127.0.0.1:$port/$1/v1/chat/completions")
+    t1=$(ticks)
+    awk -v t="$((t1 - t0))" -v hz="$hz" '
+        / requests in / { n = $1 }
+        /Requests\/sec/ { rps = $2 }
+        /Non-2xx/ { print "errors " $4 > "/dev/stderr" }
+        END { printf "%s %.1f\n", rps, n ? t * 1e6 / hz / n : 0 }' <<<"$out"
 }
 
 run rr >/dev/null            # warm up both paths once
 run kv >/dev/null
 
 # interleaved rounds, medians: the machine is shared and noisy
-rrs=() kvs=()
+rrs=() kvs=() rrc=() kvc=()
 for round in 1 2 3; do
-    rrs+=("$(run rr)")
-    kvs+=("$(run kv)")
+    read -r r c <<<"$(run rr)"
+    rrs+=("$r") rrc+=("$c")
+    read -r r c <<<"$(run kv)"
+    kvs+=("$r") kvc+=("$c")
 done
 
 median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
 rr=$(median "${rrs[@]}")
 kv=$(median "${kvs[@]}")
+rrcpu=$(median "${rrc[@]}")
+kvcpu=$(median "${kvc[@]}")
 
 echo "8k-token bodies, $conns connections, ${secs}s per run, 1 nginx worker,"
 echo "median of 3 interleaved runs"
 echo
-echo "| upstream | requests/s (median) | runs |"
-echo "|---|---|---|"
-echo "| round-robin | $rr | ${rrs[*]} |"
-echo "| kv_aware | $kv | ${kvs[*]} |"
-awk -v kv="$kv" -v rr="$rr" \
-    'BEGIN { printf "\nkv_aware / round-robin: %.3f (goal >= 0.9)\n", kv / rr }'
+echo "| upstream | requests/s (median) | runs | worker CPU µs a request (median) | runs |"
+echo "|---|---|---|---|---|"
+echo "| round-robin | $rr | ${rrs[*]} | $rrcpu | ${rrc[*]} |"
+echo "| kv_aware | $kv | ${kvs[*]} | $kvcpu | ${kvc[*]} |"
+awk -v kv="$kv" -v rr="$rr" -v kc="$kvcpu" -v rc="$rrcpu" 'BEGIN {
+    printf "\nkv_aware / round-robin: %.3f (goal >= 0.9)\n", kv / rr
+    printf "by CPU time a request: %.3f (round-robin %s µs, kv_aware %s µs)\n",
+           rc / kc, rc, kc }'

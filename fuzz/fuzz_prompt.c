@@ -12,6 +12,11 @@
  *     lies in the body and decodes within its length.
  * (4) A tokenizer's answer (kva_prompt_token_answer) is valid JSON when
  *     the prompt scanner says so, and never writes past its ids' cap.
+ * (5) The hashes made while scanning (kva_hash_body, as the module does)
+ *     are the text key space's over the canonical bytes (kva_hash_text),
+ *     for a block size taken from the input; a rejected body hashes
+ *     nothing.  In two pieces cut anywhere (kva_hash_body2) it gets the
+ *     same verdict and hashes, or KVA_PROMPT_SEAM.
  *
  * Output buffers are sized exactly, so ASan sees a write past out_cap.
  *
@@ -26,6 +31,7 @@
 
 #include "json_depth.h"
 
+#include "kva_hash.h"
 #include "kva_prompt.h"
 
 
@@ -183,6 +189,96 @@ fz_tokens(const uint8_t *data, size_t size, kva_prompt_t *v, int accepted)
 }
 
 
+/* the body in two pieces, cut where its first byte says: as in one */
+static void
+fz_split(const uint8_t *data, size_t size, size_t bs, kva_prompt_rc_e rc,
+    size_t n, const uint64_t *h, const kva_prompt_t *whole)
+{
+    size_t            cut, max, n2;
+    uint8_t          *win, *a, *b;
+    uint64_t         *h2;
+    kva_prompt_t      q;
+    kva_prompt_rc_e   hrc;
+
+    cut = (size > 0) ? (data[0] * 131 + size / 3) % (size + 1) : 0;
+    max = kva_hash_body_max(size, bs);
+
+    /* each piece in its own allocation: ASan sees a read past either */
+    a = malloc(cut ? cut : 1);
+    b = malloc(size - cut ? size - cut : 1);
+    win = malloc(cut + KVA_HASH_SEAM);
+    h2 = malloc((max ? max : 1) * sizeof(uint64_t));
+
+    if (a == NULL || b == NULL || win == NULL || h2 == NULL) {
+        abort();
+    }
+
+    memcpy(a, data, cut);
+    memcpy(b, data + cut, size - cut);
+
+    hrc = kva_hash_body2(a, cut, b, size - cut, bs, win, max ? h2 : NULL,
+                         &n2, &q);
+
+    if (hrc != KVA_PROMPT_SEAM
+        && (hrc != rc
+            || (rc == KVA_PROMPT_OK
+                && (n2 != n || q.len != whole->len
+                    || (n > 0 && memcmp(h, h2, n * sizeof(uint64_t)) != 0)))))
+    {
+        abort();
+    }
+
+    free(a);
+    free(b);
+    free(win);
+    free(h2);
+}
+
+
+static void
+fz_hashes(const uint8_t *data, size_t size, const uint8_t *full,
+    const kva_prompt_t *p, kva_prompt_rc_e rc)
+{
+    size_t            bs, max, n, nref;
+    uint64_t         *h, *ref;
+    kva_prompt_t      q;
+    kva_prompt_rc_e   hrc;
+
+    bs = (size > 0) ? 1 + (data[size - 1] * 7 + size) % 300 : 64;
+    max = kva_hash_body_max(size, bs);
+
+    /* exactly max entries: ASan sees a write past them */
+    h = malloc((max ? max : 1) * sizeof(uint64_t));
+    ref = malloc((max ? max : 1) * sizeof(uint64_t));
+
+    if (h == NULL || ref == NULL) {
+        abort();
+    }
+
+    hrc = kva_hash_body(data, size, bs, NULL, max ? h : NULL, &n, &q);
+
+    if (hrc != rc || (rc != KVA_PROMPT_OK && n != 0)) {
+        abort();
+    }
+
+    fz_split(data, size, bs, rc, n, h, &q);
+
+    if (rc == KVA_PROMPT_OK) {
+        nref = kva_hash_text(p->model, p->model_len, full, p->out_len, bs,
+                             ref, max);
+
+        if (n != nref || q.len != p->len
+            || (n > 0 && memcmp(h, ref, n * sizeof(uint64_t)) != 0))
+        {
+            abort();
+        }
+    }
+
+    free(h);
+    free(ref);
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -222,6 +318,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     fz_tokens(data, size, &v, accepted);
+    fz_hashes(data, size, full, &p, rc);
 
     /* out_cap 0 is validation only, which says nothing of truncation */
     if (rc == KVA_PROMPT_OK && p.out_len > 1) {

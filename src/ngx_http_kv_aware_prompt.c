@@ -17,6 +17,8 @@
 static ngx_int_t ngx_http_kv_aware_text_hashes(ngx_http_request_t *r,
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
     u_char *body, size_t len);
+static ngx_int_t ngx_http_kv_aware_split_hashes(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx);
 static ngx_int_t ngx_http_kv_aware_token_hashes(ngx_http_request_t *r,
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
     u_char *body, size_t len);
@@ -41,6 +43,14 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
     u_char     *body;
     ngx_int_t   rc;
     ngx_uint_t  copied;
+
+    if (kcf->keys != NGX_HTTP_KV_AWARE_KEYS_TOKENS) {
+        rc = ngx_http_kv_aware_split_hashes(r, kcf, ctx);
+
+        if (rc != NGX_AGAIN) {
+            return rc;
+        }
+    }
 
     body = ngx_http_kv_aware_request_body(r, kcf->max_body, &len, &copied,
                                           &ctx->fallback);
@@ -123,30 +133,116 @@ ngx_http_kv_aware_text_hashes(ngx_http_request_t *r,
     u_char *body, size_t len)
 {
     size_t            max_blocks, nblocks;
-    u_char           *out;
     kva_prompt_t      prompt;
     kva_prompt_rc_e   rc;
 
     max_blocks = kva_hash_body_max(len, kcf->block_size);
 
-    out = ngx_pnalloc(r->pool, len + KVA_PROMPT_OUT_SLACK);
+    if (max_blocks) {
+        ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
+        ctx->found = ngx_palloc(r->pool, max_blocks * sizeof(uint32_t));
+
+        if (ctx->hashes == NULL || ctx->found == NULL) {
+            ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
+            return NGX_DECLINED;
+        }
+    }
+
+    /* hashed as it is scanned: the canonical prompt is never written */
+    rc = kva_hash_body(body, len, kcf->block_size, NULL, ctx->hashes,
+                       &nblocks, &prompt);
+
+    if (rc != KVA_PROMPT_OK) {
+        return ngx_http_kv_aware_prompt_failed(r, ctx, rc);
+    }
+
+    ctx->nblocks = (uint32_t) nblocks;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kv_aware: prompt of %uz bytes, %uD blocks",
+                   prompt.len, ctx->nblocks);
+
+    return NGX_OK;
+}
+
+
+/*
+ * A body in exactly two memory buffers, which is how nginx holds one that
+ * did not arrive with its headers: the part read with them, then the
+ * rest.  Hashed where it lies (kva_hash_body2()), without the copy that
+ * joining them costs (a 32 KB copy for an 8k-token prompt).  NGX_AGAIN:
+ * another layout, or a number across the seam; the caller joins the body.
+ */
+static ngx_int_t
+ngx_http_kv_aware_split_hashes(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx)
+{
+    size_t                    size[2], max_blocks, nblocks;
+    u_char                   *win;
+    ngx_buf_t                *b, *part[2];
+    ngx_uint_t                n;
+    ngx_chain_t              *cl;
+    kva_prompt_t              prompt;
+    kva_prompt_rc_e           rc;
+    ngx_http_request_body_t  *rb;
+
+    rb = r->request_body;
+
+    if (r->request_body_no_buffering || rb == NULL) {
+        return NGX_AGAIN;
+    }
+
+    n = 0;
+
+    for (cl = rb->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (b->in_file) {
+            return NGX_AGAIN;
+        }
+
+        if (!ngx_buf_in_memory(b) || b->last == b->pos) {
+            continue;
+        }
+
+        if (n == 2) {
+            return NGX_AGAIN;
+        }
+
+        part[n] = b;
+        size[n] = (size_t) (b->last - b->pos);
+        n++;
+    }
+
+    if (n != 2 || size[0] + size[1] > kcf->max_body) {
+        return NGX_AGAIN;
+    }
+
+    max_blocks = kva_hash_body_max(size[0] + size[1], kcf->block_size);
+
+    win = ngx_pnalloc(r->pool, size[0] + KVA_HASH_SEAM);
 
     if (max_blocks) {
         ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
         ctx->found = ngx_palloc(r->pool, max_blocks * sizeof(uint32_t));
     }
 
-    if (out == NULL
+    if (win == NULL
         || (max_blocks && (ctx->hashes == NULL || ctx->found == NULL)))
     {
         ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
         return NGX_DECLINED;
     }
 
-    rc = kva_hash_body(body, len, kcf->block_size, out, ctx->hashes,
-                       &nblocks, &prompt);
+    rc = kva_hash_body2(part[0]->pos, size[0], part[1]->pos, size[1],
+                        kcf->block_size, win, ctx->hashes, &nblocks,
+                        &prompt);
 
-    ngx_pfree(r->pool, out);
+    ngx_pfree(r->pool, win);
+
+    if (rc == KVA_PROMPT_SEAM) {
+        return NGX_AGAIN;
+    }
 
     if (rc != KVA_PROMPT_OK) {
         return ngx_http_kv_aware_prompt_failed(r, ctx, rc);
@@ -155,9 +251,9 @@ ngx_http_kv_aware_text_hashes(ngx_http_request_t *r,
     ctx->nblocks = (uint32_t) nblocks;
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "kv_aware: prompt of %uz bytes, %uD blocks%s",
-                   prompt.out_len, ctx->nblocks,
-                   prompt.truncated ? ", truncated" : "");
+                   "kv_aware: prompt of %uz bytes in two buffers, %uD "
+                   "blocks, the first buffer %uz bytes",
+                   prompt.len, ctx->nblocks, size[0]);
 
     return NGX_OK;
 }
@@ -230,8 +326,7 @@ ngx_http_kv_aware_token_hashes(ngx_http_request_t *r,
             ctx->fallback = NGX_HTTP_KV_AWARE_NO_TOKENS;
         }
 
-        seed = kva_hash_seed(KVA_KEYSPACE_TEXT, prompt.model,
-                             prompt.model_len);
+        seed = 0;
         max_blocks = prompt.out_len / kcf->block_size;
 
     } else {
@@ -267,10 +362,11 @@ ngx_http_kv_aware_token_hashes(ngx_http_request_t *r,
     }
 
     if (ids == NULL) {
-        ctx->nblocks = (uint32_t) kva_hash_blocks(seed, prompt.out,
-                                                  prompt.out_len,
-                                                  kcf->block_size,
-                                                  ctx->hashes, max_blocks);
+        ctx->nblocks = (uint32_t) kva_hash_text(prompt.model,
+                                                prompt.model_len,
+                                                prompt.out, prompt.out_len,
+                                                kcf->block_size,
+                                                ctx->hashes, max_blocks);
 
     } else {
         ctx->nblocks = (uint32_t) kva_token_blocks(seed, ids, n,

@@ -132,7 +132,7 @@ main(int argc, char **argv)
     char          body[65536], text[32768], blk[128];
     size_t        bs, n, i, len, off, k;
     uint8_t       out[65536];
-    uint64_t      h, low, nonce;
+    uint64_t      h, m, low, nonce;
     kva_prompt_t  p;
 
     bs = strtoul(argv[1], NULL, 10);
@@ -156,14 +156,14 @@ main(int argc, char **argv)
     memset(text, 'p', k);
     memcpy(out, p.out, off);
     memcpy(out + off, text, k);
-    h = kva_hash_seed(KVA_KEYSPACE_TEXT, p.model, p.model_len);
-    kva_hash_blocks(h, out, off + k, bs, &h, 1);
+    /* the text key space: the chain from its seed, the model folded in */
+    m = kva_hash_seed(KVA_KEYSPACE_TEXT, p.model, p.model_len);
+    h = KVA_KEYSPACE_TEXT;
     if (off + k >= bs) {
         uint64_t  hs[64];
-        size_t    m = kva_hash_blocks(kva_hash_seed(KVA_KEYSPACE_TEXT,
-                                      p.model, p.model_len), out, off + k,
-                                      bs, hs, 64);
-        h = hs[m - 1];
+        size_t    nb = kva_hash_blocks(KVA_KEYSPACE_TEXT, out, off + k,
+                                       bs, hs, 64);
+        h = hs[nb - 1];
     }
 
     for (i = 0; i < n; i++) {
@@ -171,7 +171,9 @@ main(int argc, char **argv)
             snprintf(blk, sizeof(blk), "block %03zu nonce %016llx ", i,
                      (unsigned long long) nonce);
             memset(blk + strlen(blk), 'z', bs - strlen(blk));
-            if ((XXH3_64bits_withSeed(blk, bs, h) & 0xfffff) == low) {
+            if ((kva_hash_fold(XXH3_64bits_withSeed(blk, bs, h), m)
+                 & 0xfffff) == low)
+            {
                 break;
             }
         }

@@ -2,9 +2,14 @@
  * kv_aware core: chained XXH3-64 block hashes.
  */
 
+#include <string.h>
+
 #include <xxhash.h>
 
 #include "kva_hash.h"
+
+
+static void kva_hash_piece_done(kva_hash_stream_t *hs);
 
 
 uint64_t
@@ -50,26 +55,216 @@ kva_hash_blocks(uint64_t seed, const uint8_t *data, size_t len,
 }
 
 
+uint64_t
+kva_hash_fold(uint64_t c, uint64_t m)
+{
+    uint8_t  le[8];
+
+#if (defined __BYTE_ORDER__ && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
+    memcpy(le, &c, 8);
+#else
+    size_t   i;
+
+    /* the bytes written out: the same key on a big-endian machine */
+    for (i = 0; i < 8; i++) {
+        le[i] = (uint8_t) (c >> (8 * i));
+    }
+#endif
+
+    return XXH3_64bits_withSeed(le, 8, m);
+}
+
+
+size_t
+kva_hash_text(const uint8_t *model, size_t model_len, const uint8_t *data,
+    size_t len, size_t block_size, uint64_t *out, size_t max_blocks)
+{
+    size_t    n, i;
+    uint64_t  m;
+
+    n = kva_hash_blocks(KVA_KEYSPACE_TEXT, data, len, block_size, out,
+                        max_blocks);
+    m = kva_hash_seed(KVA_KEYSPACE_TEXT, model, model_len);
+
+    for (i = 0; i < n; i++) {
+        out[i] = kva_hash_fold(out[i], m);
+    }
+
+    return n;
+}
+
+
+void
+kva_hash_stream_init(kva_hash_stream_t *hs, size_t block_size, uint64_t *out,
+    size_t max_blocks)
+{
+    hs->h = KVA_KEYSPACE_TEXT;
+    hs->out = out;
+    hs->n = 0;
+    hs->max = (block_size && out) ? max_blocks : 0;
+    hs->block_size = block_size;
+    hs->block_off = 0;
+    hs->piece = block_size < KVA_HASH_PIECE ? block_size : KVA_HASH_PIECE;
+    hs->fill = 0;
+}
+
+
+/* the open piece is hashed: the next one opens, a full block is noted */
+
+static void
+kva_hash_piece_done(kva_hash_stream_t *hs)
+{
+    size_t  left;
+
+    hs->block_off += hs->piece;
+
+    if (hs->block_off == hs->block_size) {
+        hs->out[hs->n++] = hs->h;
+        hs->block_off = 0;
+    }
+
+    left = hs->block_size - hs->block_off;
+    hs->piece = left < KVA_HASH_PIECE ? left : KVA_HASH_PIECE;
+}
+
+
+void
+kva_hash_feed(kva_hash_stream_t *hs, const uint8_t *data, size_t len)
+{
+    size_t    take, off, piece, bs;
+    uint64_t  h;
+
+    while (len && hs->n < hs->max) {
+
+        if (hs->fill == 0 && hs->block_off == 0 && len >= hs->block_size) {
+            /* whole blocks inside a long string: kva_hash_blocks' loop */
+            bs = hs->block_size;
+            h = hs->h;
+
+            do {
+                for (off = 0; off < bs; off += piece) {
+                    piece = (bs - off < KVA_HASH_PIECE)
+                            ? bs - off : KVA_HASH_PIECE;
+                    h = XXH3_64bits_withSeed(data + off, piece, h);
+                }
+
+                hs->out[hs->n++] = h;
+                data += bs;
+                len -= bs;
+
+            } while (len >= bs && hs->n < hs->max);
+
+            hs->h = h;
+            continue;
+        }
+
+        if (hs->fill == 0 && len >= hs->piece) {
+            /* the common case inside a long string: hashed in place */
+            hs->h = XXH3_64bits_withSeed(data, hs->piece, hs->h);
+            data += hs->piece;
+            len -= hs->piece;
+            kva_hash_piece_done(hs);
+            continue;
+        }
+
+        take = hs->piece - hs->fill;
+        take = (len < take) ? len : take;
+
+        memcpy(hs->buf + hs->fill, data, take);
+        hs->fill += take;
+        data += take;
+        len -= take;
+
+        if (hs->fill < hs->piece) {
+            return;
+        }
+
+        hs->h = XXH3_64bits_withSeed(hs->buf, hs->piece, hs->h);
+        hs->fill = 0;
+        kva_hash_piece_done(hs);
+    }
+}
+
+
+size_t
+kva_hash_stream_end(kva_hash_stream_t *hs, const uint8_t *model,
+    size_t model_len)
+{
+    size_t    i;
+    uint64_t  m;
+
+    m = kva_hash_seed(KVA_KEYSPACE_TEXT, model, model_len);
+
+    for (i = 0; i < hs->n; i++) {
+        hs->out[i] = kva_hash_fold(hs->out[i], m);
+    }
+
+    return hs->n;
+}
+
+
 kva_prompt_rc_e
 kva_hash_body(const uint8_t *body, size_t body_len, size_t block_size,
     uint8_t *scratch, uint64_t *hashes, size_t *nblocks, kva_prompt_t *p)
 {
-    uint64_t         seed;
-    kva_prompt_rc_e  rc;
+    kva_prompt_rc_e    rc;
+    kva_hash_stream_t  hs;
 
     *nblocks = 0;
 
-    rc = kva_prompt_extract(body, body_len, scratch,
-                            body_len + KVA_PROMPT_OUT_SLACK, p);
+    kva_hash_stream_init(&hs, block_size, hashes,
+                         hashes ? kva_hash_body_max(body_len, block_size)
+                                : 0);
 
-    if (rc != KVA_PROMPT_OK || hashes == NULL) {
+    rc = kva_prompt_hash(body, body_len, scratch,
+                         scratch ? body_len + KVA_PROMPT_OUT_SLACK : 0,
+                         &hs, p);
+
+    if (rc != KVA_PROMPT_OK) {
         return rc;
     }
 
-    seed = kva_hash_seed(KVA_KEYSPACE_TEXT, p->model, p->model_len);
+    *nblocks = kva_hash_stream_end(&hs, p->model, p->model_len);
 
-    *nblocks = kva_hash_blocks(seed, p->out, p->out_len, block_size, hashes,
-                               kva_hash_body_max(body_len, block_size));
+    return KVA_PROMPT_OK;
+}
+
+
+kva_prompt_rc_e
+kva_hash_body2(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen,
+    size_t block_size, uint8_t *scratch, uint64_t *hashes, size_t *nblocks,
+    kva_prompt_t *p)
+{
+    size_t             k;
+    kva_prompt_rc_e    rc;
+    kva_hash_stream_t  hs;
+
+    *nblocks = 0;
+
+    kva_hash_stream_init(&hs, block_size, hashes,
+                         hashes ? kva_hash_body_max(alen + blen, block_size)
+                                : 0);
+
+    /* the window: all of a, and as much of b as the lexer looks ahead */
+    k = (blen < KVA_HASH_SEAM) ? blen : KVA_HASH_SEAM;
+
+    memcpy(scratch, a, alen);
+    memcpy(scratch + alen, b, k);
+
+    if (k == blen) {
+        rc = kva_prompt_hash(scratch, alen + blen, NULL, 0, &hs, p);
+        p->salt = NULL;
+        p->salt_len = 0;
+
+    } else {
+        rc = kva_prompt_hash_split(scratch, alen + k, alen, b, blen, &hs, p);
+    }
+
+    if (rc != KVA_PROMPT_OK) {
+        return rc;
+    }
+
+    *nblocks = kva_hash_stream_end(&hs, p->model, p->model_len);
 
     return KVA_PROMPT_OK;
 }

@@ -1,10 +1,15 @@
 /*
  * kv_aware core: canonical prompt bytes -> chained block hashes.
  *
- * h[-1] = XXH3_64(model, seed = key space).  Block i is hashed as a chain
- * of pieces of at most KVA_HASH_PIECE bytes, the first seeded with h[i-1],
- * each next one with the hash of the one before; the last is h[i].  Only
- * full blocks count, so each hash stands for the whole prefix before it.
+ * The text key space: the canonical bytes are cut into blocks; block i is
+ * hashed as a chain of pieces of at most KVA_HASH_PIECE bytes, the first
+ * seeded with c[i-1] (c[-1] = KVA_KEYSPACE_TEXT), each next one with the
+ * hash of the one before; the last is c[i].  Only full blocks count, so
+ * each c[i] stands for the whole prefix before it.  The model comes in at
+ * the end: h[i] = XXH3_64(c[i] as 8 bytes little-endian, seed = m), m =
+ * kva_hash_seed(KVA_KEYSPACE_TEXT, model).  A body may name its model
+ * after its messages (openai-python's order), and folding it in last lets
+ * the scanner hash the prompt as it decodes it, in one pass.
  */
 
 #ifndef _KVA_HASH_H_INCLUDED_
@@ -29,30 +34,82 @@
 #define KVA_HASH_PIECE      128
 
 
+/*
+ * The chain of one prompt fed as it is decoded (kva_prompt.c), a run of
+ * bytes at a time.  Whole pieces are hashed where they lie; only a piece
+ * cut by the end of a run is gathered in buf.
+ */
+struct kva_hash_stream_s {
+    uint64_t        h;              /* the chain: c of the last piece */
+    uint64_t       *out;            /* c[i] of each full block, then h[i] */
+    size_t          n;              /* full blocks so far */
+    size_t          max;            /* room in out: no more are hashed */
+    size_t          block_size;
+    size_t          block_off;      /* where the open piece starts */
+    size_t          piece;          /* the open piece's size */
+    size_t          fill;           /* its bytes gathered in buf */
+    uint8_t         buf[KVA_HASH_PIECE];
+};
+
+
 uint64_t kva_hash_seed(uint64_t keyspace, const uint8_t *model,
     size_t model_len);
 
 /*
- * Writes at most max_blocks hashes of the full blocks of data into out and
- * returns how many it wrote.
+ * The raw chain: writes at most max_blocks chain values of the full blocks
+ * of data, seeded with seed, into out and returns how many it wrote.  The
+ * token key space (kva_token.h) uses it as it is.
  */
 size_t kva_hash_blocks(uint64_t seed, const uint8_t *data, size_t len,
     size_t block_size, uint64_t *out, size_t max_blocks);
 
+/* h[i] from c[i]: the model's seed m folded in */
+uint64_t kva_hash_fold(uint64_t c, uint64_t m);
+
+/*
+ * The text key space over canonical bytes already in memory: the chain
+ * from KVA_KEYSPACE_TEXT, then the model folded into every block.
+ */
+size_t kva_hash_text(const uint8_t *model, size_t model_len,
+    const uint8_t *data, size_t len, size_t block_size, uint64_t *out,
+    size_t max_blocks);
+
+/* the streaming form of the same: init, feed runs, end with the model */
+void kva_hash_stream_init(kva_hash_stream_t *hs, size_t block_size,
+    uint64_t *out, size_t max_blocks);
+void kva_hash_feed(kva_hash_stream_t *hs, const uint8_t *data, size_t len);
+size_t kva_hash_stream_end(kva_hash_stream_t *hs, const uint8_t *model,
+    size_t model_len);
+
 /*
  * What a block hash means, in one place for the module, the simulator,
  * the tests and the benchmarks: a request body's prompt in canonical form
- * (kva_prompt.h), seeded by its model in the text key space, cut into full
- * blocks of block_size bytes, hashed as a chain.
+ * (kva_prompt.h), cut into full blocks of block_size bytes, hashed as a
+ * chain in the text key space with its model folded in.  The prompt is
+ * hashed while it is scanned, never written out.
  *
- * scratch holds the canonical prompt: body_len + KVA_PROMPT_OUT_SLACK
- * bytes.  hashes holds kva_hash_body_max(body_len, block_size) entries
- * (NULL when that is 0).  On KVA_PROMPT_OK *nblocks is set and p describes
- * the prompt; otherwise nothing was hashed.
+ * scratch is NULL, or body_len + KVA_PROMPT_OUT_SLACK bytes that receive
+ * the canonical prompt too (p->out).  hashes holds
+ * kva_hash_body_max(body_len, block_size) entries (NULL when that is 0).
+ * On KVA_PROMPT_OK *nblocks is set and p describes the prompt; otherwise
+ * nothing was hashed.
  */
 kva_prompt_rc_e kva_hash_body(const uint8_t *body, size_t body_len,
     size_t block_size, uint8_t *scratch, uint64_t *hashes, size_t *nblocks,
     kva_prompt_t *p);
+
+/*
+ * The same for a body in two pieces, a then b (nginx: the part read with
+ * the headers, then the rest), without joining them: scratch holds
+ * alen + KVA_HASH_SEAM bytes; hashes is sized for alen + blen.
+ * KVA_PROMPT_SEAM: a number longer than KVA_HASH_SEAM bytes crosses from
+ * a to b; join them and call kva_hash_body().
+ */
+#define KVA_HASH_SEAM  64
+
+kva_prompt_rc_e kva_hash_body2(const uint8_t *a, size_t alen,
+    const uint8_t *b, size_t blen, size_t block_size, uint8_t *scratch,
+    uint64_t *hashes, size_t *nblocks, kva_prompt_t *p);
 
 /* the most blocks a body of body_len bytes can yield */
 #define kva_hash_body_max(body_len, block_size)                              \

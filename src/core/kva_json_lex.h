@@ -12,24 +12,43 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kva_hash.h"
 #include "kva_prompt.h"
 
 
 #define kva_is_digit(c)   ((unsigned) ((c) - '0') < 10)
 
 
-/* decoded bytes go to buf[0 .. cap); len counts them all, it may pass cap */
+/*
+ * decoded bytes go to buf[0 .. cap), and to the hash chain hs unless it
+ * is NULL; len counts them all, it may pass cap
+ */
 typedef struct {
-    uint8_t          *buf;
-    size_t            len;
-    size_t            cap;
+    uint8_t            *buf;
+    size_t              len;
+    size_t              cap;
+    kva_hash_stream_t  *hs;
 } kva_sink_t;
 
+
+/*
+ * A body in two pieces (kva_hash_body2()) is lexed from a window: the
+ * first piece and a copy of the second's first KVA_SEAM_K bytes, from
+ * seam on.  Once a token starts past the seam, or a string runs to within
+ * KVA_SEAM_K bytes of the window's end, the lexer goes on in the second
+ * piece itself at the same offset: the bytes there are the same.  Only a
+ * number longer than KVA_SEAM_K bytes across the seam cannot be lexed so
+ * (KVA_PROMPT_SEAM): the caller then copies the body into one piece.
+ */
+#define KVA_SEAM_K        KVA_HASH_SEAM
 
 typedef struct {
     const uint8_t    *pos;
     const uint8_t    *end;
     kva_prompt_rc_e   rc;           /* why the last call returned -1 */
+    const uint8_t    *seam;         /* NULL: one piece, or after the jump */
+    const uint8_t    *next;         /* the second piece */
+    const uint8_t    *next_end;
 } kva_json_lex_t;
 
 
@@ -42,6 +61,9 @@ typedef struct {
 int kva_json_string(kva_json_lex_t *lx, kva_sink_t *sink);
 int kva_json_number(kva_json_lex_t *lx, uint32_t *token, unsigned *is_token);
 int kva_json_literal(kva_json_lex_t *lx, const char *lit, size_t n);
+
+/* lx->pos (past lx->seam) to the same byte in the second piece */
+void kva_json_jump(kva_json_lex_t *lx);
 
 
 /* the helpers below run between every two tokens: inline */
@@ -60,6 +82,8 @@ kva_json_skip_ws(kva_json_lex_t *lx)
 {
     const uint8_t  *pos, *end;
 
+again:
+
     pos = lx->pos;
     end = lx->end;
 
@@ -70,6 +94,12 @@ kva_json_skip_ws(kva_json_lex_t *lx)
     }
 
     lx->pos = pos;
+
+    /* the next token starts past the seam: it is lexed in the second piece */
+    if (lx->seam != NULL && pos >= lx->seam) {
+        kva_json_jump(lx);
+        goto again;
+    }
 }
 
 
@@ -84,6 +114,17 @@ kva_json_put(uint8_t *buf, size_t len, size_t cap, const uint8_t *src,
     }
 
     return len + n;
+}
+
+
+static inline void
+kva_sink_put(kva_sink_t *sink, const uint8_t *src, size_t n)
+{
+    if (sink->hs != NULL) {
+        kva_hash_feed(sink->hs, src, n);
+    }
+
+    sink->len = kva_json_put(sink->buf, sink->len, sink->cap, src, n);
 }
 
 

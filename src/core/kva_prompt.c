@@ -2,10 +2,12 @@
  * kv_aware core: OpenAI-style request body -> canonical prompt bytes.
  *
  * One pass over the body: a strict RFC 8259 validator that decodes the few
- * string values routing cares about straight into the caller's buffer, and
- * skips (but still validates) everything else.  Recursion happens only on
- * '{' and '[', and every level is counted against KVA_PROMPT_MAX_DEPTH, so
- * hostile nesting cannot exhaust the stack.
+ * string values routing cares about straight into the caller's buffer or
+ * the hash chain, and skips (but still validates) everything else.
+ * Recursion happens only on '{' and '[', and every level is counted
+ * against KVA_PROMPT_MAX_DEPTH, so hostile nesting cannot exhaust the
+ * stack.  The prompt's value is walked a second time when tools come
+ * after it or when it opens the body (kva_prompt_value()).
  *
  * Duplicate keys: the first occurrence wins (jansson keeps the last one).
  * By the time a duplicate shows up the first value has already been streamed
@@ -45,6 +47,16 @@ typedef struct {
     unsigned          model_seen;
     const uint8_t    *tools_start;
     const uint8_t    *tools_end;
+    const uint8_t    *prompt_start; /* the value that decided the kind */
+    unsigned          tools_at;     /* the members before them, with them */
+    unsigned          prompt_at;
+    const uint8_t    *win;          /* a split body (kva_json_lex.h): */
+    const uint8_t    *win_end;      /*   the window, */
+    const uint8_t    *seam;         /*   where the second piece's copy */
+    const uint8_t    *next;         /*   begins, and that piece */
+    unsigned          members;      /* of the top-level object so far */
+    unsigned          deferred;     /* prompt_start only validated */
+    unsigned          again;        /* its second pass */
     unsigned          ids_mixed;    /* a prompt element not a token id */
     size_t            nids;         /* token ids directly in "prompt" */
 } kva_parse_t;
@@ -83,7 +95,13 @@ static int kva_message_member(kva_parse_t *ps, kva_key_e key, void *ctx);
 static int kva_part_item(kva_parse_t *ps, kva_key_e key, void *ctx);
 static int kva_parse_text(kva_parse_t *ps);
 static int kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx);
-static void kva_place_tools(kva_parse_t *ps);
+static int kva_prompt_value(kva_parse_t *ps, unsigned kind);
+static unsigned kva_in_window(kva_parse_t *ps, const uint8_t *at);
+static size_t kva_span_put(kva_parse_t *ps, kva_sink_t *sink,
+    const uint8_t *start, const uint8_t *end);
+static kva_prompt_rc_e kva_prompt_scan(kva_parse_t *ps,
+    const uint8_t *body, size_t len, uint8_t *out, size_t out_cap,
+    kva_hash_stream_t *hs, kva_prompt_t *p);
 static int kva_answer_item(kva_parse_t *ps, kva_key_e key, void *ctx);
 static int kva_answer_id(kva_parse_t *ps, kva_key_e key, void *ctx);
 
@@ -91,11 +109,7 @@ static int kva_answer_id(kva_parse_t *ps, kva_key_e key, void *ctx);
 static void
 kva_emit_byte(kva_parse_t *ps, uint8_t c)
 {
-    if (ps->out.len < ps->out.cap) {
-        ps->out.buf[ps->out.len] = c;
-    }
-
-    ps->out.len++;
+    kva_sink_put(&ps->out, &c, 1);
 }
 
 
@@ -180,6 +194,7 @@ kva_next(kva_parse_t *ps, kva_key_e *key, size_t *n)
     sink.buf = buf;
     sink.len = 0;
     sink.cap = KVA_KEY_MAX;
+    sink.hs = NULL;
 
     if (kva_json_string(&ps->lx, &sink) != 0) {
         return -1;
@@ -257,6 +272,7 @@ kva_skip_value(kva_parse_t *ps)
         none.buf = NULL;
         none.len = 0;
         none.cap = 0;
+        none.hs = NULL;
         return kva_json_string(&ps->lx, &none);
 
     case 't':
@@ -297,6 +313,7 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
     p = ctx;
     c = *ps->lx.pos;
     none = (p->kind == KVA_PROMPT_KIND_NONE);
+    ps->members++;
 
     if (key == KVA_KEY_MODEL && !ps->model_seen) {
         ps->model_seen = 1;
@@ -308,6 +325,7 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
         sink.buf = p->model;
         sink.len = 0;
         sink.cap = KVA_PROMPT_MODEL_MAX;
+        sink.hs = NULL;
 
         if (kva_json_string(&ps->lx, &sink) != 0) {
             return -1;
@@ -319,19 +337,17 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
 
     if (key == KVA_KEY_MESSAGES && none && c == '[') {
         p->kind = KVA_PROMPT_KIND_MESSAGES;
-        return kva_walk(ps, kva_message_item, NULL);
+        return kva_prompt_value(ps, p->kind);
     }
 
     if (key == KVA_KEY_PROMPT && none && (c == '"' || c == '[')) {
         p->kind = KVA_PROMPT_KIND_PROMPT;
-        return (c == '"') ? kva_parse_text(ps)
-                          : kva_walk(ps, kva_prompt_item, NULL);
+        return kva_prompt_value(ps, p->kind);
     }
 
     if (key == KVA_KEY_INPUT && none && (c == '"' || c == '[')) {
         p->kind = KVA_PROMPT_KIND_INPUT;
-        return (c == '"') ? kva_parse_text(ps)
-                          : kva_walk(ps, kva_message_item, ps);
+        return kva_prompt_value(ps, p->kind);
     }
 
     if (key == KVA_KEY_CACHE_SALT && p->salt == NULL && c == '"') {
@@ -347,6 +363,7 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
 
     if (key == KVA_KEY_TOOLS && ps->tools_start == NULL) {
         ps->tools_start = ps->lx.pos;
+        ps->tools_at = ps->members;
 
         if (kva_skip_value(ps) != 0) {
             return -1;
@@ -357,6 +374,65 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
     }
 
     return kva_skip_value(ps);
+}
+
+
+/*
+ * The value that decided the kind, ps->lx.pos at it.  Messages and input
+ * take the tools value in front, raw, when it came first; when it comes
+ * after, the caller runs this again behind it at the end.
+ *
+ * Messages or input that open the body (openai-python's order: messages,
+ * model, ..., tools) are only validated here and written (hashed) in that
+ * second pass: tools are likely to follow, and a scan costs less than a
+ * hash.  In any other order they are written at once.
+ */
+
+static int
+kva_prompt_value(kva_parse_t *ps, unsigned kind)
+{
+    int         rc;
+    uint8_t     c;
+    kva_sink_t  saved;
+
+    c = *ps->lx.pos;
+    ps->prompt_start = ps->lx.pos;
+    ps->prompt_at = ps->members;
+
+    if (kind != KVA_PROMPT_KIND_PROMPT && ps->members == 1 && !ps->again
+        && (ps->out.cap > 0 || ps->out.hs != NULL))
+    {
+        ps->deferred = 1;
+        saved = ps->out;
+        ps->out.buf = NULL;
+        ps->out.cap = 0;
+        ps->out.hs = NULL;
+
+        rc = (kind == KVA_PROMPT_KIND_MESSAGES || c != '"')
+             ? kva_walk(ps, kva_message_item,
+                        (kind == KVA_PROMPT_KIND_MESSAGES) ? NULL : ps)
+             : kva_parse_text(ps);
+
+        ps->out = saved;
+        return rc;
+    }
+
+    if (kind != KVA_PROMPT_KIND_PROMPT && ps->tools_start != NULL) {
+        (void) kva_span_put(ps, &ps->out, ps->tools_start, ps->tools_end);
+        kva_emit_byte(ps, KVA_SEP_TOOLS);
+    }
+
+    if (kind == KVA_PROMPT_KIND_MESSAGES) {
+        return kva_walk(ps, kva_message_item, NULL);
+    }
+
+    if (c == '"') {
+        return kva_parse_text(ps);
+    }
+
+    return (kind == KVA_PROMPT_KIND_PROMPT)
+           ? kva_walk(ps, kva_prompt_item, NULL)
+           : kva_walk(ps, kva_message_item, ps);
 }
 
 
@@ -379,6 +455,7 @@ kva_message_item(kva_parse_t *ps, kva_key_e key, void *ctx)
     msg.role.buf = msg.role_buf;
     msg.role.len = 0;
     msg.role.cap = KVA_ROLE_MAX;
+    msg.role.hs = NULL;
     msg.role_seen = 0;
     msg.content_seen = 0;
 
@@ -389,8 +466,7 @@ kva_message_item(kva_parse_t *ps, kva_key_e key, void *ctx)
     len = (msg.role.len < KVA_ROLE_MAX) ? msg.role.len : KVA_ROLE_MAX;
 
     kva_emit_byte(ps, KVA_SEP_ROLE);
-    ps->out.len = kva_json_put(ps->out.buf, ps->out.len, ps->out.cap,
-                          msg.role_buf, len);
+    kva_sink_put(&ps->out, msg.role_buf, len);
     kva_emit_byte(ps, KVA_SEP_MESSAGE);
 
     return 0;
@@ -534,46 +610,10 @@ kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx)
         le[1] = (uint8_t) (token >> 8);
         le[2] = (uint8_t) (token >> 16);
         le[3] = (uint8_t) (token >> 24);
-        ps->out.len = kva_json_put(ps->out.buf, ps->out.len, ps->out.cap,
-                                   le, 4);
+        kva_sink_put(&ps->out, le, 4);
     }
 
     return 0;
-}
-
-
-/*
- * The tools value may come after the messages, so the messages are written
- * first and shifted once at the end.  Only the part of them that still fits
- * behind the tools is moved, which keeps out an exact prefix.
- */
-
-static void
-kva_place_tools(kva_parse_t *ps)
-{
-    size_t    tlen, head, cap, keep;
-    uint8_t  *out;
-
-    out = ps->out.buf;
-    cap = ps->out.cap;
-    tlen = (size_t) (ps->tools_end - ps->tools_start);
-    head = tlen + 1;
-
-    if (head < cap) {
-        keep = cap - head;
-        keep = (ps->out.len < keep) ? ps->out.len : keep;
-        memmove(out + head, out, keep);
-    }
-
-    if (cap > 0) {
-        memcpy(out, ps->tools_start, (tlen < cap) ? tlen : cap);
-    }
-
-    if (tlen < cap) {
-        out[tlen] = KVA_SEP_TOOLS;
-    }
-
-    ps->out.len += head;
 }
 
 
@@ -581,11 +621,104 @@ kva_prompt_rc_e
 kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
     size_t out_cap, kva_prompt_t *p)
 {
-    int          rc;
+    return kva_prompt_hash(body, len, out, out_cap, NULL, p);
+}
+
+
+/* a split body: whether at lies in the window rather than the second piece */
+
+static unsigned
+kva_in_window(kva_parse_t *ps, const uint8_t *at)
+{
+    return ps->seam == NULL
+           || ((uintptr_t) at >= (uintptr_t) ps->win
+               && (uintptr_t) at <= (uintptr_t) ps->win_end);
+}
+
+
+/*
+ * The raw bytes [start, end) of the body into sink (NULL: none), the
+ * first in the window and the last past the seam when they straddle it;
+ * returns their number.
+ */
+
+static size_t
+kva_span_put(kva_parse_t *ps, kva_sink_t *sink, const uint8_t *start,
+    const uint8_t *end)
+{
+    size_t  a;
+
+    if (kva_in_window(ps, start) && !kva_in_window(ps, end)) {
+        a = (size_t) (ps->seam - start);
+
+        if (sink != NULL) {
+            kva_sink_put(sink, start, a);
+            kva_sink_put(sink, ps->next, (size_t) (end - ps->next));
+        }
+
+        return a + (size_t) (end - ps->next);
+    }
+
+    if (sink != NULL) {
+        kva_sink_put(sink, start, (size_t) (end - start));
+    }
+
+    return (size_t) (end - start);
+}
+
+
+kva_prompt_rc_e
+kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
+    size_t out_cap, kva_hash_stream_t *hs, kva_prompt_t *p)
+{
     kva_parse_t  ps;
+
+    ps.lx.seam = NULL;
+    ps.seam = NULL;
+
+    return kva_prompt_scan(&ps, body, len, out, out_cap, hs, p);
+}
+
+
+kva_prompt_rc_e
+kva_prompt_hash_split(const uint8_t *win, size_t win_len, size_t seam,
+    const uint8_t *next, size_t next_len, kva_hash_stream_t *hs,
+    kva_prompt_t *p)
+{
+    kva_prompt_rc_e  rc;
+    kva_parse_t      ps;
+
+    ps.lx.seam = win + seam;
+    ps.lx.next = next;
+    ps.lx.next_end = next + next_len;
+    ps.seam = ps.lx.seam;
+    ps.next = next;
+
+    rc = kva_prompt_scan(&ps, win, win_len, NULL, 0, hs, p);
+
+    /* it may lie in the window, which is the caller's scratch */
+    p->salt = NULL;
+    p->salt_len = 0;
+
+    return rc;
+}
+
+
+/*
+ * The scan itself: ps->lx.seam and ps->seam are set for a split body
+ * (kva_prompt_hash_split()), NULL otherwise.
+ */
+
+static kva_prompt_rc_e
+kva_prompt_scan(kva_parse_t *ps, const uint8_t *body, size_t len,
+    uint8_t *out, size_t out_cap, kva_hash_stream_t *hs, kva_prompt_t *p)
+{
+    int          rc;
+    unsigned     late;
 
     p->out = out;
     p->out_len = 0;
+    p->len = 0;
     p->truncated = 0;
     p->kind = KVA_PROMPT_KIND_NONE;
     p->model_len = 0;
@@ -598,33 +731,42 @@ kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
         return KVA_PROMPT_EMPTY;
     }
 
-    ps.lx.pos = body;
-    ps.lx.end = body + len;
-    ps.out.buf = out;
-    ps.out.len = 0;
-    ps.out.cap = out_cap;
-    ps.depth = 0;
-    ps.lx.rc = KVA_PROMPT_OK;
-    ps.model_seen = 0;
-    ps.tools_start = NULL;
-    ps.tools_end = NULL;
-    ps.ids_mixed = 0;
-    ps.nids = 0;
+    ps->lx.pos = body;
+    ps->lx.end = body + len;
+    ps->win = body;
+    ps->win_end = body + len;
+    ps->out.buf = out;
+    ps->out.len = 0;
+    ps->out.cap = out_cap;
+    ps->out.hs = hs;
+    ps->depth = 0;
+    ps->lx.rc = KVA_PROMPT_OK;
+    ps->model_seen = 0;
+    ps->tools_start = NULL;
+    ps->tools_end = NULL;
+    ps->prompt_start = NULL;
+    ps->tools_at = 0;
+    ps->prompt_at = 0;
+    ps->members = 0;
+    ps->deferred = 0;
+    ps->again = 0;
+    ps->ids_mixed = 0;
+    ps->nids = 0;
 
-    kva_json_skip_ws(&ps.lx);
+    kva_json_skip_ws(&ps->lx);
 
-    if (ps.lx.pos < ps.lx.end && *ps.lx.pos == '{') {
-        rc = kva_walk(&ps, kva_top_item, p);
+    if (ps->lx.pos < ps->lx.end && *ps->lx.pos == '{') {
+        rc = kva_walk(ps, kva_top_item, p);
 
     } else {
-        rc = kva_skip_value(&ps);
+        rc = kva_skip_value(ps);
     }
 
     if (rc == 0) {
-        kva_json_skip_ws(&ps.lx);
+        kva_json_skip_ws(&ps->lx);
 
-        if (ps.lx.pos != ps.lx.end) {
-            rc = kva_json_fail(&ps.lx, KVA_PROMPT_NOT_JSON);
+        if (ps->lx.pos != ps->lx.end) {
+            rc = kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
         }
     }
 
@@ -633,23 +775,63 @@ kva_prompt_extract(const uint8_t *body, size_t len, uint8_t *out,
         p->model_len = 0;
         p->salt = NULL;
         p->salt_len = 0;
-        return ps.lx.rc;
+        return ps->lx.rc;
     }
 
     if (p->kind == KVA_PROMPT_KIND_NONE) {
         return KVA_PROMPT_NO_PROMPT;
     }
 
-    if (ps.tools_start != NULL && p->kind != KVA_PROMPT_KIND_PROMPT) {
-        kva_place_tools(&ps);
+    late = (ps->tools_start != NULL && ps->tools_at > ps->prompt_at
+            && p->kind != KVA_PROMPT_KIND_PROMPT);
+
+    if (late && out_cap == 0 && hs == NULL) {
+        /* validation only: the length is all there is to tell */
+        ps->out.len += kva_span_put(ps, NULL, ps->tools_start, ps->tools_end)
+                      + 1;
+
+    } else if (late || ps->deferred) {
+        /*
+         * The tools came after the prompt (openai-python's order) and go
+         * in front of it, or the prompt was only validated: its value is
+         * scanned again, behind the tools.  Only that value, and it is
+         * valid by now; the chain starts over, as a prefix must hash the
+         * same whatever follows.
+         */
+        ps->out.len = 0;
+
+        if (hs != NULL) {
+            kva_hash_stream_init(hs, hs->block_size, hs->out, hs->max);
+        }
+
+        ps->lx.pos = ps->prompt_start;
+
+        if (kva_in_window(ps, ps->prompt_start)) {
+            ps->lx.end = body + len;
+            ps->lx.seam = ps->seam;
+
+        } else {
+            ps->lx.end = ps->lx.next_end;
+            ps->lx.seam = NULL;
+        }
+
+        ps->depth = 1;
+        ps->again = 1;
+
+        if (kva_prompt_value(ps, p->kind) != 0) {
+            p->kind = KVA_PROMPT_KIND_NONE;
+            p->model_len = 0;
+            return ps->lx.rc;
+        }
     }
 
-    p->out_len = (ps.out.len < out_cap) ? ps.out.len : out_cap;
-    p->truncated = (ps.out.len > out_cap);
+    p->len = ps->out.len;
+    p->out_len = (ps->out.len < out_cap) ? ps->out.len : out_cap;
+    p->truncated = (ps->out.len > out_cap);
 
-    if (p->kind == KVA_PROMPT_KIND_PROMPT && !ps.ids_mixed && ps.nids) {
+    if (p->kind == KVA_PROMPT_KIND_PROMPT && !ps->ids_mixed && ps->nids) {
         p->token_ids = 1;
-        p->nids = ps.nids;
+        p->nids = ps->nids;
     }
 
     return KVA_PROMPT_OK;
@@ -665,10 +847,12 @@ kva_prompt_salt(const uint8_t *str, size_t len, uint8_t *out)
     lx.pos = str;
     lx.end = str + len;
     lx.rc = KVA_PROMPT_OK;
+    lx.seam = NULL;
 
     sink.buf = out;
     sink.len = 0;
     sink.cap = len;
+    sink.hs = NULL;
 
     /* the scan that found it has validated it */
     if (kva_json_string(&lx, &sink) != 0) {
@@ -807,7 +991,7 @@ kva_prompt_strerror(kva_prompt_rc_e rc)
 {
     static const char  *reasons[] = {
         "ok", "not json", "invalid utf-8", "too deep", "no prompt",
-        "empty body"
+        "empty body", "number across the seam"
     };
 
     if ((unsigned) rc < sizeof(reasons) / sizeof(reasons[0])) {

@@ -33,7 +33,9 @@ typedef enum {
     KVA_PROMPT_BAD_UTF8,        /* invalid UTF-8 or lone surrogate escape */
     KVA_PROMPT_TOO_DEEP,        /* nesting over KVA_PROMPT_MAX_DEPTH */
     KVA_PROMPT_NO_PROMPT,       /* valid JSON, but no messages/prompt/input */
-    KVA_PROMPT_EMPTY            /* empty body */
+    KVA_PROMPT_EMPTY,           /* empty body */
+    KVA_PROMPT_SEAM             /* kva_hash_body2() only: a number across
+                                   its seam; hash a copy in one piece */
 } kva_prompt_rc_e;
 
 
@@ -41,6 +43,8 @@ typedef struct {
     /* filled by kva_prompt_extract() */
     uint8_t        *out;            /* canonical bytes, caller's buffer */
     size_t          out_len;
+    size_t          len;            /* the canonical prompt's length,
+                                       written out or not */
     unsigned        truncated:1;    /* out was full: out holds a prefix */
     unsigned        kind:2;         /* KVA_PROMPT_KIND_* */
 
@@ -65,6 +69,10 @@ typedef struct {
     const uint8_t  *salt;
     size_t          salt_len;
 } kva_prompt_t;
+
+
+/* the chain a prompt is hashed into as it is scanned (kva_hash.h) */
+typedef struct kva_hash_stream_s  kva_hash_stream_t;
 
 
 #define KVA_PROMPT_KIND_NONE       0
@@ -93,6 +101,27 @@ typedef struct {
  */
 kva_prompt_rc_e kva_prompt_extract(const uint8_t *body, size_t len,
     uint8_t *out, size_t out_cap, kva_prompt_t *p);
+
+/*
+ * The same scan feeding the canonical bytes to hs as well (NULL: none),
+ * so that they are hashed without being written: out may be NULL with
+ * out_cap 0.  When a "tools" value comes after the prompt, the prompt's
+ * value is scanned a second time behind it (the body is valid by then).
+ * kva_hash_body() is the caller.
+ */
+kva_prompt_rc_e kva_prompt_hash(const uint8_t *body, size_t len,
+    uint8_t *out, size_t out_cap, kva_hash_stream_t *hs, kva_prompt_t *p);
+
+/*
+ * The same over a body in two pieces, hashing only: win holds the first
+ * piece (seam bytes) and a copy of the second's first bytes, next and
+ * next_len the whole second piece (kva_json_lex.h).  p->salt is not set.
+ * KVA_PROMPT_SEAM: a number crosses the seam, scan a copy in one piece.
+ * kva_hash_body2() is the caller.
+ */
+kva_prompt_rc_e kva_prompt_hash_split(const uint8_t *win, size_t win_len,
+    size_t seam, const uint8_t *next, size_t next_len, kva_hash_stream_t *hs,
+    kva_prompt_t *p);
 
 const char *kva_prompt_strerror(kva_prompt_rc_e rc);
 

@@ -3,10 +3,11 @@
  * in one place for the module (token ids from a request or a tokenizer),
  * kvbridge (token ids from vLLM's and SGLang's events) and the tests.
  *
- * A block is block_tokens token ids.  Its key is the text key space's
- * chain (kva_hash.h) over the ids as 4-byte little-endian integers,
- * seeded by kva_token_seed() of the model: the name a request's "model"
- * field carries, a LoRA adapter's name for the adapter's blocks.  A block
+ * A block is block_tokens token ids.  Its key is the raw chain of
+ * kva_hash_blocks() (kva_hash.h) over the ids as 4-byte little-endian
+ * integers, seeded by kva_token_seed() of the model (the text key space
+ * folds its model in last instead): the name a request's "model" field
+ * carries, a LoRA adapter's name for the adapter's blocks.  A block
  * that the engine keys with more than its tokens (an image, a cache salt)
  * has that extra key XORed into its seed, so that it, and every block
  * after it, never matches a prompt that lacks it.  docs/events.md says

@@ -2,13 +2,19 @@
  * Randomized differential test of kva_prompt_extract() against jansson:
  * random request bodies, mutated ones, and random out_cap, each checked
  * against a reference canonicalizer built on jansson's tree.  The
- * hand-written cases are in test_prompt.c.  Prints TAP.
+ * hand-written cases are in test_prompt.c.  Each body is also hashed as
+ * the module hashes it (while scanning, kva_hash_body()) and checked
+ * against the text key space over its canonical bytes (kva_hash_text()),
+ * and given a "tools" value first and last, which must hash the same.
+ * Prints TAP.
  *
  * KVA_TEST_BODIES and KVA_TEST_SEED set the number of bodies and the seed;
  * KVA_TEST_DUMP names a file that receives the first failing body.
  *
  *   make $PWD/build/unit/test_prompt_ref && build/unit/test_prompt_ref
  */
+
+#define _GNU_SOURCE
 
 #include <stdint.h>
 #include <stdio.h>
@@ -19,10 +25,12 @@
 
 #include "json_depth.h"
 
+#include "kva_hash.h"
 #include "kva_prompt.h"
 #include "tap.h"
 #include "prompt_gen.h"
 #include "prompt_rand.h"
+#include "prompt_rand_json.h"
 
 
 #define RANDOM_BODIES     6000
@@ -48,6 +56,8 @@ typedef struct {
     unsigned        failed;
     unsigned        skipped;
     unsigned        rejected;
+    unsigned        split;              /* bodies hashed in two pieces */
+    unsigned        seam;               /* of them, sent back whole */
 } group_t;
 
 
@@ -64,6 +74,15 @@ static void check_body(group_t *g, unsigned i, const buf_t *body,
     buf_t *scratch);
 static void check_prefix(group_t *g, unsigned i, const buf_t *body,
     buf_t *scratch);
+static void check_hashes(group_t *g, unsigned i, const buf_t *body,
+    buf_t *scratch);
+static void check_split(group_t *g, unsigned i, const buf_t *body,
+    size_t bs, kva_prompt_rc_e rc, size_t n, const uint64_t *h,
+    const kva_prompt_t *p);
+static void with_tools(const buf_t *body, const buf_t *tools, int last,
+    buf_t *out);
+static void check_tools(group_t *g, group_t *pg, unsigned i,
+    const buf_t *body, buf_t *scratch);
 static void test_random(void);
 
 
@@ -456,6 +475,304 @@ check_prefix(group_t *g, unsigned i, const buf_t *body, buf_t *scratch)
 }
 
 
+/*
+ * The hashes of the streaming scan against the text key space over the
+ * canonical bytes, for a random block size; a body that fails fails the
+ * same way and hashes nothing.
+ */
+
+static void
+check_hashes(group_t *g, unsigned i, const buf_t *body, buf_t *scratch)
+{
+    size_t           bs, max, n, m, nref;
+    uint64_t        *h, *ref;
+    kva_prompt_t     p, p2;
+    kva_prompt_rc_e  rc, rc2;
+
+    static const size_t  sizes[] = { 1, 5, 64, 127, 128, 129, 200, 256,
+                                     384, 4096 };
+
+    bs = sizes[prompt_rand_n(sizeof(sizes) / sizeof(sizes[0]))];
+    max = kva_hash_body_max(body->len, bs);
+    h = malloc((max + 1) * sizeof(uint64_t));
+    ref = malloc((max + 1) * sizeof(uint64_t));
+
+    if (h == NULL || ref == NULL) {
+        abort();
+    }
+
+    g->total++;
+
+    if (run(body->p, body->len, body->len + KVA_PROMPT_OUT_SLACK, &p, &rc,
+            scratch)
+        != 0)
+    {
+        g->failed++;
+        goto done;
+    }
+
+    rc2 = kva_hash_body(body->p, body->len, bs, NULL, h, &n, &p2);
+
+    check_split(g, i, body, bs, rc2, n, h, &p2);
+
+    if (rc2 != rc) {
+        g->failed++;
+        printf("# %s: body #%u: rc %d scanning, %d hashing\n", g->name, i,
+               rc, rc2);
+        goto done;
+    }
+
+    if (rc != KVA_PROMPT_OK) {
+        if (n != 0) {
+            g->failed++;
+        }
+
+        goto done;
+    }
+
+    nref = kva_hash_text(p.model, p.model_len, scratch->p, p.out_len, bs,
+                         ref, max);
+
+    if (n != nref || p2.len != p.len
+        || (n > 0 && memcmp(h, ref, n * sizeof(uint64_t)) != 0))
+    {
+        g->failed++;
+
+        if (g->failed == 1) {
+            printf("# %s: body #%u, block %zu: %zu blocks hashed, %zu "
+                   "over the %zu canonical bytes\n", g->name, i, bs, n,
+                   nref, p.out_len);
+            hexdump("body", body->p, body->len, 0);
+        }
+
+        goto done;
+    }
+
+    /* validation only tells the same length */
+    if (kva_prompt_extract(body->p, body->len, NULL, 0, &p2) != rc
+        || p2.len != p.len)
+    {
+        g->failed++;
+        goto done;
+    }
+
+    /* with scratch: the same hashes, and the canonical bytes as well */
+    memset(scratch->p, 0, p.out_len);
+    rc2 = kva_hash_body(body->p, body->len, bs, scratch->p, h, &m, &p2);
+
+    if (rc2 != rc || m != n
+        || (n > 0 && memcmp(h, ref, n * sizeof(uint64_t)) != 0)
+        || p2.out_len != p.out_len)
+    {
+        g->failed++;
+    }
+
+done:
+
+    free(h);
+    free(ref);
+}
+
+
+/*
+ * The body in two pieces, as nginx may hold it (the part read with the
+ * headers, then the rest), cut anywhere: the same verdict, length, model
+ * and hashes as in one piece (rc, n, h, p), or KVA_PROMPT_SEAM.
+ */
+
+static void
+check_split(group_t *g, unsigned i, const buf_t *body, size_t bs,
+    kva_prompt_rc_e rc, size_t n, const uint64_t *h, const kva_prompt_t *p)
+{
+    size_t           m, cut, n2;
+    uint8_t         *win;
+    uint64_t        *h2;
+    kva_prompt_t     p2;
+    kva_prompt_rc_e  rc2;
+
+    h2 = malloc((kva_hash_body_max(body->len, bs) + 1) * sizeof(uint64_t));
+
+    if (h2 == NULL) {
+        abort();
+    }
+
+    for (m = 0; m < 3; m++) {
+        cut = (m == 2) ? body->len / 2 : prompt_rand_u64() % (body->len + 1);
+        win = malloc(cut + KVA_HASH_SEAM);
+
+        if (win == NULL) {
+            abort();
+        }
+
+        g->split++;
+        rc2 = kva_hash_body2(body->p, cut, body->p + cut, body->len - cut,
+                             bs, win, h2, &n2, &p2);
+        free(win);
+
+        if (rc2 == KVA_PROMPT_SEAM) {
+            g->seam++;
+            continue;
+        }
+
+        if (rc2 != rc
+            || (rc == KVA_PROMPT_OK
+                && (n2 != n || p2.len != p->len
+                    || p2.model_len != p->model_len
+                    || memcmp(p2.model, p->model, p->model_len) != 0
+                    || (n > 0 && memcmp(h2, h, n * sizeof(uint64_t)) != 0))))
+        {
+            g->failed++;
+
+            if (g->failed == 1) {
+                printf("# %s: body #%u cut at %zu of %zu, block %zu: rc %d, "
+                       "%zu blocks; in one piece rc %d, %zu blocks\n",
+                       g->name, i, cut, body->len, bs, rc2, n2, rc, n);
+                hexdump("body", body->p, body->len, cut);
+            }
+
+            break;
+        }
+    }
+
+    free(h2);
+}
+
+
+/* the body with "tools": value spliced in as its first or last member */
+
+static void
+with_tools(const buf_t *body, const buf_t *tools, int last, buf_t *out)
+{
+    size_t  at;
+
+    out->len = 0;
+
+    if (last) {
+        for (at = body->len; body->p[at - 1] != '}'; at--) { /* void */ }
+
+        buf_put(out, body->p, at - 1);
+        buf_puts(out, ",\"tools\":");
+        buf_put(out, tools->p, tools->len);
+        buf_put(out, body->p + at - 1, body->len - at + 1);
+        return;
+    }
+
+    for (at = 0; body->p[at] != '{'; at++) { /* void */ }
+
+    buf_put(out, body->p, at + 1);
+    buf_puts(out, "\"tools\":");
+    buf_put(out, tools->p, tools->len);
+    buf_putc(out, ',');
+    buf_put(out, body->p + at + 1, body->len - at - 1);
+}
+
+
+/*
+ * Tools first or last in the body: the same canonical bytes (the raw
+ * value, 0x1d, then the prompt) and the same hashes; an out_cap cut still
+ * gives an exact prefix when the prompt is scanned again behind them.
+ */
+
+static void
+check_tools(group_t *g, group_t *pg, unsigned i, const buf_t *body,
+    buf_t *scratch)
+{
+    size_t           bs, n1, n2, max;
+    buf_t            tools, first, last, canon;
+    uint64_t        *h1, *h2;
+    kva_prompt_t     p;
+    kva_prompt_rc_e  rc;
+
+    if (run(body->p, body->len, body->len + KVA_PROMPT_OUT_SLACK, &p, &rc,
+            scratch)
+        != 0
+        || rc != KVA_PROMPT_OK || p.kind == KVA_PROMPT_KIND_PROMPT
+        || memmem(body->p, body->len, "tools", 5) != NULL)
+    {
+        return;
+    }
+
+    memset(&tools, 0, sizeof(tools));
+    memset(&first, 0, sizeof(first));
+    memset(&last, 0, sizeof(last));
+    memset(&canon, 0, sizeof(canon));
+
+    g->total++;
+
+    gen_json(&tools, 1, 1 + prompt_rand_n(4));
+    buf_put(&canon, tools.p, tools.len);
+    buf_putc(&canon, 0x1d);
+    buf_put(&canon, scratch->p, p.out_len);
+
+    with_tools(body, &tools, 0, &first);
+    with_tools(body, &tools, 1, &last);
+
+    bs = 1 + prompt_rand_n(300);
+    max = kva_hash_body_max(last.len, bs);
+    h1 = malloc((max + 1) * sizeof(uint64_t));
+    h2 = malloc((max + 1) * sizeof(uint64_t));
+
+    if (h1 == NULL || h2 == NULL) {
+        abort();
+    }
+
+    if (run(first.p, first.len, first.len + KVA_PROMPT_OUT_SLACK, &p, &rc,
+            scratch)
+        != 0 || rc != KVA_PROMPT_OK || p.out_len != canon.len
+        || memcmp(scratch->p, canon.p, canon.len) != 0)
+    {
+        g->failed++;
+        printf("# %s: body #%u: tools first, canonical bytes differ\n",
+               g->name, i);
+        goto done;
+    }
+
+    if (run(last.p, last.len, last.len + KVA_PROMPT_OUT_SLACK, &p, &rc,
+            scratch)
+        != 0 || rc != KVA_PROMPT_OK || p.out_len != canon.len
+        || memcmp(scratch->p, canon.p, canon.len) != 0)
+    {
+        g->failed++;
+        printf("# %s: body #%u: tools last, canonical bytes differ\n",
+               g->name, i);
+        goto done;
+    }
+
+    if (kva_prompt_extract(last.p, last.len, NULL, 0, &p) != KVA_PROMPT_OK
+        || p.len != canon.len)
+    {
+        g->failed++;
+        printf("# %s: body #%u: tools last, validation only: length %zu, "
+               "not %zu\n", g->name, i, p.len, canon.len);
+        goto done;
+    }
+
+    if (kva_hash_body(first.p, first.len, bs, NULL, h1, &n1, &p)
+        != KVA_PROMPT_OK
+        || kva_hash_body(last.p, last.len, bs, NULL, h2, &n2, &p)
+           != KVA_PROMPT_OK
+        || n1 != n2 || n1 != canon.len / bs
+        || (n1 > 0 && memcmp(h1, h2, n1 * sizeof(uint64_t)) != 0))
+    {
+        g->failed++;
+        printf("# %s: body #%u, block %zu: hashes differ (%zu, %zu blocks)"
+               "\n", g->name, i, bs, n1, n2);
+        goto done;
+    }
+
+    check_prefix(pg, i, &last, scratch);
+
+done:
+
+    free(h1);
+    free(h2);
+    free(tools.p);
+    free(first.p);
+    free(last.p);
+    free(canon.p);
+}
+
+
 /* KVA_TEST_BODIES and KVA_TEST_SEED override the defaults for longer runs */
 
 static void
@@ -464,7 +781,7 @@ test_random(void)
     uint64_t     seed;
     unsigned     i, bodies;
     buf_t        body, scratch;
-    group_t      valid, mutated, prefix;
+    group_t      valid, mutated, prefix, hashed, tools;
     const char  *env;
 
     memset(&body, 0, sizeof(body));
@@ -472,10 +789,14 @@ test_random(void)
     memset(&valid, 0, sizeof(valid));
     memset(&mutated, 0, sizeof(mutated));
     memset(&prefix, 0, sizeof(prefix));
+    memset(&hashed, 0, sizeof(hashed));
+    memset(&tools, 0, sizeof(tools));
 
     valid.name = "random";
     mutated.name = "mutated";
     prefix.name = "prefix";
+    hashed.name = "hashed";
+    tools.name = "tools";
 
     env = getenv("KVA_TEST_BODIES");
     bodies = (env != NULL) ? (unsigned) strtoul(env, NULL, 10) : RANDOM_BODIES;
@@ -489,13 +810,20 @@ test_random(void)
         prompt_gen_body(&body);
         check_body(&valid, i, &body, &scratch);
 
+        check_hashes(&hashed, i, &body, &scratch);
+
         if (i % 4 == 0) {
             check_prefix(&prefix, i, &body, &scratch);
+        }
+
+        if (i % 2 == 0) {
+            check_tools(&tools, &prefix, i, &body, &scratch);
         }
 
         if (prompt_rand_n(2)) {
             prompt_mutate(&body);
             check_body(&mutated, i, &body, &scratch);
+            check_hashes(&hashed, i, &body, &scratch);
         }
     }
 
@@ -512,6 +840,18 @@ test_random(void)
     ok(prefix.failed == 0 && prefix.total > 0,
         "random out_cap gives an exact prefix (%u bodies, %u failed)",
         prefix.total, prefix.failed);
+
+    ok(hashed.failed == 0 && hashed.total > 0,
+        "hashed while scanning = the text key space over the canonical "
+        "bytes (%u bodies, %u failed)", hashed.total, hashed.failed);
+
+    ok(hashed.split > 0 && hashed.seam * 100 < hashed.split,
+        "in two pieces: sent back whole %u times of %u (numbers across "
+        "the seam)", hashed.seam, hashed.split);
+
+    ok(tools.failed == 0 && tools.total > 0,
+        "tools first or last: same canonical bytes, same hashes "
+        "(%u bodies, %u failed)", tools.total, tools.failed);
 
     free(body.p);
     free(scratch.p);
