@@ -175,6 +175,10 @@ kvs_reply_metrics(kvs_server_t *srv, struct evhttp_request *req)
     kvs_metric("kvsim_steps_total", "counter", "%llu",
                (unsigned long long) s->steps);
     kvs_metric("kvsim_step_lag_ms", "gauge", "%.3f", srv->lag_ms);
+    kvs_metric("kvsim_step_lag_max_ms", "gauge", "%.3f", srv->lag_max_ms);
+    kvs_metric("kvsim_step_lag_ms_sum", "counter", "%.3f", srv->lag_sum_ms);
+    kvs_metric("kvsim_step_lag_steps_total", "counter", "%llu",
+               (unsigned long long) srv->lag_steps);
     kvs_metric("kvsim_cache_blocks_cached", "gauge", "%u", c->nhashed);
     kvs_metric("kvsim_cache_blocks_free", "gauge", "%u", c->nfree);
     kvs_metric("kvsim_cache_evictions_total", "counter", "%llu",
