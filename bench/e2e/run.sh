@@ -107,8 +107,11 @@ TRACE_SERVERS=${TRACE_SERVERS:-4}
 TRACE_SCALE=${TRACE_SCALE:-10}
 TRACE_START=${TRACE_START:-600}
 TRACE_SECONDS=${TRACE_SECONDS:-600}
-# kv_aware's parameters for the trace (KV_AWARE_PARAMS comes after them)
-TRACE_KV_PARAMS=${TRACE_KV_PARAMS:-}
+# kv_aware's parameters for the trace (KV_AWARE_PARAMS comes after them):
+# what nginx learns of a server bounded by its pool, as an operator would
+# say it (kvsim's events say it too: kv_tokens); TRACE_KV_PARAMS=" " for
+# the TTL alone
+TRACE_KV_PARAMS=${TRACE_KV_PARAMS:-learned_tokens=$(( BLOCKS * BLOCK_TOKENS ))}
 BUDGET_S=1800
 RUN_LIMIT_S=240
 
