@@ -779,6 +779,8 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
      * new prompt evicts an entry a block: it is recorded a piece per hold
      * of the lock, so that other requests wait for one piece at most.
      */
+    ngx_http_kv_aware_learn_budget(kcf, slot, &clk);
+
     for (from = 0; from < nblocks; from += piece) {
         if (from) {
             ngx_shmtx_unlock(&kcf->shpool->mutex);

@@ -369,6 +369,10 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
         sl->ev_waiting = b->waiting;
         sl->ev_running = b->running;
         sl->ev_kv_usage = (uint32_t) (b->kv_usage * 1000);
+
+        if (b->kv_tokens) {
+            sl->ev_kv_tokens = b->kv_tokens;    /* the learned budget */
+        }
         sl->ev_has_load = 1;
     }
 

@@ -62,6 +62,12 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_params[] = {
       offsetof(ngx_http_kv_aware_srv_conf_t, learned_ttl),
       1000, 30 * 86400 * 1000LL, "10m" },
 
+    /* a server's KV cache, the budget of what is learned of it */
+    { ngx_string("learned_tokens"),
+      ngx_http_kv_aware_conf_uint,
+      offsetof(ngx_http_kv_aware_srv_conf_t, learned_tokens),
+      0, 1LL << 40, "0" },
+
     { ngx_string("overlap_weight"),
       ngx_http_kv_aware_conf_fixed,
       offsetof(ngx_http_kv_aware_srv_conf_t, score.overlap_weight),

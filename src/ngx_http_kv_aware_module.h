@@ -74,6 +74,7 @@ typedef struct {
     size_t                          index_size;
     size_t                          max_body;
     ngx_msec_t                      learned_ttl;
+    ngx_uint_t                      learned_tokens;   /* 0: no budget */
     ngx_msec_t                      spec_ttl;     /* 0: no events */
     kva_score_conf_t                score;
 

@@ -427,3 +427,40 @@ ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf, kva_clock_t *clk)
     clk->ttl_spec = ngx_http_kv_aware_ticks(kcf->spec_ttl);
     clk->precise = kcf->sh->precise;
 }
+
+
+/*
+ * What is learned of a server is bounded by what its KV cache holds: the
+ * pool its events announce ("kv_tokens" in load), else learned_tokens.
+ * Tokens to blocks: block_tokens a block with keys=tokens, else 4 bytes a
+ * token (what kvsim's pseudo-tokens are, and about English text's).  Called
+ * with the zone locked, before what a request taught is recorded.
+ */
+void
+ngx_http_kv_aware_learn_budget(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot, kva_clock_t *clk)
+{
+    uint64_t  tokens, blocks;
+
+    tokens = kcf->sh->slots[slot].ev_kv_tokens;
+
+    if (tokens == 0) {
+        tokens = kcf->learned_tokens;
+    }
+
+    if (kcf->keys == NGX_HTTP_KV_AWARE_KEYS_TOKENS) {
+        blocks = tokens / kcf->block_tokens;
+
+    } else {
+        blocks = tokens * 4 / kcf->block_size;
+    }
+
+    if (tokens && blocks == 0) {
+        blocks = 1;
+    }
+
+    kva_index_learn_budget(kcf->sh->index, slot,
+                           blocks < UINT32_MAX ? (uint32_t) blocks
+                                               : UINT32_MAX - 1,
+                           clk->now);
+}

@@ -94,6 +94,7 @@ typedef struct {
     uint32_t                        ev_waiting;
     uint32_t                        ev_running;
     uint32_t                        ev_kv_usage;  /* per mille */
+    uint64_t                        ev_kv_tokens; /* its pool, 0: unsaid */
 } ngx_http_kv_aware_slot_t;
 
 
@@ -143,6 +144,8 @@ extern const char  *ngx_http_kv_aware_reject_texts[];
 ngx_int_t ngx_http_kv_aware_init_zone(ngx_shm_zone_t *shm_zone, void *data);
 void ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf,
     kva_clock_t *clk);
+void ngx_http_kv_aware_learn_budget(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot, kva_clock_t *clk);
 void ngx_http_kv_aware_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
     uint64_t mask, unsigned srcs);
 void ngx_http_kv_aware_set_precise(ngx_http_kv_aware_shctx_t *sh,

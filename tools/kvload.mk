@@ -20,3 +20,12 @@ $(BUILD)/unit/test_kvload_stats: t/unit/test_kvload_stats.c \
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) -Itools/kvload -It/unit -o $@ $< \
 	    tools/kvload/kvload_stats.c -lm
+
+# the trace replay: its reader and bodies alone, on a small trace
+UNIT_TESTS += $(BUILD)/unit/test_kvload_trace
+
+$(BUILD)/unit/test_kvload_trace: t/unit/test_kvload_trace.c \
+	    tools/kvload/kvload_trace.c $(KVLOAD_HDRS)
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Itools/kvload -It/unit -o $@ $< \
+	    tools/kvload/kvload_trace.c -ljansson

@@ -3,14 +3,17 @@
 
 report.py WORKDIR RESULTSDIR: reads WORKDIR/<workload>/<policy>.json and
 .meta.json (written by run.sh), writes RESULTSDIR/e2e-<policy>.md,
-RESULTSDIR/e2e-summary.md, RESULTSDIR/e2e-all.csv and WORKDIR/ttft-p90.dat.
-Standard library only.
+RESULTSDIR/e2e-summary.md, RESULTSDIR/e2e-all.csv and WORKDIR/ttft-p90.dat;
+for the trace workload (WORKDIR/trace/) RESULTSDIR/e2e-trace.md and
+e2e-trace.csv instead (report_trace.py). Standard library only.
 """
 
 import json
 import math
 import os
 import sys
+
+import report_trace
 
 POLICIES = ["round_robin", "least_conn", "random_two", "hash_prefix",
             "kv_aware", "kv_aware_events", "kv_aware_bridge"]
@@ -179,8 +182,11 @@ def agent_table(runs, pols, first):
 def main():
     work, results = sys.argv[1], sys.argv[2]
     runs = load(work)
-    if not runs:
+    traced = report_trace.report(work, results, POLICIES, TITLES)
+    if not runs and not traced:
         sys.exit("report.py: no results under %s" % work)
+    if not runs:
+        return
     os.makedirs(results, exist_ok=True)
 
     for pol in POLICIES:

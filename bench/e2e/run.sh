@@ -3,21 +3,25 @@
 # End-to-end benchmark: nginx balancing policies in front of kvsim (8
 # simulated vLLM-like servers), driven by kvload on llm-d's QPS ladder.
 #
-#   bash bench/e2e/run.sh             full run (about 6 minutes, 2 cores)
-#   bash bench/e2e/run.sh --quick     smoke run (about 1 minute)
+#   bash bench/e2e/run.sh             full run (about 17 minutes, 2 cores)
+#   bash bench/e2e/run.sh --quick     smoke run (about 2 minutes)
+#   bash bench/e2e/run.sh --workloads trace     the trace alone (11 min)
 #
 #   --policies a,b     subset of: round_robin least_conn random_two
 #                      hash_prefix kv_aware kv_aware_events kv_aware_bridge
 #   --scale S          time compression (default: see below)
 #   --stage-seconds T, --stage-requests N   stage bounds (uncompressed)
-#   --workloads a,b    subset of: shared-prefix multi-turn no-sharing agent;
+#   --workloads a,b    subset of: shared-prefix multi-turn no-sharing agent
+#                      trace;
 #                      the report also takes what earlier runs left for others
 #   --no-extra         shared-prefix only
 #   E2E_WORK, E2E_RESULTS  override build/bench-e2e and bench/results
 #                      (partial and --quick runs write to build/bench-e2e/results)
 #
 # Writes bench/results/e2e-summary.md, e2e-<policy>.md, e2e-all.csv and
-# e2e-ttft-p90.png; raw kvload JSON/CSV and logs stay in build/bench-e2e/.
+# e2e-ttft-p90.png, and for the trace e2e-trace.md and e2e-trace.csv (a
+# run of the trace alone, every policy, publishes those two only); raw
+# kvload JSON/CSV and logs stay in build/bench-e2e/.
 # Method and caveats: bench/README.md.  Everything listens on 127.0.0.1;
 # every wait is bounded; every process started here is stopped on exit.
 
@@ -94,11 +98,34 @@ AG_ARGS="--groups 64 --turns 20 --system-tokens 1000 --question-tokens 2000"
 AG_ARGS+=" --output-tokens 100 --tool-tokens 800 --think-ms 3000"
 AG_ARGS+=" --servers $SERVERS"
 AG_POLICIES="round_robin least_conn kv_aware kv_aware_events"
-BUDGET_S=900
+
+# ---------------------------------------------------------------------------
+# The trace workload: Mooncake's conversation trace (../shared/traces/,
+# 512-token block ids), a window of TRACE_SECONDS from TRACE_START replayed
+# at its recorded times (kvload --workload trace), TRACE_SCALE faster, on
+# TRACE_SERVERS servers of the same pools.  4 servers: the window asks
+# about 39k uncached prefill tokens/s of 62k they can do (62%), so
+# round-robin queues behind long prompts while least_conn mostly does not;
+# scale 10: about 80 s a policy, kvsim's steps within a few ms of its clock
+# (the step lag, reported).  The bounds (trace_bounds.py) are computed for
+# the same window and the servers' pools together.
+# ---------------------------------------------------------------------------
+TRACE_FILE=${TRACE_FILE:-$ROOT/../shared/traces/mooncake_conversation_trace.jsonl}
+TRACE_SERVERS=${TRACE_SERVERS:-4}
+TRACE_SCALE=${TRACE_SCALE:-10}
+TRACE_START=${TRACE_START:-600}
+TRACE_SECONDS=${TRACE_SECONDS:-600}
+# kv_aware's parameters for the trace (KV_AWARE_PARAMS comes after them):
+# what nginx learns of a server bounded by its pool, as an operator would
+# say it (kvsim's events say it too: kv_tokens); TRACE_KV_PARAMS=" " for
+# the TTL alone
+TRACE_KV_PARAMS=${TRACE_KV_PARAMS:-learned_tokens=$(( BLOCKS * BLOCK_TOKENS ))}
+BUDGET_S=1800
 RUN_LIMIT_S=240
 
 QUICK=0
-WORKLOADS="shared-prefix multi-turn no-sharing"
+ALL_WORKLOADS="shared-prefix multi-turn no-sharing trace"
+WORKLOADS=$ALL_WORKLOADS
 POLICIES=$ALL_POLICIES
 
 while [ $# -gt 0 ]; do
@@ -110,7 +137,7 @@ while [ $# -gt 0 ]; do
     --stage-requests) STAGE_REQUESTS_OPT=$2; shift ;;
     --no-extra) WORKLOADS=shared-prefix ;;
     --workloads) WORKLOADS=${2//,/ }; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -119,7 +146,8 @@ done
 # only the full, default run replaces the published results
 if [ -z "${E2E_RESULTS:-}" ] && { [ "$QUICK" = 1 ] \
         || [ "$POLICIES" != "$ALL_POLICIES" ] \
-        || [ "$WORKLOADS" != "shared-prefix multi-turn no-sharing" ] \
+        || { [ "$WORKLOADS" != "$ALL_WORKLOADS" ] \
+             && [ "$WORKLOADS" != trace ]; } \
         || [ -n "${KV_AWARE_PARAMS:-}" ]; }; then
     RESULTS=$WORK/results
 fi
@@ -136,7 +164,9 @@ if [ "$QUICK" = 1 ]; then
     AG_ARGS="--groups 24 --turns 8 --system-tokens 1000 --question-tokens 2000"
     AG_ARGS+=" --output-tokens 50 --tool-tokens 800 --think-ms 3000"
     AG_ARGS+=" --servers $SERVERS"
-    BUDGET_S=170
+    TRACE_SECONDS=120
+    TRACE_SCALE=20
+    BUDGET_S=300
     RUN_LIMIT_S=60
 fi
 
@@ -229,9 +259,9 @@ write_conf() {
     least_conn) line="least_conn;" ;;
     random_two) line="random two least_conn;" ;;
     hash_prefix) line='hash $kv_prefix_key consistent;' ;;
-    kv_aware) line="kv_aware ${KV_AWARE_PARAMS:-};" ;;
+    kv_aware) line="kv_aware $WL_KV_PARAMS ${KV_AWARE_PARAMS:-};" ;;
     kv_aware_events)
-        line="kv_aware ${KV_AWARE_PARAMS:-};"
+        line="kv_aware $WL_KV_PARAMS ${KV_AWARE_PARAMS:-};"
         local ev=${KV_EVENTS_CONF//@REDIS@/127.0.0.1:$REDIS_PORT}
         ev=${ev//@CHANNEL@/$CHANNEL}
         if [ "$KV_EVENTS_CONTEXT" = http ]; then
@@ -244,7 +274,8 @@ write_conf() {
         # in the token key space; nginx tokenizes with /tokenize of a
         # kvsim of its own, as vLLM serves /tokenize from its API server,
         # not from the engine's step loop (docs/engines.md)
-        line="kv_aware keys=tokens block_tokens=$BLOCK_TOKENS ${KV_AWARE_PARAMS:-};"
+        line="kv_aware keys=tokens block_tokens=$BLOCK_TOKENS $WL_KV_PARAMS"
+        line+=" ${KV_AWARE_PARAMS:-};"
         ups_extra="kv_aware_events redis=127.0.0.1:$REDIS_PORT channel=$CHANNEL;"
         loc_extra="kv_aware_tokenize /_tokenize timeout=$TOKENIZE_TIMEOUT;"
         http_extra="upstream tokenizers {
@@ -422,6 +453,14 @@ run_one() {
             >"$out.status.json" || true ;;
     esac
 
+    # kvsim's step lag over the run, every server's /metrics
+    local k
+    : >"$out.metrics"
+    for k in $(seq 0 $(( SERVERS - 1 ))); do
+        curl -s -m 5 "http://127.0.0.1:$(( KV_BASE + k ))/metrics" \
+            >>"$out.metrics" || true
+    done
+
     launch stop "$prefix" nginx
     NGINX_PREFIX=
     launch stop "$WORK" kvsim
@@ -463,11 +502,23 @@ meta = {
     "output_tokens": run["config"]["output-tokens"],
     "nginx_alerts": int(alerts),
 }
+# kvsim's step lag, real ms: the worst step of any server, the mean
+lag = {}
+for line in open(out + ".metrics"):
+    if line.startswith("kvsim_step_lag"):
+        name, v = line.split("{")[0], float(line.split()[-1])
+        lag[name] = max(lag.get(name, 0.0), v) if "max" in name \
+            else lag.get(name, 0.0) + v
+if lag.get("kvsim_step_lag_steps_total"):
+    meta["step_lag_max_ms"] = lag.get("kvsim_step_lag_max_ms", 0.0)
+    meta["step_lag_mean_ms"] = (lag.get("kvsim_step_lag_ms_sum", 0.0)
+                                / lag["kvsim_step_lag_steps_total"])
 json.dump(meta, open(out + ".meta.json", "w"), indent=1)
 print("    wall %.0fs  CPU: nginx %.0f%% (%.0f us/req)  kvsim %.0f%%  "
-      "kvload %.0f%%  alerts %s" % (wall, meta["nginx_cpu_pct"],
-      meta["nginx_us_per_req"], meta["kvsim_cpu_pct"],
-      meta["kvload_cpu_pct"], alerts))
+      "kvload %.0f%%  alerts %s  step lag %.1f ms max, %.2f mean" % (
+      wall, meta["nginx_cpu_pct"], meta["nginx_us_per_req"],
+      meta["kvsim_cpu_pct"], meta["kvload_cpu_pct"], alerts,
+      meta.get("step_lag_max_ms", -1), meta.get("step_lag_mean_ms", -1)))
 EOF
     sed -n '3,$p' "$out.txt" | sed 's/^/    /'
 }
@@ -507,10 +558,28 @@ log "shared-prefix: $SP_GROUPS groups x $PROMPTS prompts (llm-d: 150 x 5)," \
     "ladder $LADDER QPS, stages of ${STAGE_SECONDS}s uncompressed$(
     [ "$STAGE_REQUESTS" != 0 ] && echo " or $STAGE_REQUESTS requests")"
 
+SERVERS0=$SERVERS SCALE0=$SCALE
 for wl in $WORKLOADS; do
+    SERVERS=$SERVERS0 SCALE=$SCALE0 WL_KV_PARAMS=
     case $wl in
     shared-prefix) args=$SP_ARGS; pols=$POLICIES ;;
     multi-turn) args=$MT_ARGS; pols=$POLICIES ;;
+    trace)
+        [ -r "$TRACE_FILE" ] || die "no trace at $TRACE_FILE (TRACE_FILE)"
+        SERVERS=$TRACE_SERVERS SCALE=$TRACE_SCALE pols=$POLICIES
+        WL_KV_PARAMS=$TRACE_KV_PARAMS
+        args="--trace $TRACE_FILE --trace-start $TRACE_START"
+        args+=" --trace-seconds $TRACE_SECONDS"
+        mkdir -p "$WORK/trace"
+        echo "$SERVERS $BLOCKS $BLOCK_TOKENS $SCALE $TRACE_START" \
+            "$TRACE_SECONDS $TRACE_KV_PARAMS" >"$WORK/trace/setup.txt"
+        "$PY" "$ROOT/bench/e2e/trace_bounds.py" "$TRACE_FILE" \
+            --start "$TRACE_START" --seconds "$TRACE_SECONDS" \
+            --pool-tokens $(( SERVERS * BLOCKS * BLOCK_TOKENS )) \
+            --block-tokens $BLOCK_TOKENS --json "$WORK/trace/bounds.json" \
+            | sed 's/^/    /'
+        log "trace: $TRACE_FILE, ${TRACE_SECONDS}s from ${TRACE_START}s," \
+            "$SERVERS servers x $BLOCKS blocks, time scale $SCALE" ;;
     no-sharing)
         args=$NS_ARGS pols=""
         for p in $NS_POLICIES; do

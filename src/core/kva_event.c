@@ -417,6 +417,13 @@ kva_decode_load(json_t *load, kva_batch_t *b, kva_err_t *e)
         b->kv_usage = x;
     }
 
+    j = json_object_get(load, "kv_tokens");
+
+    if (j != NULL && kva_get_uint(j, 1ULL << 48, &b->kv_tokens) != 0) {
+        return kva_errf(e, KVA_EVENT_BAD_FIELD,
+                        "load.kv_tokens: not an integer in 0..2^48");
+    }
+
     return KVA_EVENT_OK;
 }
 
@@ -661,7 +668,7 @@ kva_batch_equal(const kva_batch_t *a, const kva_batch_t *b)
 
     if (a->has_load
         && (a->waiting != b->waiting || a->running != b->running
-            || a->kv_usage != b->kv_usage))
+            || a->kv_usage != b->kv_usage || a->kv_tokens != b->kv_tokens))
     {
         return 0;
     }

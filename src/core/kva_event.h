@@ -83,6 +83,7 @@ typedef struct {
     uint32_t            waiting;
     uint32_t            running;
     double              kv_usage;
+    uint64_t            kv_tokens;      /* the KV pool in tokens, 0: unsaid */
 
     kva_ev_t           *events;
     size_t              nevents;

@@ -186,7 +186,9 @@ kva_encode_load(const kva_batch_t *b, size_t *flags)
         || kva_set(load, "waiting", json_integer(b->waiting)) != 0
         || kva_set(load, "running", json_integer(b->running)) != 0
         || kva_set(load, "kv_usage", kva_encode_usage(b->kv_usage, flags))
-           != 0)
+           != 0
+        || (b->kv_tokens
+            && kva_set(load, "kv_tokens", json_integer(b->kv_tokens)) != 0))
     {
         json_decref(load);
         return NULL;

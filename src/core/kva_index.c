@@ -32,7 +32,10 @@
 
 static uint32_t *kva_buckets(kva_index_t *ix);
 static kva_entry_t *kva_entries(kva_index_t *ix);
-static uint64_t kva_fresh_bits(const kva_entry_t *e, const kva_clock_t *clk);
+static uint64_t kva_fresh_bits(const kva_index_t *ix, const kva_entry_t *e,
+    const kva_clock_t *clk);
+static void kva_learn_note(kva_index_t *ix, unsigned slot, uint32_t n,
+    uint32_t now);
 static int kva_clear_bits(kva_entry_t *e, uint64_t mask, unsigned srcs);
 static uint32_t kva_find(kva_index_t *ix, uint64_t key, uint32_t *len);
 static int kva_unlink(kva_index_t *ix, uint32_t idx);
@@ -175,7 +178,8 @@ kva_index_valid(const kva_index_t *ix, size_t region_size)
 
 
 static uint64_t
-kva_fresh_bits(const kva_entry_t *e, const kva_clock_t *clk)
+kva_fresh_bits(const kva_index_t *ix, const kva_entry_t *e,
+    const kva_clock_t *clk)
 {
     uint32_t  age;
     uint64_t  bits;
@@ -186,7 +190,8 @@ kva_fresh_bits(const kva_entry_t *e, const kva_clock_t *clk)
     bits = e->bits[KVA_SRC_EVENT] & clk->precise;
 
     if (age < clk->ttl_learned) {
-        bits |= e->bits[KVA_SRC_LEARNED] & ~clk->precise;
+        bits |= kva_index_learn_bits(ix, e->bits[KVA_SRC_LEARNED]
+                                         & ~clk->precise, e->stamp);
     }
 
     if (age < clk->ttl_spec) {
@@ -271,7 +276,7 @@ kva_index_match_part(kva_index_t *ix, const uint64_t *hashes, uint32_t from,
 
     for (i = from; i < to && live; i++) {
         idx = kva_find(ix, hashes[i], &len);
-        bits = (idx == KVA_NIL) ? 0 : kva_fresh_bits(&entries[idx], clk);
+        bits = (idx == KVA_NIL) ? 0 : kva_fresh_bits(ix, &entries[idx], clk);
 
         if (found) {
             found[i] = idx;
@@ -484,9 +489,11 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     unsigned slot, unsigned srcs, const kva_clock_t *clk,
     const uint32_t *found)
 {
-    uint32_t      i, idx, age, len, b, *bucket;
+    uint32_t      i, idx, age, len, b, *bucket, anew;
     uint64_t      bit;
     kva_entry_t  *e, *entries;
+
+    anew = 0;
 
     if ((srcs & KVA_BITS_ALL) == 0 || slot >= KVA_MAX_SLOTS) {
         return;     /* an entry holding nothing would never be freed */
@@ -533,6 +540,12 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
 
             if (age >= clk->ttl_learned) {
                 e->bits[KVA_SRC_LEARNED] = 0;
+
+            } else {
+                /* and bits past their slot's budget, for the same reason */
+                e->bits[KVA_SRC_LEARNED] = kva_index_learn_bits(ix,
+                                               e->bits[KVA_SRC_LEARNED],
+                                               e->stamp);
             }
 
             if (age >= clk->ttl_spec) {
@@ -545,6 +558,7 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
         }
 
         if (srcs & KVA_BIT_LEARNED) {
+            anew += (e->bits[KVA_SRC_LEARNED] & bit) == 0;
             e->bits[KVA_SRC_LEARNED] |= bit;
         }
 
@@ -554,6 +568,90 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
 
         e->stamp = clk->now;
     }
+
+    kva_learn_note(ix, slot, anew, clk->now);
+}
+
+
+void
+kva_index_learn_budget(kva_index_t *ix, unsigned slot, uint32_t blocks,
+    uint32_t now)
+{
+    uint32_t      g;
+    kva_learn_t  *l;
+
+    if (slot >= KVA_MAX_SLOTS || ix->learn[slot].budget == blocks) {
+        return;
+    }
+
+    l = &ix->learn[slot];
+    l->budget = blocks;
+    l->cur = 0;
+    l->active = 0;
+
+    for (g = 0; g < KVA_LEARN_GENS; g++) {
+        l->start[g] = now;
+        l->count[g] = 0;
+    }
+
+    ix->learn_active &= ~(1ULL << slot);
+}
+
+
+/*
+ * n blocks newly learned by slot.  When the generation filling is full,
+ * the next begins and the cutoff moves: the generations kept, the one
+ * filling included, hold at most budget - one generation, so that what
+ * is trusted never exceeds the budget while the next one fills.
+ */
+static void
+kva_learn_note(kva_index_t *ix, unsigned slot, uint32_t n, uint32_t now)
+{
+    uint32_t      gen, limit, sum, k, p, keep;
+    kva_learn_t  *l;
+
+    l = &ix->learn[slot];
+
+    if (l->budget == 0 || n == 0) {
+        return;
+    }
+
+    l->learned += n;
+    gen = l->budget / KVA_LEARN_SHARE ? l->budget / KVA_LEARN_SHARE : 1;
+    l->count[l->cur] = l->count[l->cur] + n < l->count[l->cur]
+                       ? UINT32_MAX : l->count[l->cur] + n;
+
+    if (l->count[l->cur] < gen) {
+        return;
+    }
+
+    l->cur = (l->cur + 1) % KVA_LEARN_GENS;
+    l->start[l->cur] = now;
+    l->count[l->cur] = 0;
+
+    limit = l->budget > gen ? l->budget - gen : 0;
+    sum = 0;
+    keep = l->cur;
+
+    for (k = 1; k < KVA_LEARN_GENS; k++) {
+        p = (l->cur + KVA_LEARN_GENS - k) % KVA_LEARN_GENS;
+
+        if (l->count[p] > limit - sum) {
+            /*
+             * Blocks of generation p and before are forgotten; and those
+             * of the tick it ended in, which may be either side of it.
+             */
+            l->cutoff = l->start[keep] + 1;
+            l->active = 1;
+            ix->learn_active |= 1ULL << slot;
+            return;
+        }
+
+        sum += l->count[p];
+        keep = p;
+    }
+
+    /* all the generations fit: what came before them is counted nowhere */
 }
 
 

@@ -65,7 +65,32 @@ typedef struct {
 
 
 /* in magic: the layout is this one (kva_index_valid(), kva_index_check()) */
-#define KVA_INDEX_MAGIC     0x6b766132u     /* "kva2": keyed buckets */
+#define KVA_INDEX_MAGIC     0x6b766133u     /* "kva3": learned budgets */
+
+
+/*
+ * The budget of what this router learned of one server: no more blocks
+ * than the server's KV cache holds, its oldest learned blocks forgotten
+ * first.  The blocks a slot learns anew are counted in generations of
+ * budget / KVA_LEARN_SHARE; when one fills, the slot's cutoff moves to
+ * the start of the oldest generation that, with those after it, fits in
+ * the budget less one generation.  A learned bit of that slot on an entry
+ * last touched before the cutoff counts no more, and is cleared when the
+ * entry is next touched.  O(1) an add, O(KVA_LEARN_GENS) a generation: no
+ * scan under the lock.  The TTL still applies.
+ */
+#define KVA_LEARN_GENS      16
+#define KVA_LEARN_SHARE     8
+
+typedef struct {
+    uint32_t            budget;         /* blocks, 0: none */
+    uint32_t            cutoff;         /* ticks; with active */
+    uint32_t            cur;            /* the generation filling */
+    uint32_t            active;         /* the budget was reached */
+    uint32_t            start[KVA_LEARN_GENS];  /* ticks */
+    uint32_t            count[KVA_LEARN_GENS];  /* blocks learned anew */
+    uint64_t            learned;        /* blocks learned anew, in all */
+} kva_learn_t;
 
 
 typedef struct {
@@ -82,6 +107,8 @@ typedef struct {
     uint64_t            evictions;      /* LRU evictions, index full */
     uint64_t            chain_evictions;    /* inserts into a full chain */
     uint64_t            inserts;
+    uint64_t            learn_active;   /* slots whose cutoff is in force */
+    kva_learn_t         learn[KVA_MAX_SLOTS];
     /* uint32_t buckets[nbuckets]; kva_entry_t entries[capacity]; */
 } kva_index_t;
 
@@ -164,6 +191,33 @@ uint32_t kva_index_match_part(kva_index_t *ix, const uint64_t *hashes,
     uint32_t depth[KVA_MAX_SLOTS], uint32_t *found);
 uint32_t kva_index_match_done(uint32_t n, uint32_t reached, uint64_t alive,
     uint32_t depth[KVA_MAX_SLOTS], uint32_t *found);
+
+/*
+ * Sets slot's budget of learned blocks (0: none, only the TTL).  A new
+ * budget starts counting afresh; what was learned before stays until the
+ * new count reaches it.  Cheap when unchanged: call it before each add.
+ */
+void kva_index_learn_budget(kva_index_t *ix, unsigned slot, uint32_t blocks,
+    uint32_t now);
+
+/* the learned bits of an entry that its slots' budgets still allow */
+static inline uint64_t
+kva_index_learn_bits(const kva_index_t *ix, uint64_t bits, uint32_t stamp)
+{
+    int       slot;
+    uint64_t  m;
+
+    for (m = bits & ix->learn_active; m; m &= m - 1) {
+        slot = __builtin_ctzll(m);
+
+        /* signed difference: right across the wrap of the ticks */
+        if ((int32_t) (stamp - ix->learn[slot].cutoff) < 0) {
+            bits &= ~(1ULL << slot);
+        }
+    }
+
+    return bits;
+}
 
 /* forgets what the sources in srcs say about slot for these hashes */
 void kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,

@@ -45,7 +45,9 @@ kva_index_count_range(kva_index_t *ix, const kva_clock_t *clk,
         age = clk->now - e->stamp;
 
         for (src = KVA_SRC_EVENT; src < KVA_SRC_COUNT; src++) {
-            bits = e->bits[src];
+            bits = (src == KVA_SRC_LEARNED)
+                   ? kva_index_learn_bits(ix, e->bits[src], e->stamp)
+                   : e->bits[src];
 
             if ((src == KVA_SRC_LEARNED && age >= clk->ttl_learned)
                 || (src == KVA_SRC_SPEC && age >= clk->ttl_spec))

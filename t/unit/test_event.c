@@ -109,7 +109,8 @@ test_fields(void)
              "\"hashes\":[\"9f3c2a0b11d4e5f6\",\"0123456789abcdef\"]},"
              "{\"type\":\"removed\",\"hashes\":[\"0123456789abcdef\"]},"
              "{\"type\":\"cleared\"}],"
-             "\"load\":{\"waiting\":3,\"running\":12,\"kv_usage\":0.43},"
+             "\"load\":{\"waiting\":3,\"running\":12,\"kv_usage\":0.43,"
+             "\"kv_tokens\":307328},"
              "\"keyspace\":\"text\",\"future\":{\"x\":[1,2]}}",
              NULL, &b, err);
 
@@ -129,7 +130,7 @@ test_fields(void)
     ok(b.nevents == 3 && b.events[2].type == KVA_EV_CLEARED
        && b.events[2].nhashes == 0, "cleared event");
     ok(b.has_load && b.waiting == 3 && b.running == 12
-       && b.kv_usage == 0.43, "load");
+       && b.kv_usage == 0.43 && b.kv_tokens == 307328, "load");
     kva_batch_free(&b);
     ok(zeroed(&b), "kva_batch_free leaves the batch zeroed");
 
@@ -301,6 +302,12 @@ test_errors(void)
            "kv_usage 2");
     expect("{" HDR ",\"load\":{\"kv_usage\":\"0.5\"}}", KVA_EVENT_BAD_FIELD,
            "kv_usage \"0.5\"");
+    expect("{" HDR ",\"load\":{\"kv_tokens\":307328}}", KVA_EVENT_OK,
+           "kv_tokens 307328");
+    expect("{" HDR ",\"load\":{\"kv_tokens\":-1}}", KVA_EVENT_BAD_FIELD,
+           "kv_tokens -1");
+    expect("{" HDR ",\"load\":{\"kv_tokens\":281474976710657}}",
+           KVA_EVENT_BAD_FIELD, "kv_tokens 2^48 + 1");
     expect("{" HDR ",\"keyspace\":\"text\"}", KVA_EVENT_OK,
            "keyspace text");
     expect("{" HDR ",\"keyspace\":\"tokens\"}", KVA_EVENT_OK,

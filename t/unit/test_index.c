@@ -315,6 +315,131 @@ test_crash_states(void)
 }
 
 
+/* learned slot: blocks of its nonzero depth, else 0 */
+static uint32_t
+learned_depth(kva_index_t *ix, const uint64_t *h, uint32_t n, unsigned slot,
+    kva_clock_t *clk)
+{
+    uint32_t  depth[KVA_MAX_SLOTS];
+
+    memset(depth, 0, sizeof(depth));
+    kva_index_match(ix, h, n, 1ULL << slot, clk, depth);
+
+    return depth[slot];
+}
+
+
+static uint64_t
+learned_count(kva_index_t *ix, unsigned slot, kva_clock_t *clk)
+{
+    kva_slot_count_t  counts[KVA_MAX_SLOTS];
+
+    kva_index_count(ix, clk, counts);
+
+    return counts[slot].entries[KVA_SRC_LEARNED];
+}
+
+
+/* a server's learned blocks bounded by its budget, the oldest going first */
+static void
+test_learn_budget(uint32_t t0)
+{
+    uint32_t      p, d, oldest_kept;
+    uint64_t      h[30][100], n0, n1;
+    kva_clock_t   clk = { 0, 1u << 30, 10, 0 };
+    kva_index_t  *ix;
+
+    ix = fresh(65536, 99);
+
+    for (p = 0; p < 30; p++) {
+        chain(h[p], 100, 7000 + p);
+    }
+
+    /* slot 0: 800 blocks, slot 1 none: each learns 30 prompts of 100 */
+    clk.now = t0;
+    kva_index_learn_budget(ix, 0, 800, clk.now);
+
+    for (p = 0; p < 30; p++) {
+        clk.now = t0 + 1 + p;
+        kva_index_learn_budget(ix, 0, 800, clk.now);
+        kva_index_add(ix, h[p], 100, 0, KVA_BIT_LEARNED, &clk);
+        kva_index_add(ix, h[p], 100, 1, KVA_BIT_LEARNED, &clk);
+    }
+
+    n0 = learned_count(ix, 0, &clk);
+    n1 = learned_count(ix, 1, &clk);
+    ok(n0 <= 800 && n0 >= 600, "t0 %u: slot 0 keeps %llu learned blocks, "
+       "within its budget of 800", t0, (unsigned long long) n0);
+    ok(n1 == 3000, "slot 1, without a budget, keeps all %llu",
+       (unsigned long long) n1);
+
+    /* the newest prompts whole, the oldest gone, nothing in between torn */
+    oldest_kept = 30;
+
+    for (p = 0; p < 30; p++) {
+        d = learned_depth(ix, h[p], 100, 0, &clk);
+
+        if (d == 100 && oldest_kept == 30) {
+            oldest_kept = p;
+        }
+
+        if ((d != 0 && d != 100) || (d == 0 && oldest_kept != 30)) {
+            break;
+        }
+    }
+
+    ok(p == 30 && oldest_kept >= 22 && oldest_kept <= 24,
+       "prompts 0..%u forgotten, %u..29 kept", oldest_kept - 1, oldest_kept);
+    ok(learned_depth(ix, h[0], 100, 1, &clk) == 100,
+       "slot 1 still has the oldest");
+
+    /* the other slot touching an old block does not revive slot 0's bit */
+    clk.now++;
+    kva_index_add(ix, h[0], 100, 1, KVA_BIT_LEARNED, &clk);
+    ok(learned_depth(ix, h[0], 100, 0, &clk) == 0,
+       "a block slot 1 touches stays forgotten for slot 0");
+
+    /*
+     * A prompt used again is recent again: it outlives those learned after
+     * it that were not, as in the server's own LRU.
+     */
+    clk.now++;
+    kva_index_add(ix, h[oldest_kept], 100, 0, KVA_BIT_LEARNED, &clk);
+
+    for (p = 0; p < 5; p++) {
+        chain(h[p], 100, 9000 + p);
+        clk.now++;
+        kva_index_add(ix, h[p], 100, 0, KVA_BIT_LEARNED, &clk);
+    }
+
+    ok(learned_depth(ix, h[oldest_kept], 100, 0, &clk) == 100
+       && learned_depth(ix, h[oldest_kept + 1], 100, 0, &clk) == 0,
+       "prompt %u, used again, outlives prompt %u", oldest_kept,
+       oldest_kept + 1);
+    ok(learned_depth(ix, h[4], 100, 0, &clk) == 100, "the newest is kept");
+
+    /* matching what is held counts nothing new: the cutoff stays */
+    d = ix->learn[0].cutoff;
+
+    for (p = 0; p < 50; p++) {
+        clk.now++;
+        kva_index_add(ix, h[4], 100, 0, KVA_BIT_LEARNED, &clk);
+    }
+
+    ok(ix->learn[0].cutoff == d && learned_depth(ix, h[3], 100, 0, &clk)
+       == 100, "prompts used again and again push nothing out");
+
+    /* a budget of 0: only the TTL again */
+    kva_index_learn_budget(ix, 0, 0, clk.now);
+    ok(learned_count(ix, 0, &clk) > 800 && (ix->learn_active & 1) == 0,
+       "budget 0: what the TTL allows (%llu)",
+       (unsigned long long) learned_count(ix, 0, &clk));
+    ok(sound(ix, "learned budget"), "the index is sound");
+
+    free(ix);
+}
+
+
 int
 main(void)
 {
@@ -530,6 +655,8 @@ main(void)
 
     test_flood();
     test_crash_states();
+    test_learn_budget(1000);
+    test_learn_budget(0xffffffe0u);
 
     return done_testing();
 }

@@ -15,6 +15,7 @@
 
 #include "kvload_http.h"
 #include "kvload_stats.h"
+#include "kvload_trace.h"
 #include "kvload_workload.h"
 
 
@@ -57,6 +58,8 @@ typedef struct {
     double              mwaiting;
     double              mlast;
     kvl_workload_t     *work;
+    kvl_trace_conf_t    tc;             /* --trace: kvload_trace.c */
+    kvl_trace_t        *trace;
     kvl_stage_t         stages[KVL_MAX_STAGES];
     unsigned            nstages;
     unsigned            cur;
@@ -77,6 +80,9 @@ typedef struct {
 int kvl_run_init(kvl_ctx_t *ctx);
 /* the stages in turn, until the last one drains or a second interrupt */
 int kvl_run(kvl_ctx_t *ctx);
+
+/* --trace: the window read, one stage of its requests at their times */
+int kvl_trace_setup(kvl_ctx_t *ctx);
 
 /* opts: echoed as the run's "config" */
 json_t *kvl_report_json(kvl_ctx_t *ctx, kvl_opt_t *opts);

@@ -39,7 +39,7 @@ static kvl_agent_conf_t  agent;
 static kvl_opt_t  kvl_opts[] = {
     { "target", 's', &ctx.target, "127.0.0.1:8080", "HOST:PORT" },
     { "workload", 's', &ctx.workload, "shared-prefix",
-      "shared-prefix | multi-turn | no-sharing | agent" },
+      "shared-prefix | multi-turn | no-sharing | agent | trace" },
     { "qps-ladder", 's', &ctx.ladder, "3,10,20,40,60", "QPS per stage" },
     { "stage-requests", 'U', &ctx.stage_requests, "0",
       "requests per stage at most (0: no cap)" },
@@ -73,6 +73,14 @@ static kvl_opt_t  kvl_opts[] = {
     { "json", 's', &ctx.json, NULL, "write results as JSON" },
     { "csv", 's', &ctx.csv, NULL, "write results as CSV, a row per stage" },
     { "label", 's', &ctx.label, "", "a name for this run" },
+    { "trace", 's', &ctx.tc.path, NULL,
+      "with --workload trace: a Mooncake-format trace (JSON lines)" },
+    { "trace-start", 'd', &ctx.tc.start, "0", "trace seconds skipped" },
+    { "trace-seconds", 'd', &ctx.tc.seconds, "0",
+      "window, trace seconds (0: to the end)" },
+    { "trace-count", 'U', &ctx.tc.count, "0", "requests at most (0: all)" },
+    { "trace-max-lines", 'u', &ctx.tc.max_lines, "10000000",
+      "lines read at most" },
     { NULL, 0, NULL, NULL, NULL }
 };
 
@@ -101,6 +109,10 @@ main(int argc, char **argv)
 
     ctx.work = ctx.wl.kind == KVL_WL_AGENT ? NULL
                                            : kvl_workload_create(&ctx.wl);
+
+    if (ctx.tc.path && kvl_trace_setup(&ctx) != 0) {
+        return 1;
+    }
 
     if ((ctx.work == NULL && ctx.wl.kind != KVL_WL_AGENT)
         || kvl_run_init(&ctx) != 0)
@@ -141,6 +153,7 @@ main(int argc, char **argv)
 
     json_decref(res);
     kvl_workload_free(ctx.work);
+    kvl_trace_free(ctx.trace);
 
     for (i = 0; i < ctx.nstages; i++) {
         kvl_stage_free(&ctx.stages[i]);
@@ -186,6 +199,11 @@ kvl_options(int argc, char **argv)
         /* void */
     }
 
+    if ((ctx.tc.path != NULL) != (strcmp(ctx.workload, "trace") == 0)) {
+        goto usage;                     /* --trace and trace go together */
+    }
+
+    n = ctx.tc.path ? 0 : n;            /* the trace: kvload_trace.c */
     ctx.wl.kind = (kvl_wl_kind_e) n;
 
     for (p = ctx.wl.model; *p; p++) {

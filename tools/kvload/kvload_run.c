@@ -92,6 +92,10 @@ kvl_run(kvl_ctx_t *ctx)
 static double
 kvl_arrival_gap(kvl_ctx_t *ctx, kvl_stage_t *st)
 {
+    if (ctx->trace) {
+        return kvl_trace_gap(ctx->trace) / ctx->scale;
+    }
+
     /* 1 - u is in (0, 1]: the log stays finite */
     return -log(1.0 - kva_rand_unit(&ctx->rng)) / (st->qps * ctx->scale);
 }
@@ -160,7 +164,9 @@ kvl_issue(kvl_ctx_t *ctx, kvl_stage_t *st, double t)
 
     /* the workload advances even for a drop: same prompts for everyone */
 
-    rc = kvl_workload_next(ctx->work, &body, &len);
+    rc = ctx->trace ? kvl_trace_next(ctx->trace, ctx->wl.model,
+                                     ctx->wl.prompt_ids, &body, &len)
+                    : kvl_workload_next(ctx->work, &body, &len);
 
     if (ctx->inflight >= ctx->max_inflight) {
         st->dropped++;

@@ -92,6 +92,9 @@ typedef struct {
     struct event       *step_ev;
     double              step_end;       /* ms, when the last step ends */
     double              lag_ms;         /* the CPU behind the simulation */
+    double              lag_max_ms;     /* ... at most, since the start */
+    double              lag_sum_ms;     /* ... in all, late steps */
+    uint64_t            lag_steps;      /* steps whose lag was measured */
     unsigned            stepping:1;
 
     kvs_http_t         *http;

@@ -260,6 +260,8 @@ kvs_publish(kvs_events_t *ev, kvs_server_t *srv, kva_batch_t *b)
     b->waiting = srv->sched.nwaiting;
     b->running = srv->sched.nrunning;
     b->kv_usage = kvs_cache_usage(&srv->cache);
+    b->kv_tokens = (uint64_t) srv->sim->conf.num_blocks
+                   * srv->sim->conf.block_tokens;
 
     if (ev->pub == NULL || ev->pending >= KVS_PENDING_MAX
         || (ev->sim->conf.drop_events > 0.0

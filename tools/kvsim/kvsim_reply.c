@@ -198,6 +198,10 @@ kvs_reply_metrics(kvs_server_t *srv, struct evhttp_request *req)
     kvs_metric("kvsim_steps_total", "counter", "%llu",
                (unsigned long long) x->sched.steps);
     kvs_metric("kvsim_step_lag_ms", "gauge", "%.3f", x->lag_ms);
+    kvs_metric("kvsim_step_lag_max_ms", "gauge", "%.3f", x->lag_max_ms);
+    kvs_metric("kvsim_step_lag_ms_sum", "counter", "%.3f", x->lag_sum_ms);
+    kvs_metric("kvsim_step_lag_steps_total", "counter", "%llu",
+               (unsigned long long) x->lag_steps);
     kvs_metric("kvsim_cache_blocks_cached", "gauge", "%u",
                x->cache.nhashed);
     kvs_metric("kvsim_cache_blocks_free", "gauge", "%u", x->cache.nfree);
