@@ -81,7 +81,7 @@ sub client {
     my $text = do { local $/; <$out> };
     close $out;
     if ($? != 0) {
-        diag("openai-client.js $scenario: exit " . ($? >> 8));
+        diag("openai-client.js $scenario: wait status $?");
         return undef;
     }
     my $r = eval { decode_json($text) };
