@@ -3,10 +3,18 @@
 # Works as root without sudo, and as a user with sudo.
 set -euo pipefail
 
+# what installed packages provide counts as installed: NodeSource's nodejs
+# provides (and conflicts with) npm, and asking apt for npm would fail
+provided=" $(dpkg-query -W -f='${db:Status-Abbrev} ${Provides}\n' 2>/dev/null \
+             | awk '$1 == "ii" { $1 = ""; print }' \
+             | sed -e 's/([^)]*)//g' | tr ', ' '\n\n' | sort -u \
+             | tr '\n' ' ') "
+
 missing=()
 for pkg in "$@"; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null \
-            | grep -q "install ok installed"; then
+            | grep -q "install ok installed" \
+            && [[ "$provided" != *" $pkg "* ]]; then
         missing+=("$pkg")
     fi
 done
