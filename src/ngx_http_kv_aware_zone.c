@@ -308,6 +308,17 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
         kcf->sh->reserved &= ~stale;
         ngx_http_kv_aware_set_precise(kcf->sh, stale, 0);
         ngx_http_kv_aware_drop_slots(kcf, stale, KVA_BITS_ALL);
+
+        /* nor has it learned anything: its learned budget counts afresh */
+        ngx_shmtx_lock(&kcf->shpool->mutex);
+
+        for (s = 0; s < KVA_MAX_SLOTS; s++) {
+            if (stale & (1ULL << s)) {
+                kva_index_learn_budget(kcf->sh->index, s, 0, 0);
+            }
+        }
+
+        ngx_shmtx_unlock(&kcf->shpool->mutex);
     }
 
     /* newcomers take free slots */

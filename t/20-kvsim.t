@@ -266,6 +266,8 @@ ok(!grep({ !/^[0-9a-f]{16}$/ } @{ $ev->{hashes} }), 'as 16 hex digits');
 ok(!defined $ev->{parent}, 'the first block has no parent');
 is($stored->{v}, 1, 'protocol version 1');
 ok(ref $stored->{load} && defined $stored->{load}{kv_usage}, 'with load');
+is($stored->{load}{kv_tokens}, 4802 * 64,
+   'and its pool in tokens: --num-blocks x --block-tokens (defaults)');
 
 # the first message of each server clears what receivers knew
 my ($first) = grep { $_->{server} eq $idA } @{ $sub->{seen} };

@@ -3,9 +3,9 @@
 # End-to-end benchmark: nginx balancing policies in front of kvsim (8
 # simulated vLLM-like servers), driven by kvload on llm-d's QPS ladder.
 #
-#   bash bench/e2e/run.sh             full run (about 17 minutes, 2 cores)
-#   bash bench/e2e/run.sh --quick     smoke run (about 2 minutes)
-#   bash bench/e2e/run.sh --workloads trace     the trace alone (11 min)
+#   bash bench/e2e/run.sh             full run (about 15 minutes, 2 cores)
+#   bash bench/e2e/run.sh --quick     smoke run (about 3 minutes)
+#   bash bench/e2e/run.sh --workloads trace     the trace alone (9 min)
 #
 #   --policies a,b     subset of: round_robin least_conn random_two
 #                      hash_prefix kv_aware kv_aware_events kv_aware_bridge
