@@ -40,8 +40,8 @@ TOOLS      :=
 
 PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
               libxxhash-dev libevent-dev redis-server redis-tools wrk \
-              gnuplot-nox perl libredis-perl curl python3 procps \
-              libpcre2-dev zlib1g-dev clang libclang-rt-14-dev
+              gnuplot-nox perl libredis-perl libnet-dns-perl curl python3 \
+              procps libpcre2-dev zlib1g-dev clang libclang-rt-14-dev
 
 # libFuzzer targets: fuzz/fuzz_<name>.c, seeds in fuzz/corpus/<name>/
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))

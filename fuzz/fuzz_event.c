@@ -109,11 +109,14 @@ fz_round_trip(const kva_batch_t *b)
 static void
 fz_resync(const char *msg, size_t len)
 {
-    char     server[KVA_EVENT_SERVER_MAX], again[KVA_EVENT_SERVER_MAX];
-    char    *out;
-    size_t   n, m, out_len;
+    char      server[KVA_EVENT_SERVER_MAX], again[KVA_EVENT_SERVER_MAX];
+    char     *out;
+    size_t    n, m, out_len;
+    unsigned  rank, rank2;
 
-    if (kva_event_decode_resync(msg, len, server, sizeof(server), &n) != 0) {
+    if (kva_event_decode_resync(msg, len, server, sizeof(server), &n, &rank)
+        != 0)
+    {
         return;
     }
 
@@ -121,14 +124,16 @@ fz_resync(const char *msg, size_t len)
         abort();
     }
 
-    out = kva_event_encode_resync(server, n, &out_len);
+    out = kva_event_encode_resync(server, n, (int) rank, &out_len);
 
     if (out == NULL) {
         abort();
     }
 
-    if (kva_event_decode_resync(out, out_len, again, sizeof(again), &m) != 0
-        || m != n || memcmp(server, again, n) != 0)
+    if (kva_event_decode_resync(out, out_len, again, sizeof(again), &m,
+                                &rank2) != 0
+        || m != n || memcmp(server, again, n) != 0 || rank2 != rank
+        || rank > KVA_EVENT_RANK_MAX)
     {
         abort();
     }

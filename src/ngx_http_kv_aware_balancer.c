@@ -8,6 +8,9 @@
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_prompt.h"
+#include "ngx_http_kv_aware_events.h"
+#include "ngx_http_kv_aware_share.h"
+#include "ngx_http_kv_aware_members.h"
 #include "ngx_http_kv_aware_balancer.h"
 
 
@@ -22,13 +25,19 @@ typedef struct {
     ngx_http_kv_aware_load_t          *charged;  /* load of the current try */
     uint32_t                           charged_blocks;
     ngx_uint_t                         slot;
+
+    /* chosen before the first try, for $kv_aware_dp_rank */
+    ngx_http_upstream_rr_peer_t       *planned;
+    ngx_uint_t                         planned_rank;
 } ngx_http_kv_aware_peer_data_t;
 
 
+/* a candidate: a server, or one data-parallel rank of it */
 typedef struct {
     ngx_http_upstream_rr_peer_t       *peer;
     ngx_uint_t                         number;  /* in its peer list */
     ngx_uint_t                         slot;
+    ngx_uint_t                         rank;
 } ngx_http_kv_aware_pick_t;
 
 
@@ -38,8 +47,15 @@ static ngx_int_t ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc,
     void *data);
 static void ngx_http_kv_aware_free_peer(ngx_peer_connection_t *pc,
     void *data, ngx_uint_t state);
+static ngx_uint_t ngx_http_kv_aware_candidates(
+    ngx_http_kv_aware_peer_data_t *kp, ngx_http_upstream_rr_peers_t *peers,
+    ngx_uint_t base, ngx_http_kv_aware_pick_t *picks, time_t now);
+static ngx_uint_t ngx_http_kv_aware_planned(ngx_http_kv_aware_peer_data_t *kp,
+    ngx_http_kv_aware_pick_t *picks, ngx_uint_t n);
 static ngx_uint_t ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     ngx_http_kv_aware_pick_t *picks, ngx_uint_t n, ngx_log_t *log);
+static void ngx_http_kv_aware_release(ngx_http_kv_aware_peer_data_t *kp,
+    ngx_uint_t forget);
 static ngx_int_t ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
     ngx_http_kv_aware_peer_data_t *kp);
 
@@ -65,11 +81,20 @@ ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
 
     n = peers->number + (peers->next ? peers->next->number : 0);
 
-    if (n > KVA_MAX_SLOTS) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "kv_aware: upstream \"%V\" has %ui servers, "
-                           "at most %d are supported", &us->host, n,
-                           KVA_MAX_SLOTS);
+    if (n * kcf->data_parallel > KVA_MAX_SLOTS) {
+        if (kcf->data_parallel > 1) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "kv_aware: upstream \"%V\" has %ui servers "
+                               "of %ui ranks, at most %d ranks in all are "
+                               "supported", &us->host, n,
+                               kcf->data_parallel, KVA_MAX_SLOTS);
+        } else {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "kv_aware: upstream \"%V\" has %ui servers, "
+                               "at most %d are supported", &us->host, n,
+                               KVA_MAX_SLOTS);
+        }
+
         return NGX_ERROR;
     }
 
@@ -81,7 +106,7 @@ ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
         return NGX_ERROR;
     }
 
-    kcf->slot_of = ngx_pcalloc(cf->pool, n);
+    kcf->slot_of = ngx_pcalloc(cf->pool, KVA_MAX_SLOTS);
     if (kcf->slot_of == NULL) {
         return NGX_ERROR;
     }
@@ -103,6 +128,13 @@ ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
 
     us->peer.init = ngx_http_kv_aware_init_peer;
 
+    kcf->uscf = us;
+
+#if (NGX_HTTP_KV_AWARE_RESOLVE)
+    /* in a zone the lists may change ("server ... resolve") */
+    kcf->dynamic = (us->shm_zone != NULL);
+#endif
+
     return NGX_OK;
 }
 
@@ -117,9 +149,32 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
 
     kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kv_aware_module);
 
-    kp = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_peer_data_t));
-    if (kp == NULL) {
-        return NGX_ERROR;
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
+
+    if (ctx == NULL) {
+        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_ctx_t));
+        if (ctx == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_http_set_ctx(r, ctx, ngx_http_kv_aware_module);
+    }
+
+    /*
+     * $kv_aware_dp_rank, read while the request to the server was built,
+     * already chose: the same data, so that the first try goes there
+     */
+    kp = ctx->peer_data;
+
+    if (kp == NULL || kp->kcf != kcf) {
+        kp = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_peer_data_t));
+        if (kp == NULL) {
+            return NGX_ERROR;
+        }
+
+        kp->kcf = kcf;
+        kp->ctx = ctx;
+        ctx->peer_data = kp;
     }
 
     r->upstream->peer.data = &kp->rrp;
@@ -131,19 +186,7 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
     r->upstream->peer.get = ngx_http_kv_aware_get_peer;
     r->upstream->peer.free = ngx_http_kv_aware_free_peer;
 
-    kp->kcf = kcf;
     kp->primary = kp->rrp.peers;
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
-
-    if (ctx == NULL) {
-        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_ctx_t));
-        if (ctx == NULL) {
-            return NGX_ERROR;
-        }
-
-        ngx_http_set_ctx(r, ctx, ngx_http_kv_aware_module);
-    }
 
     /* the context may come from kv_aware_tokenize, with the ids */
     if (!ctx->hashed) {
@@ -161,7 +204,93 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
         }
     }
 
-    kp->ctx = ctx;
+    return NGX_OK;
+}
+
+
+/*
+ * $kv_aware_dp_rank: the rank of the server a data-parallel upstream
+ * chooses, which has to be known while the request to the server is
+ * built, before the balancer runs.  So the choice is made here, among
+ * the servers the first try may take, and the first try takes it.  A
+ * retry chooses anew but the request keeps this rank: any rank is one
+ * every server has.
+ */
+ngx_int_t
+ngx_http_kv_aware_plan_rank(ngx_http_request_t *r, ngx_uint_t *rank)
+{
+    time_t                          now;
+    ngx_uint_t                      n, best;
+    ngx_http_upstream_t            *u;
+    ngx_http_kv_aware_ctx_t        *ctx;
+    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
+    ngx_http_upstream_srv_conf_t   *us;
+    ngx_http_upstream_rr_peers_t   *peers;
+    ngx_http_kv_aware_srv_conf_t   *kcf;
+    ngx_http_kv_aware_peer_data_t  *kp;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
+
+    if (ctx && ctx->decided) {
+        *rank = ctx->rank;
+        return NGX_OK;
+    }
+
+    u = r->upstream;
+
+    /* proxy_pass with variables has no upstream{} to read yet */
+    if (u == NULL || u->conf == NULL || u->conf->upstream == NULL
+        || u->peer.connection != NULL)
+    {
+        return NGX_DECLINED;
+    }
+
+    us = u->conf->upstream;
+    kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kv_aware_module);
+
+    if (kcf->shm_zone == NULL || kcf->data_parallel < 2
+        || us->peer.data == NULL)
+    {
+        return NGX_DECLINED;
+    }
+
+    if (ngx_http_kv_aware_init_peer(r, us) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
+    kp = ctx->peer_data;
+    peers = kp->rrp.peers;
+    now = ngx_time();
+
+    if (kcf->dynamic) {
+        ngx_http_kv_aware_members_sync(kcf);
+    }
+
+    ngx_http_upstream_rr_peers_wlock(peers);
+
+    if (!ngx_http_kv_aware_members_current(kcf, peers)
+        || peers->number > kcf->npeers)
+    {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return NGX_DECLINED;
+    }
+
+    n = ngx_http_kv_aware_candidates(kp, peers, 0, picks, now);
+
+    if (n == 0) {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return NGX_DECLINED;
+    }
+
+    best = ngx_http_kv_aware_choose(kp, picks, n, r->connection->log);
+
+    kp->planned = picks[best].peer;
+    kp->planned_rank = picks[best].rank;
+
+    ngx_http_upstream_rr_peers_unlock(peers);
+
+    *rank = ctx->rank;
 
     return NGX_OK;
 }
@@ -173,7 +302,6 @@ ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc, void *data)
     ngx_http_kv_aware_peer_data_t *kp = data;
 
     time_t                          now;
-    uintptr_t                       m;
     ngx_int_t                       rc;
     ngx_uint_t                      i, n, base, best;
     ngx_http_upstream_rr_peer_t    *peer;
@@ -192,46 +320,36 @@ ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc, void *data)
     now = ngx_time();
 
     peers = rrp->peers;
-    base = (peers == kp->primary) ? 0 : kp->kcf->nprimary;
+
+    if (kp->kcf->dynamic) {
+        ngx_http_kv_aware_members_sync(kp->kcf);
+    }
 
     ngx_http_upstream_rr_peers_wlock(peers);
 
-    if (base + peers->number > kp->kcf->npeers) {
-        /* peers added at run time ("server ... resolve") have no slot */
+#if (NGX_HTTP_KV_AWARE_RESOLVE)
+    /* as round-robin: the tried bitmap is of the lists as they were */
+    if (peers->config && rrp->config != *peers->config) {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        pc->name = peers->name;
+        return NGX_BUSY;
+    }
+#endif
+
+    base = (peers == kp->primary) ? 0 : kp->kcf->nprimary;
+
+    /*
+     * The lists changed again since the map was made, or hold more than
+     * 64 servers (ranks): round-robin's own choice for this try.
+     */
+    if (!ngx_http_kv_aware_members_current(kp->kcf, peers)
+        || base + peers->number > kp->kcf->npeers)
+    {
         ngx_http_upstream_rr_peers_unlock(peers);
         return ngx_http_kv_aware_round_robin(pc, kp);
     }
 
-    n = 0;
-
-    for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
-
-        m = (uintptr_t) 1 << i % (8 * sizeof(uintptr_t));
-
-        if (rrp->tried[i / (8 * sizeof(uintptr_t))] & m) {
-            continue;
-        }
-
-        if (peer->down) {
-            continue;
-        }
-
-        if (peer->max_fails
-            && peer->fails >= peer->max_fails
-            && now - peer->checked <= peer->fail_timeout)
-        {
-            continue;
-        }
-
-        if (peer->max_conns && peer->conns >= peer->max_conns) {
-            continue;
-        }
-
-        picks[n].peer = peer;
-        picks[n].number = i;
-        picks[n].slot = kp->kcf->slot_of[base + i];
-        n++;
-    }
+    n = ngx_http_kv_aware_candidates(kp, peers, base, picks, now);
 
     if (n == 0) {
         ngx_log_debug0(NGX_LOG_DEBUG_HTTP, pc->log, 0,
@@ -239,7 +357,12 @@ ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc, void *data)
         goto failed;
     }
 
-    best = ngx_http_kv_aware_choose(kp, picks, n, pc->log);
+    best = ngx_http_kv_aware_planned(kp, picks, n);
+
+    if (best == n) {
+        best = ngx_http_kv_aware_choose(kp, picks, n, pc->log);
+    }
+
     peer = picks[best].peer;
 
     if (now - peer->checked > peer->fail_timeout) {
@@ -303,9 +426,8 @@ failed:
 
 
 /*
- * The peer list holds more servers than slot_of has entries for: round
- * robin's own choice, so that nothing is read past the table.  Full
- * support of servers that come and go at run time is still to come.
+ * The peer list holds more servers than have slots, or changed under the
+ * map: round-robin's own choice, so that nothing is read past the table.
  */
 static ngx_int_t
 ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
@@ -322,11 +444,92 @@ ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
 
         ngx_log_error(NGX_LOG_WARN, pc->log, 0,
                       "kv_aware: upstream \"%V\" has more servers than "
-                      "at configuration time, routing by round-robin",
-                      &kcf->upstream);
+                      "it has slots for (64 ranks in all), routing by "
+                      "round-robin", &kcf->upstream);
     }
 
     return ngx_http_upstream_get_round_robin_peer(pc, &kp->rrp);
+}
+
+
+/* the servers (ranks) this try may take; the peers' lock is held */
+static ngx_uint_t
+ngx_http_kv_aware_candidates(ngx_http_kv_aware_peer_data_t *kp,
+    ngx_http_upstream_rr_peers_t *peers, ngx_uint_t base,
+    ngx_http_kv_aware_pick_t *picks, time_t now)
+{
+    uintptr_t                     m;
+    ngx_uint_t                    i, n, r, dp;
+    ngx_http_upstream_rr_peer_t  *peer;
+
+    dp = kp->kcf->data_parallel;
+    n = 0;
+
+    for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
+
+        m = (uintptr_t) 1 << i % (8 * sizeof(uintptr_t));
+
+        if (kp->rrp.tried[i / (8 * sizeof(uintptr_t))] & m) {
+            continue;
+        }
+
+        if (peer->down) {
+            continue;
+        }
+
+        if (peer->max_fails
+            && peer->fails >= peer->max_fails
+            && now - peer->checked <= peer->fail_timeout)
+        {
+            continue;
+        }
+
+        if (peer->max_conns && peer->conns >= peer->max_conns) {
+            continue;
+        }
+
+        /* init_upstream allowed at most KVA_MAX_SLOTS of these */
+        for (r = 0; r < dp; r++) {
+            picks[n].peer = peer;
+            picks[n].number = i;
+            picks[n].slot = kp->kcf->slot_of[(base + i) * dp + r];
+            picks[n].rank = r;
+            n++;
+        }
+    }
+
+    return n;
+}
+
+
+/*
+ * The first try takes what $kv_aware_dp_rank chose, if that server may
+ * still be taken (n if not: the choice is taken back and made again).
+ */
+static ngx_uint_t
+ngx_http_kv_aware_planned(ngx_http_kv_aware_peer_data_t *kp,
+    ngx_http_kv_aware_pick_t *picks, ngx_uint_t n)
+{
+    ngx_uint_t                    i;
+    ngx_http_upstream_rr_peer_t  *planned;
+
+    planned = kp->planned;
+
+    if (planned == NULL) {
+        return n;
+    }
+
+    kp->planned = NULL;
+
+    for (i = 0; i < n; i++) {
+        if (picks[i].peer == planned && picks[i].rank == kp->planned_rank) {
+            return i;
+        }
+    }
+
+    ngx_http_kv_aware_release(kp, 1);
+
+    return n;
 }
 
 
@@ -428,6 +631,14 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
                             &clk, ctx->found + from);
     }
 
+    /* what the other instances do not know yet, of a server that is silent */
+    if (kcf->events && kcf->events->share && matched < nblocks
+        && !(clk.precise & (1ULL << slot)))
+    {
+        ngx_http_kv_aware_share_queue(kcf, slot, ctx->hashes + matched,
+                                      nblocks - matched);
+    }
+
     ngx_shmtx_unlock(&kcf->shpool->mutex);
 
     kp->slot = slot;
@@ -441,6 +652,7 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].matched, matched);
 
     ctx->matched = matched;
+    ctx->rank = picks[best].rank;
     ctx->decided = 1;
 
     ngx_log_debug6(NGX_LOG_DEBUG_HTTP, log, 0,
@@ -459,24 +671,35 @@ ngx_http_kv_aware_free_peer(ngx_peer_connection_t *pc, void *data,
 {
     ngx_http_kv_aware_peer_data_t *kp = data;
 
+    /* the server did not take the prompt: do not send siblings there */
+    ngx_http_kv_aware_release(kp, state & NGX_PEER_FAILED);
+
+    ngx_http_upstream_free_round_robin_peer(pc, &kp->rrp, state);
+}
+
+
+/* gives back the load a try charged; forget: and what it taught */
+static void
+ngx_http_kv_aware_release(ngx_http_kv_aware_peer_data_t *kp,
+    ngx_uint_t forget)
+{
     ngx_http_kv_aware_srv_conf_t  *kcf;
 
     kcf = kp->kcf;
 
-    if (kp->charged) {
-        (void) ngx_atomic_fetch_add(&kp->charged->reqs, -1);
-        (void) ngx_atomic_fetch_add(&kp->charged->blocks,
-                                    -(ngx_atomic_int_t) kp->charged_blocks);
-        kp->charged = NULL;
-
-        /* the server did not take the prompt: do not send siblings there */
-        if ((state & NGX_PEER_FAILED) && kp->ctx->nblocks) {
-            ngx_shmtx_lock(&kcf->shpool->mutex);
-            kva_index_del(kcf->sh->index, kp->ctx->hashes, kp->ctx->nblocks,
-                          kp->slot, KVA_BIT_LEARNED | KVA_BIT_SPEC);
-            ngx_shmtx_unlock(&kcf->shpool->mutex);
-        }
+    if (kp->charged == NULL) {
+        return;
     }
 
-    ngx_http_upstream_free_round_robin_peer(pc, &kp->rrp, state);
+    (void) ngx_atomic_fetch_add(&kp->charged->reqs, -1);
+    (void) ngx_atomic_fetch_add(&kp->charged->blocks,
+                                -(ngx_atomic_int_t) kp->charged_blocks);
+    kp->charged = NULL;
+
+    if (forget && kp->ctx->nblocks) {
+        ngx_shmtx_lock(&kcf->shpool->mutex);
+        kva_index_del(kcf->sh->index, kp->ctx->hashes, kp->ctx->nblocks,
+                      kp->slot, KVA_BIT_LEARNED | KVA_BIT_SPEC);
+        ngx_shmtx_unlock(&kcf->shpool->mutex);
+    }
 }

@@ -52,6 +52,8 @@ static ngx_uint_t ngx_http_kv_aware_applier(
     ngx_http_kv_aware_srv_conf_t *kcf);
 static void ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
     u_char *msg, size_t len);
+static char *ngx_http_kv_aware_rank_text(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_slot_t *sl, u_char *buf);
 static void ngx_http_kv_aware_hold(ngx_http_kv_aware_events_conf_t *ecf,
     u_char *msg, size_t len);
 
@@ -203,7 +205,7 @@ ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
     }
 
     slot = ngx_http_kv_aware_slot_by_name(kcf->sh, (u_char *) b.server,
-                                          b.server_len);
+                                          b.server_len, b.rank);
 
     if (slot == KVA_MAX_SLOTS) {
         ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_UNKNOWN_SERVER,
@@ -337,6 +339,7 @@ static void
 ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
     kva_batch_t *b)
 {
+    u_char                     rank[sizeof(" rank ") + NGX_INT_T_LEN];
     size_t                     first;
     uint64_t                   bit;
     ngx_uint_t                 in_sequence;
@@ -420,8 +423,9 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
         (void) ngx_atomic_fetch_add(&sl->ev_gaps, 1);
 
         ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
-                      "kv_aware: events of \"%*s\" out of sequence at %uL, "
-                      "asking for a resync", sl->name_len, sl->name,
+                      "kv_aware: events of \"%*s\"%s out of sequence at "
+                      "%uL, asking for a resync", sl->name_len, sl->name,
+                      ngx_http_kv_aware_rank_text(kcf, sl, rank),
                       (uint64_t) b->seq);
 
         ngx_http_kv_aware_set_ev_state(kcf, slot,
@@ -536,7 +540,11 @@ ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot)
         return;
     }
 
-    msg = kva_event_encode_resync((char *) sl->name, sl->name_len, &len);
+    /* a server of one rank is asked as before: publishers may be older */
+    msg = kva_event_encode_resync((char *) sl->name, sl->name_len,
+                                  kcf->data_parallel > 1 ? (int) sl->rank
+                                                         : -1,
+                                  &len);
     if (msg == NULL) {
         return;
     }
@@ -551,6 +559,21 @@ ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot)
     }
 
     free(msg);
+}
+
+
+/* " rank 3" after a server's name in logs, of a data-parallel upstream */
+static char *
+ngx_http_kv_aware_rank_text(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_slot_t *sl, u_char *buf)
+{
+    if (kcf->data_parallel < 2) {
+        return "";
+    }
+
+    *ngx_sprintf(buf, " rank %ui", sl->rank) = '\0';
+
+    return (char *) buf;
 }
 
 
@@ -656,6 +679,7 @@ ngx_http_kv_aware_events_tick(ngx_event_t *ev)
 {
     ngx_http_kv_aware_srv_conf_t *kcf = ev->data;
 
+    u_char                     rank[sizeof(" rank ") + NGX_INT_T_LEN];
     ngx_uint_t                 s;
     ngx_http_kv_aware_slot_t  *sl;
 
@@ -670,9 +694,11 @@ ngx_http_kv_aware_events_tick(ngx_event_t *ev)
             && ngx_current_msec - sl->ev_heard > kcf->events->heartbeat)
         {
             ngx_log_error(NGX_LOG_WARN, ev->log, 0,
-                          "kv_aware: server \"%*s\" silent for %M ms, "
+                          "kv_aware: server \"%*s\"%s silent for %M ms, "
                           "routing it by learned state", sl->name_len,
-                          sl->name, ngx_current_msec - sl->ev_heard);
+                          sl->name,
+                          ngx_http_kv_aware_rank_text(kcf, sl, rank),
+                          ngx_current_msec - sl->ev_heard);
 
             ngx_http_kv_aware_set_ev_state(kcf, s,
                                            NGX_HTTP_KV_AWARE_EV_STALE);

@@ -44,6 +44,7 @@ struct ngx_http_kv_aware_events_conf_s {
     ngx_uint_t                      max_rate;     /* messages per second */
     size_t                          server_bytes; /* a second, per server */
     ngx_uint_t                      server_hashes;
+    ngx_flag_t                      share;        /* CHANNEL:learned */
 
     /* the subscribing worker's own state */
     ngx_http_kv_aware_redis_t      *redis;
@@ -68,6 +69,13 @@ struct ngx_http_kv_aware_events_conf_s {
     size_t                          srv_bytes[KVA_MAX_SLOTS];
     ngx_uint_t                      srv_hashes[KVA_MAX_SLOTS];
     ngx_msec_t                      logged[NGX_HTTP_KV_AWARE_REJ_LAST];
+
+    /* share=on: the sending timer, and what it takes out of the ring */
+    ngx_event_t                     share_tick;
+    uint64_t                        share_seq;
+    uint64_t                       *share_hashes;
+    u_char                         *share_slots;
+    ngx_msec_t                      share_logged;
 };
 
 

@@ -103,6 +103,12 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_events_params[] = {
       ngx_http_kv_aware_events_offset(server_hashes),
       1, NGX_HTTP_KV_AWARE_NO_MAX, "1000000" },
 
+    /* what this nginx routes, to the others on CHANNEL:learned */
+    { ngx_string("share"),
+      ngx_http_kv_aware_conf_flag,
+      ngx_http_kv_aware_events_offset(share),
+      0, 0, "off" },
+
     ngx_http_kv_aware_null_param
 };
 
@@ -176,6 +182,24 @@ ngx_http_kv_aware_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         p = ngx_cpymem(ecf->resync_channel.data, ecf->link.channel.data,
                        ecf->link.channel.len);
         ngx_memcpy(p, ":resync", sizeof(":resync") - 1);
+    }
+
+    if (ecf->share) {
+        if (ecf->link.pattern) {
+            return "needs pattern=off with share=on";
+        }
+
+        ecf->link.second.len = ecf->link.channel.len
+                               + sizeof(":learned") - 1;
+        ecf->link.second.data = ngx_pnalloc(cf->pool,
+                                            ecf->link.second.len + 1);
+        if (ecf->link.second.data == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        p = ngx_cpymem(ecf->link.second.data, ecf->link.channel.data,
+                       ecf->link.channel.len);
+        ngx_memcpy(p, ":learned", sizeof(":learned"));
     }
 
     ecf->link.name = kcf->upstream;

@@ -7,6 +7,8 @@
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_balancer.h"
 #include "ngx_http_kv_aware_events.h"
+#include "ngx_http_kv_aware_share.h"
+#include "ngx_http_kv_aware_members.h"
 #include "ngx_http_kv_aware_status.h"
 #include "ngx_http_kv_aware_variables.h"
 #include "ngx_http_kv_aware_tokenize.h"
@@ -33,6 +35,12 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_params[] = {
       ngx_http_kv_aware_conf_uint,
       offsetof(ngx_http_kv_aware_srv_conf_t, block_tokens),
       1, 65536, "16" },
+
+    /* ranks of each server (X-data-parallel-rank), slots = servers x this */
+    { ngx_string("data_parallel"),
+      ngx_http_kv_aware_conf_uint,
+      offsetof(ngx_http_kv_aware_srv_conf_t, data_parallel),
+      1, KVA_MAX_SLOTS, "1" },
 
     { ngx_string("block_size"),
       ngx_http_kv_aware_conf_size,
@@ -215,7 +223,9 @@ ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     p = ngx_cpymem(name.data, "kv_aware:", sizeof("kv_aware:") - 1);
     ngx_memcpy(p, uscf->host.data, uscf->host.len);
 
-    kcf->shm_zone = ngx_shared_memory_add(cf, &name, kcf->index_size,
+    kcf->shm_zone = ngx_shared_memory_add(cf, &name,
+                                          kcf->index_size
+                                          + ngx_http_kv_aware_share_size(),
                                           &ngx_http_kv_aware_module);
     if (kcf->shm_zone == NULL) {
         return NGX_CONF_ERROR;
@@ -238,6 +248,9 @@ ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                   |NGX_HTTP_UPSTREAM_MAX_FAILS
                   |NGX_HTTP_UPSTREAM_FAIL_TIMEOUT
                   |NGX_HTTP_UPSTREAM_DOWN
+#if (NGX_HTTP_KV_AWARE_RESOLVE)
+                  |NGX_HTTP_UPSTREAM_MODIFY
+#endif
                   |NGX_HTTP_UPSTREAM_BACKUP;
 
     return NGX_CONF_OK;

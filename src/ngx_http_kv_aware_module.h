@@ -70,6 +70,7 @@ typedef struct {
     ngx_uint_t                      keys;
     size_t                          block_size;
     ngx_uint_t                      block_tokens;
+    ngx_uint_t                      data_parallel; /* ranks a server */
     size_t                          index_size;
     size_t                          max_body;
     ngx_msec_t                      learned_ttl;
@@ -83,10 +84,22 @@ typedef struct {
     ngx_http_kv_aware_events_conf_t  *events;     /* NULL: no events */
 
     ngx_str_t                       upstream;     /* for log messages */
+    ngx_http_upstream_srv_conf_t   *uscf;
     ngx_array_t                    *peer_names;   /* ngx_str_t, primary 1st */
+
+    /*
+     * This worker's map of the peer lists to the zone's slots: peer i of
+     * the primary list, then of the backups, rank r is slot_of[i * ranks
+     * + r]; the first npeers peers have one.  Made at start, and again
+     * when the lists change at run time (ngx_http_kv_aware_members.c).
+     */
     ngx_uint_t                      nprimary;
-    ngx_uint_t                      npeers;       /* entries of slot_of */
-    u_char                         *slot_of;      /* peer number -> slot */
+    ngx_uint_t                      npeers;
+    u_char                         *slot_of;      /* KVA_MAX_SLOTS */
+    ngx_uint_t                      map_config;   /* the lists' counter */
+    ngx_msec_t                      map_time;
+    unsigned                        dynamic:1;    /* zone: lists change */
+    unsigned                        mapped:1;
     ngx_uint_t                      generation;   /* this cycle's, >= 1 */
     ngx_msec_t                      logged_peer;  /* peer beyond slot_of */
 } ngx_http_kv_aware_srv_conf_t;
@@ -105,6 +118,10 @@ typedef struct {
     uint32_t                       *ids;
     size_t                          nids;
     void                           *tokenize;     /* its state */
+
+    /* the balancer's, made early when $kv_aware_dp_rank asks for it */
+    void                           *peer_data;
+    ngx_uint_t                      rank;         /* data-parallel rank */
 
     unsigned                        hashed:1;
     unsigned                        decided:1;

@@ -299,6 +299,12 @@ ngx_http_kv_aware_link_send_setup(ngx_http_kv_aware_link_t *link)
     (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_message, link,
                              "SUBSCRIBE %b", rd->ping_channel.data,
                              rd->ping_channel.len);
+
+    if (conf->second.len) {
+        (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_message, link,
+                                 "SUBSCRIBE %b", conf->second.data,
+                                 conf->second.len);
+    }
 }
 
 
@@ -418,6 +424,22 @@ ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r, void *data)
     {
         /* our own ping came back, or its subscription was confirmed */
         link->ping_out = 0;
+        return;
+    }
+
+    if (rd->conf->second.len
+        && (size_t) channel->len == rd->conf->second.len
+        && ngx_strncmp(channel->str, rd->conf->second.data,
+                       rd->conf->second.len) == 0)
+    {
+        /* its confirmation is not the subscription the consumer waits for */
+        if (link->ready && payload->type == REDIS_REPLY_STRING
+            && kind->len == 7 && ngx_strncmp(kind->str, "message", 7) == 0)
+        {
+            rd->handlers.second(rd->handlers.data, (u_char *) payload->str,
+                                payload->len);
+        }
+
         return;
     }
 

@@ -34,6 +34,7 @@ typedef struct {
     ngx_uint_t                      port;
     ngx_str_t                       channel;      /* NUL-terminated */
     ngx_flag_t                      pattern;
+    ngx_str_t                       second;       /* also; len 0: none */
     ngx_str_t                       user;
     ngx_str_t                       password;
     ngx_msec_t                      connect_timeout;
@@ -57,6 +58,7 @@ typedef void (*ngx_http_kv_aware_redis_event_pt)(void *data);
 
 /*
  * message: a message on the channel, once subscribed.
+ * second: a message on the second channel (conf->second).
  * subscribed: the subscription is (again) in place.
  * lost: the subscription is gone; the link reconnects by itself.
  * closing: graceful shutdown asks the link to go; the consumer may keep it
@@ -64,6 +66,7 @@ typedef void (*ngx_http_kv_aware_redis_event_pt)(void *data);
  */
 typedef struct {
     ngx_http_kv_aware_redis_message_pt   message;
+    ngx_http_kv_aware_redis_message_pt   second;
     ngx_http_kv_aware_redis_event_pt     subscribed;
     ngx_http_kv_aware_redis_event_pt     lost;
     ngx_http_kv_aware_redis_event_pt     closing;

@@ -9,6 +9,8 @@
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_events.h"
+#include "ngx_http_kv_aware_share.h"
+#include "ngx_http_kv_aware_members.h"
 #include "ngx_http_kv_aware_status.h"
 
 
@@ -80,8 +82,7 @@ ngx_http_kv_aware_status_handler(ngx_http_request_t *r)
             size += NGX_HTTP_KV_AWARE_STATUS_UPSTREAM + uscfp[i]->host.len
                     + ngx_escape_json(NULL, uscfp[i]->host.data,
                                       uscfp[i]->host.len)
-                    + kcf->peer_names->nelts
-                      * NGX_HTTP_KV_AWARE_STATUS_SERVER
+                    + KVA_MAX_SLOTS * NGX_HTTP_KV_AWARE_STATUS_SERVER
                     + (check ? NGX_HTTP_KV_AWARE_STATUS_CHECK : 0);
         }
     }
@@ -179,13 +180,13 @@ ngx_http_kv_aware_status_upstream(u_char *p,
     int                          rc;
     char                         err[NGX_HTTP_KV_AWARE_STATUS_CHECK / 2];
     uint32_t                     from;
-    ngx_str_t                   *names;
-    ngx_uint_t                   i, s, state, why;
+    ngx_uint_t                   i, n, s, state, why;
     kva_clock_t                  clk;
     kva_index_t                 *ix;
     kva_slot_count_t             counts[KVA_MAX_SLOTS];
     ngx_http_kv_aware_slot_t    *sl;
     ngx_http_kv_aware_shctx_t   *sh;
+    ngx_http_kv_aware_share_t   *sr;
 
     sh = kcf->sh;
     ix = sh->index;
@@ -277,24 +278,46 @@ ngx_http_kv_aware_status_upstream(u_char *p,
         }
 
         p = ngx_cpymem(p, "}},", 3);
+
+        if (kcf->events->share) {
+            sr = sh->share;
+            p = ngx_sprintf(p, "\"share\":{\"sent\":%uA,\"received\":%uA,"
+                            "\"dropped\":%uA,\"refused\":%uA,"
+                            "\"messages_out\":%uA,\"messages_in\":%uA},",
+                            sr->sent, sr->received, sr->dropped, sr->refused,
+                            sr->messages_out, sr->messages_in);
+        }
     }
 
     p = ngx_cpymem(p, "\"servers\":[", sizeof("\"servers\":[") - 1);
 
-    names = kcf->peer_names->elts;
+    /* the servers as they are now; a data-parallel one a rank at a time */
+    if (kcf->dynamic) {
+        ngx_http_kv_aware_members_sync(kcf);
+    }
 
-    for (i = 0; i < kcf->peer_names->nelts; i++) {
+    n = kcf->npeers * kcf->data_parallel;
+
+    for (i = 0; i < n; i++) {
         s = kcf->slot_of[i];
         sl = &sh->slots[s];
 
-        p = ngx_sprintf(p, "%s{\"name\":\"%V\",\"backup\":%s,"
+        p = ngx_sprintf(p, "%s{\"name\":\"", i ? "," : "");
+        p = (u_char *) ngx_escape_json(p, sl->name, sl->name_len);
+        p = ngx_cpymem(p, "\",", 2);
+
+        if (kcf->data_parallel > 1) {
+            p = ngx_sprintf(p, "\"rank\":%ui,", sl->rank);
+        }
+
+        p = ngx_sprintf(p, "\"backup\":%s,"
                         "\"state\":\"%s\",\"seq\":%uL,"
                         "\"entries\":{\"event\":%uL,\"learned\":%uL,"
                         "\"speculative\":%uL},"
                         "\"events\":{\"messages\":%uA,\"hashes\":%uA,"
                         "\"gaps\":%uA},",
-                        i ? "," : "", &names[i],
-                        i >= kcf->nprimary ? "true" : "false",
+                        i / kcf->data_parallel >= kcf->nprimary
+                        ? "true" : "false",
                         ngx_http_kv_aware_ev_state_names[sl->ev_state],
                         sl->ev_seq, counts[s].entries[KVA_SRC_EVENT],
                         counts[s].entries[KVA_SRC_LEARNED],

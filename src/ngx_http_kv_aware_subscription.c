@@ -11,6 +11,7 @@
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_events.h"
+#include "ngx_http_kv_aware_share.h"
 
 
 #define NGX_HTTP_KV_AWARE_HANDOVER_TICK 50
@@ -109,7 +110,27 @@ ngx_http_kv_aware_events_start(ngx_cycle_t *cycle,
 
     ngx_add_timer(&ecf->tick, NGX_HTTP_KV_AWARE_TICK);
 
+    if (ecf->share) {
+        ecf->share_hashes = ngx_palloc(cycle->pool,
+                                       NGX_HTTP_KV_AWARE_SHARE_RING
+                                       * sizeof(uint64_t));
+        ecf->share_slots = ngx_palloc(cycle->pool,
+                                      NGX_HTTP_KV_AWARE_SHARE_RING);
+
+        if (ecf->share_hashes == NULL || ecf->share_slots == NULL) {
+            return NGX_ERROR;
+        }
+
+        ecf->share_tick.handler = ngx_http_kv_aware_share_tick;
+        ecf->share_tick.data = kcf;
+        ecf->share_tick.log = cycle->log;
+        ecf->share_tick.cancelable = 1;
+
+        ngx_add_timer(&ecf->share_tick, NGX_HTTP_KV_AWARE_SHARE_EVERY);
+    }
+
     handlers.message = ngx_http_kv_aware_events_message;
+    handlers.second = ngx_http_kv_aware_share_message;
     handlers.subscribed = ngx_http_kv_aware_events_subscribed;
     handlers.lost = ngx_http_kv_aware_events_lost;
     handlers.closing = ngx_http_kv_aware_events_closing;
@@ -154,6 +175,10 @@ ngx_http_kv_aware_events_stop(ngx_cycle_t *cycle,
 
     if (ecf->tick.timer_set) {
         ngx_del_timer(&ecf->tick);
+    }
+
+    if (ecf->share_tick.timer_set) {
+        ngx_del_timer(&ecf->share_tick);
     }
 
     if (ecf->handover.timer_set) {

@@ -4,12 +4,15 @@
 
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_prompt.h"
+#include "ngx_http_kv_aware_balancer.h"
 #include "ngx_http_kv_aware_variables.h"
 
 
 static ngx_int_t ngx_http_kv_aware_number(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_kv_aware_reason(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_kv_aware_dp_rank(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 
 
@@ -24,6 +27,10 @@ static ngx_http_variable_t  ngx_http_kv_aware_vars[] = {
       NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
     { ngx_string("kv_aware_reason"), NULL, ngx_http_kv_aware_reason, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    /* for proxy_set_header X-data-parallel-rank: empty, no header */
+    { ngx_string("kv_aware_dp_rank"), NULL, ngx_http_kv_aware_dp_rank, 0,
       NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
@@ -115,6 +122,45 @@ ngx_http_kv_aware_reason(ngx_http_request_t *r,
     v->valid = 1;
     v->no_cacheable = 1;
     v->not_found = 0;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The data-parallel rank of the chosen server: read while the request to
+ * the server is built, it makes the choice (the balancer's first try
+ * follows it).  Not found where the upstream has no ranks.
+ */
+static ngx_int_t
+ngx_http_kv_aware_dp_rank(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    u_char      *p;
+    ngx_int_t    rc;
+    ngx_uint_t   rank;
+
+    rc = ngx_http_kv_aware_plan_rank(r, &rank);
+
+    if (rc == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (rc == NGX_DECLINED) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    p = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    v->len = ngx_sprintf(p, "%ui", rank) - p;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = p;
 
     return NGX_OK;
 }

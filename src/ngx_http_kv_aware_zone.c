@@ -9,6 +9,8 @@
 
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_zone.h"
+#include "ngx_http_kv_aware_share.h"
+#include "ngx_http_kv_aware_members.h"
 
 #if (NGX_LINUX)
 #include <sys/random.h>
@@ -132,6 +134,15 @@ ngx_http_kv_aware_create_sh(ngx_shm_zone_t *shm_zone,
 
     shpool->log_nomem = 0;
 
+    /* always there: share=on may come with a reload */
+    kcf->sh->share = ngx_slab_calloc(shpool,
+                                     sizeof(ngx_http_kv_aware_share_t));
+    if (kcf->sh->share == NULL) {
+        return NGX_ERROR;
+    }
+
+    kcf->sh->share->origin = ngx_http_kv_aware_secret();
+
     /* the index takes every page left, in one run of pages */
     size = shpool->pfree * ngx_pagesize;
     region = NULL;
@@ -228,15 +239,16 @@ ngx_http_kv_aware_in_flight(ngx_http_kv_aware_load_t *load)
 }
 
 
-/* the slot a server holds, by its name, or KVA_MAX_SLOTS */
+/* the slot a server's rank holds, by its name, or KVA_MAX_SLOTS */
 ngx_uint_t
 ngx_http_kv_aware_slot_by_name(ngx_http_kv_aware_shctx_t *sh, u_char *name,
-    size_t len)
+    size_t len, ngx_uint_t rank)
 {
     ngx_uint_t  s;
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
-        if (sh->slots[s].name_len == len
+        if (sh->slots[s].name_len == len && sh->slots[s].rank == rank
+            && !(sh->reserved & (1ULL << s))
             && ngx_memcmp(sh->slots[s].name, name, len) == 0)
         {
             break;
@@ -252,18 +264,23 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
 {
     uint64_t                   used, kept, stale;
     ngx_str_t                 *names;
-    ngx_uint_t                 i, s;
+    ngx_uint_t                 i, s, n, dp;
     ngx_http_kv_aware_slot_t  *slots;
 
     slots = kcf->sh->slots;
     names = kcf->peer_names->elts;
+    dp = kcf->data_parallel;
+    n = kcf->peer_names->nelts * dp;     /* init_upstream allowed 64 */
     used = 0;
     kept = 0;
 
-    /* servers that were there before keep their slot, and what it knows */
-    for (i = 0; i < kcf->peer_names->nelts; i++) {
-        s = ngx_http_kv_aware_slot_by_name(kcf->sh, names[i].data,
-                                           names[i].len);
+    /*
+     * Servers (ranks) that were there before keep their slot, and what it
+     * knows; entry i of slot_of is rank i % dp of server i / dp.
+     */
+    for (i = 0; i < n; i++) {
+        s = ngx_http_kv_aware_slot_by_name(kcf->sh, names[i / dp].data,
+                                           names[i / dp].len, i % dp);
 
         if (s < KVA_MAX_SLOTS) {
             kcf->slot_of[i] = (u_char) s;
@@ -272,10 +289,14 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
         }
     }
 
-    /* slots of servers that left: their entries would mislead newcomers */
+    /*
+     * Slots of servers that left: their entries would mislead newcomers.
+     * Where servers come and go at run time, those resolved are not in
+     * the configuration: the workers' first look at the lists decides.
+     */
     stale = 0;
 
-    for (s = 0; s < KVA_MAX_SLOTS; s++) {
+    for (s = 0; s < KVA_MAX_SLOTS && !kcf->dynamic; s++) {
         if (slots[s].name_len && !(used & (1ULL << s))) {
             stale |= 1ULL << s;
             ngx_memzero(&slots[s], sizeof(ngx_http_kv_aware_slot_t));
@@ -284,22 +305,35 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
 
     if (stale) {
         /* a newcomer in the slot has published nothing: not precise */
+        kcf->sh->reserved &= ~stale;
         ngx_http_kv_aware_set_precise(kcf->sh, stale, 0);
         ngx_http_kv_aware_drop_slots(kcf, stale, KVA_BITS_ALL);
     }
 
-    /* newcomers take free slots; init_upstream allowed at most 64 */
-    for (i = 0; i < kcf->peer_names->nelts; i++) {
+    /* newcomers take free slots */
+    for (i = 0; i < n; i++) {
         if (kept & (1ULL << i)) {
             continue;
         }
 
-        s = __builtin_ctzll(~used);
+        for (s = 0; s < KVA_MAX_SLOTS; s++) {
+            if (slots[s].name_len == 0 && !(used & (1ULL << s))) {
+                break;
+            }
+        }
+
+        if (s == KVA_MAX_SLOTS) {
+            /* only where servers come and go: the first look decides */
+            kcf->slot_of[i] = NGX_HTTP_KV_AWARE_NO_SLOT;
+            continue;
+        }
+
         used |= 1ULL << s;
 
         kcf->slot_of[i] = (u_char) s;
-        slots[s].name_len = names[i].len;
-        ngx_memcpy(slots[s].name, names[i].data, names[i].len);
+        slots[s].name_len = names[i / dp].len;
+        slots[s].rank = i % dp;
+        ngx_memcpy(slots[s].name, names[i / dp].data, names[i / dp].len);
     }
 
     return NGX_OK;

@@ -13,6 +13,9 @@
 #include "kva_index.h"
 
 
+typedef struct ngx_http_kv_aware_share_s  ngx_http_kv_aware_share_t;
+
+
 #define NGX_HTTP_KV_AWARE_NAME_LEN      64     /* "ip:port", room for IPv6 */
 #define NGX_HTTP_KV_AWARE_GENERATIONS   8      /* load tables kept on reload */
 
@@ -63,10 +66,14 @@ typedef enum {
 } ngx_http_kv_aware_reject_e;
 
 
-/* one server of the upstream, kept across reloads by its name */
+/*
+ * one server of the upstream (or one data-parallel rank of it: each has
+ * its own cache), kept across reloads by its name and rank
+ */
 typedef struct {
     u_char                          name[NGX_HTTP_KV_AWARE_NAME_LEN];
     size_t                          name_len;
+    ngx_uint_t                      rank;         /* data_parallel > 1 */
     ngx_atomic_t                    routed;
     ngx_atomic_t                    blocks;
     ngx_atomic_t                    matched;
@@ -111,6 +118,13 @@ struct ngx_http_kv_aware_shctx_s {
     ngx_http_kv_aware_slot_t        slots[KVA_MAX_SLOTS];
     ngx_http_kv_aware_load_t        load[NGX_HTTP_KV_AWARE_GENERATIONS]
                                         [KVA_MAX_SLOTS];
+    ngx_http_kv_aware_share_t      *share;        /* share=on's queue */
+
+    /* servers that come and go (ngx_http_kv_aware_members.c) */
+    uint64_t                        reserved;     /* slots of servers gone */
+    ngx_uint_t                      map_gen;      /* the view that last */
+    ngx_uint_t                      map_config;   /* changed the slots */
+
     kva_index_t                    *index;
     size_t                          index_size;
 };
@@ -130,7 +144,7 @@ void ngx_http_kv_aware_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
 void ngx_http_kv_aware_set_precise(ngx_http_kv_aware_shctx_t *sh,
     uint64_t mask, ngx_uint_t on);
 ngx_uint_t ngx_http_kv_aware_slot_by_name(ngx_http_kv_aware_shctx_t *sh,
-    u_char *name, size_t len);
+    u_char *name, size_t len, ngx_uint_t rank);
 
 
 #endif /* _NGX_HTTP_KV_AWARE_ZONE_H_INCLUDED_ */

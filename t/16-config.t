@@ -1132,3 +1132,95 @@ POST /v1/chat/completions
 {"model":"m","messages":[{"role":"user","content":"hello"}]}
 --- response_headers
 X-KV-Reason: fallback:no_tokens
+
+=== TEST 55: data_parallel=0
+--- http_config
+    upstream llm {
+        kv_aware data_parallel=0;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware: invalid data_parallel "0", expected a number from 1 to 64
+qr/nginx\.conf:\d+/
+
+=== TEST 56: 33 servers of 2 ranks are 66 ranks
+--- http_config
+    upstream llm {
+        kv_aware data_parallel=2;
+        server 127.0.0.2:1000; server 127.0.0.2:1001; server 127.0.0.2:1002;
+        server 127.0.0.2:1003; server 127.0.0.2:1004; server 127.0.0.2:1005;
+        server 127.0.0.2:1006; server 127.0.0.2:1007; server 127.0.0.2:1008;
+        server 127.0.0.2:1009; server 127.0.0.2:1010; server 127.0.0.2:1011;
+        server 127.0.0.2:1012; server 127.0.0.2:1013; server 127.0.0.2:1014;
+        server 127.0.0.2:1015; server 127.0.0.2:1016; server 127.0.0.2:1017;
+        server 127.0.0.2:1018; server 127.0.0.2:1019; server 127.0.0.2:1020;
+        server 127.0.0.2:1021; server 127.0.0.2:1022; server 127.0.0.2:1023;
+        server 127.0.0.2:1024; server 127.0.0.2:1025; server 127.0.0.2:1026;
+        server 127.0.0.2:1027; server 127.0.0.2:1028; server 127.0.0.2:1029;
+        server 127.0.0.2:1030; server 127.0.0.2:1031; server 127.0.0.2:1032;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware: upstream "llm" has 33 servers of 2 ranks, at most 64 ranks in all are supported
+
+=== TEST 57: data_parallel=64 of one server routes, and says a rank
+--- http_config
+    upstream llm {
+        kv_aware data_parallel=64 block_size=16;
+        server $TEST_NGINX_BACKEND_1;
+    }
+--- config
+    location / {
+        proxy_pass http://llm;
+        proxy_set_header X-data-parallel-rank $kv_aware_dp_rank;
+        add_header X-KV-Rank $kv_aware_dp_rank always;
+    }
+--- request
+POST /v1/chat/completions
+$BODY
+--- response_headers
+X-Backend: b1
+--- response_headers_like
+X-KV-Rank: ^([0-9]|[1-5][0-9]|6[0-3])$
+X-Backend-Rank: ^([0-9]|[1-5][0-9]|6[0-3])$
+
+=== TEST 58: kv_aware_events share=on needs one channel, not a pattern
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:1 channel=kv:* pattern=on
+                        resync_channel=kv:resync share=on;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+"kv_aware_events" directive needs pattern=off with share=on
+qr/nginx\.conf:\d+/
+
+=== TEST 59: kv_aware_events share=maybe
+--- http_config
+    upstream llm {
+        kv_aware;
+        kv_aware_events redis=127.0.0.1:1 share=maybe;
+        server 127.0.0.1:1;
+    }
+--- config
+    location / { proxy_pass http://llm; }
+--- backends: 0
+--- must_die
+--- error_log
+[emerg]
+kv_aware_events: invalid share "maybe", expected on or off

@@ -293,6 +293,33 @@ kva_decode_root(json_t *root, const kva_event_limits_t *lim, kva_batch_t *b,
 
     b->seq = u;
 
+    j = json_object_get(root, "rank");
+
+    if (j != NULL) {
+        if (kva_get_uint(j, KVA_EVENT_RANK_MAX, &u) != 0) {
+            return kva_errf(e, KVA_EVENT_BAD_FIELD,
+                            "rank: not an integer in 0..%d",
+                            KVA_EVENT_RANK_MAX);
+        }
+
+        b->has_rank = 1;
+        b->rank = (uint32_t) u;
+    }
+
+    j = json_object_get(root, "origin");
+
+    if (j != NULL) {
+        if (!json_is_string(j)
+            || kva_unhex64(json_string_value(j), json_string_length(j),
+                           &b->origin) != 0)
+        {
+            return kva_errf(e, KVA_EVENT_BAD_FIELD,
+                            "origin: not 16 hex digits");
+        }
+
+        b->has_origin = 1;
+    }
+
     j = json_object_get(root, "keyspace");
 
     if (j != NULL) {
@@ -622,6 +649,8 @@ kva_batch_equal(const kva_batch_t *a, const kva_batch_t *b)
 
     if (a->server_len != b->server_len
         || memcmp(a->server, b->server, a->server_len) != 0
+        || a->has_rank != b->has_rank || a->rank != b->rank
+        || a->has_origin != b->has_origin || a->origin != b->origin
         || a->seq != b->seq || a->snapshot != b->snapshot
         || a->keyspace != b->keyspace || a->heartbeat != b->heartbeat
         || a->has_load != b->has_load
@@ -658,9 +687,10 @@ kva_batch_equal(const kva_batch_t *a, const kva_batch_t *b)
 
 int
 kva_event_decode_resync(const char *msg, size_t len, char *server,
-    size_t server_cap, size_t *server_len)
+    size_t server_cap, size_t *server_len, unsigned *rank)
 {
     size_t              n;
+    uint64_t            r;
     json_t             *root, *j;
     kva_err_t           e;
     kva_event_rc_e      rc;
@@ -686,14 +716,26 @@ kva_event_decode_resync(const char *msg, size_t len, char *server,
     j = json_object_get(root, "type");
     n = 0;
 
+    r = 0;
+
     if (json_is_string(j) && strcmp(json_string_value(j), "resync") == 0) {
         n = kva_get_server(root, server, server_cap);
+
+        j = json_object_get(root, "rank");
+
+        if (j != NULL && kva_get_uint(j, KVA_EVENT_RANK_MAX, &r) != 0) {
+            n = 0;
+        }
     }
 
     json_decref(root);
 
     if (n == 0) {
         return -1;
+    }
+
+    if (rank != NULL) {
+        *rank = (unsigned) r;
     }
 
     if (server_len != NULL) {

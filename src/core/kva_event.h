@@ -16,6 +16,8 @@
 
 
 #define KVA_EVENT_SERVER_MAX   128
+/* data-parallel ranks of one server: "rank" 0 .. 63 */
+#define KVA_EVENT_RANK_MAX     63
 
 /*
  * The pre-scan's bounds (kva_event_decode() checks them before jansson
@@ -69,6 +71,10 @@ typedef enum {
 typedef struct {
     char                server[KVA_EVENT_SERVER_MAX];
     size_t              server_len;
+    unsigned            has_rank:1;     /* "rank" given; else rank 0 */
+    uint32_t            rank;           /* data-parallel rank */
+    unsigned            has_origin:1;
+    uint64_t            origin;         /* the nginx that learned these */
     uint64_t            seq;
     kva_snap_e          snapshot;
     kva_keyspace_e      keyspace;       /* "keyspace", text when absent */
@@ -150,11 +156,14 @@ int kva_event_shape(const char *msg, size_t len, const kva_event_shape_t *max,
  */
 char *kva_event_encode(const kva_batch_t *b, size_t *len);
 
-/* {"v":1,"type":"resync","server":"..."} and its decoder */
+/*
+ * {"v":1,"type":"resync","server":"...","rank":r} and its decoder; rank
+ * below 0 leaves "rank" out, and a request without it asks for rank 0
+ */
 char *kva_event_encode_resync(const char *server, size_t server_len,
-    size_t *len);
+    int rank, size_t *len);
 int kva_event_decode_resync(const char *msg, size_t len, char *server,
-    size_t server_cap, size_t *server_len);
+    size_t server_cap, size_t *server_len, unsigned *rank);
 
 const char *kva_event_strerror(kva_event_rc_e rc);
 

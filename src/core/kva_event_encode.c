@@ -38,6 +38,7 @@ static const char   kva_digits[] = "0123456789abcdef";
 char *
 kva_event_encode(const kva_batch_t *b, size_t *len)
 {
+    char       hex[16];
     size_t     i, slen, flags;
     json_t    *root, *events;
 
@@ -52,9 +53,19 @@ kva_event_encode(const kva_batch_t *b, size_t *len)
 
     if (kva_set(root, "v", json_integer(1)) != 0
         || kva_set(root, "server", json_stringn(b->server, slen)) != 0
+        || (b->has_rank
+            && kva_set(root, "rank", json_integer(b->rank)) != 0)
         || kva_set(root, "seq", json_integer((json_int_t) b->seq)) != 0)
     {
         goto failed;
+    }
+
+    if (b->has_origin) {
+        kva_hex64(b->origin, hex);
+
+        if (kva_set(root, "origin", json_stringn(hex, 16)) != 0) {
+            goto failed;
+        }
     }
 
     /* text is the default: its messages stay as they were */
@@ -217,7 +228,8 @@ kva_encode_usage(double x, size_t *flags)
 
 
 char *
-kva_event_encode_resync(const char *server, size_t server_len, size_t *len)
+kva_event_encode_resync(const char *server, size_t server_len, int rank,
+    size_t *len)
 {
     json_t  *root;
 
@@ -230,7 +242,8 @@ kva_event_encode_resync(const char *server, size_t server_len, size_t *len)
     if (root == NULL
         || kva_set(root, "v", json_integer(1)) != 0
         || kva_set(root, "type", json_string("resync")) != 0
-        || kva_set(root, "server", json_stringn(server, server_len)) != 0)
+        || kva_set(root, "server", json_stringn(server, server_len)) != 0
+        || (rank >= 0 && kva_set(root, "rank", json_integer(rank)) != 0))
     {
         json_decref(root);
         return NULL;

@@ -4,6 +4,7 @@
 # on 127.0.0.1 that echoes what it received as JSON.
 #
 #   perl t/lib/backend.pl --port P --name NAME [--mode ok|fail|close]
+#                         [--addr 127.x.y.z]
 #
 # Every request gets (mode ok) "200", header "X-Backend: NAME" and the body
 #   {"server":"NAME","method":"POST","uri":"/v1/...","len":N,"md5":"<hex>"}
@@ -12,7 +13,9 @@
 # request and closes without answering.  Request header "X-Delay-Ms: N"
 # sleeps N ms before answering (or closing); "X-Hold: PATH" holds the
 # answer until the file PATH exists (at most 30 s), so that a test decides
-# when a request ends instead of guessing how long it needs.  SIGUSR1 toggles ok <-> fail
+# when a request ends instead of guessing how long it needs.  A request's
+# "X-data-parallel-rank: R" (what vLLM reads) comes back as
+# "X-Backend-Rank: R".  SIGUSR1 toggles ok <-> fail
 # (any other mode -> ok).  SIGTERM/SIGINT: kill the children and exit.
 #
 # One forked child per connection (at most 200 alive), persistent
@@ -35,25 +38,28 @@ my $IDLE_TIMEOUT = 60;          # s a keep-alive connection may stay idle
 my $IO_TIMEOUT   = 30;          # s a started request may take to arrive
 my $MAX_HEADER   = 64 * 1024;
 
-my ($port, $name, $mode) = (undef, undef, 'ok');
-GetOptions('port=i' => \$port, 'name=s' => \$name, 'mode=s' => \$mode)
+my ($port, $name, $mode, $addr) = (undef, undef, 'ok', '127.0.0.1');
+GetOptions('port=i' => \$port, 'name=s' => \$name, 'mode=s' => \$mode,
+           'addr=s' => \$addr)
     or usage();
+usage() unless $addr =~ /^127\.\d+\.\d+\.\d+\z/;    # loopback only
 usage() unless $port && defined $name && $mode =~ /^(?:ok|fail|close)$/;
 
 sub usage {
-    print STDERR "usage: $0 --port P --name NAME [--mode ok|fail|close]\n";
+    print STDERR "usage: $0 --port P --name NAME [--mode ok|fail|close]"
+        . " [--addr 127.x.y.z]\n";
     exit 2;
 }
 
 my $json = JSON::PP->new->allow_nonref->ascii;
 
 my $listen = IO::Socket::INET->new(
-    LocalAddr => '127.0.0.1',
+    LocalAddr => $addr,
     LocalPort => $port,
     Proto     => 'tcp',
     Listen    => 128,
     ReuseAddr => 1,
-) or die "backend $name: cannot listen on 127.0.0.1:$port: $@\n";
+) or die "backend $name: cannot listen on $addr:$port: $@\n";
 
 my %children;                   # pid => 1
 my $parent_pid = $$;
@@ -157,6 +163,8 @@ sub serve_connection {
         my $reason = $status == 200 ? 'OK' : 'Bad Gateway';
         my $head = "HTTP/1.1 $status $reason\r\n"
             . "X-Backend: $name\r\n"
+            . (defined $req->{rank}
+               ? "X-Backend-Rank: $req->{rank}\r\n" : '')
             . "Content-Type: application/json\r\n"
             . "Content-Length: " . length($body) . "\r\n"
             . "Connection: " . ($req->{keepalive} ? 'keep-alive' : 'close')
@@ -228,6 +236,8 @@ sub read_request {
         keepalive => $keepalive,
         delay_ms  => $delay || 0,
         hold      => $h{'x-hold'},
+        rank      => ($h{'x-data-parallel-rank'} // '') =~ /^(\d{1,4})\z/
+                     ? $1 : undef,
     };
 }
 

@@ -169,42 +169,67 @@ test_round_trip(void)
 static void
 test_resync(void)
 {
-    int      i, good;
-    char    *s, server[KVA_EVENT_SERVER_MAX], got[KVA_EVENT_SERVER_MAX];
-    size_t   len, n, glen;
+    int       i, good;
+    char     *s, server[KVA_EVENT_SERVER_MAX], got[KVA_EVENT_SERVER_MAX];
+    size_t    len, n, glen;
+    unsigned     rank;
+    const char  *m;
 
-    s = kva_event_encode_resync("127.0.0.1:8001", 14, &len);
+    s = kva_event_encode_resync("127.0.0.1:8001", 14, -1, &len);
     ok(s != NULL && len == strlen(s) && strcmp(s,
        "{\"v\":1,\"type\":\"resync\",\"server\":\"127.0.0.1:8001\"}") == 0,
        "resync encode");
-    ok(s != NULL && kva_event_decode_resync(s, len, got, sizeof(got), &glen)
-       == 0 && glen == 14 && strcmp(got, "127.0.0.1:8001") == 0,
+    ok(s != NULL
+       && kva_event_decode_resync(s, len, got, sizeof(got), &glen, NULL) == 0
+       && glen == 14 && strcmp(got, "127.0.0.1:8001") == 0,
        "resync decode");
-    ok(s != NULL && kva_event_decode_resync(s, len, got, 14, &glen) != 0,
+    ok(s != NULL
+       && kva_event_decode_resync(s, len, got, 14, &glen, NULL) != 0,
        "resync decode: server over the caller's buffer");
     free(s);
 
     ok(kva_event_decode_resync("{\"v\":1,\"type\":\"stored\",\"server\":\"a\""
-       "}", 34, got, sizeof(got), &glen) != 0, "resync: wrong type");
+       "}", 34, got, sizeof(got), &glen, NULL) != 0, "resync: wrong type");
     ok(kva_event_decode_resync("{\"v\":2,\"type\":\"resync\",\"server\":\"a\""
-       "}", 34, got, sizeof(got), &glen) != 0, "resync: v 2");
+       "}", 34, got, sizeof(got), &glen, NULL) != 0, "resync: v 2");
     ok(kva_event_decode_resync("{\"v\":1,\"type\":\"resync\"}", 23, got,
-       sizeof(got), &glen) != 0, "resync: no server");
+       sizeof(got), &glen, NULL) != 0, "resync: no server");
     ok(kva_event_decode_resync("{\"v\":1,\"type\":\"resync\",\"server\":\"\"}",
-       33, got, sizeof(got), &glen) != 0, "resync: empty server");
-    ok(kva_event_decode_resync("{\"v\":1,", 7, got, sizeof(got), &glen) != 0,
-       "resync: not json");
-    ok(kva_event_decode_resync("[1]", 3, got, sizeof(got), &glen) != 0,
-       "resync: array");
+       33, got, sizeof(got), &glen, NULL) != 0, "resync: empty server");
+    ok(kva_event_decode_resync("{\"v\":1,", 7, got, sizeof(got), &glen,
+       NULL) != 0, "resync: not json");
+    ok(kva_event_decode_resync("[1]", 3, got, sizeof(got), &glen, NULL)
+       != 0, "resync: array");
+
+    /* a data-parallel server's rank */
+    rank = 7;
+    s = kva_event_encode_resync("127.0.0.1:8001", 14, -1, &len);
+    ok(s != NULL && kva_event_decode_resync(s, len, got, sizeof(got), &glen,
+       &rank) == 0 && rank == 0, "resync without a rank asks for rank 0");
+    free(s);
+    s = kva_event_encode_resync("127.0.0.1:8001", 14, 3, &len);
+    ok(s != NULL && strcmp(s, "{\"v\":1,\"type\":\"resync\","
+       "\"server\":\"127.0.0.1:8001\",\"rank\":3}") == 0,
+       "resync encode with a rank");
+    ok(s != NULL && kva_event_decode_resync(s, len, got, sizeof(got), &glen,
+       &rank) == 0 && rank == 3, "resync decode with a rank");
+    free(s);
+    m = "{\"v\":1,\"type\":\"resync\",\"server\":\"a\",\"rank\":64}";
+    ok(kva_event_decode_resync(m, strlen(m), got, sizeof(got), &glen,
+       &rank) != 0, "resync: rank 64 is out of range");
+    m = "{\"v\":1,\"type\":\"resync\",\"server\":\"a\",\"rank\":\"1\"}";
+    ok(kva_event_decode_resync(m, strlen(m), got, sizeof(got), &glen,
+       &rank) != 0, "resync: rank as a string");
 
     good = 1;
 
     for (i = 0; i < 1000 && good; i++) {
         random_server(server, &n);
-        s = kva_event_encode_resync(server, n, &len);
+        s = kva_event_encode_resync(server, n, -1, &len);
 
         if (s == NULL
-            || kva_event_decode_resync(s, len, got, sizeof(got), &glen) != 0
+            || kva_event_decode_resync(s, len, got, sizeof(got), &glen, NULL)
+               != 0
             || glen != n || memcmp(got, server, n) != 0)
         {
             printf("# %s\n", s ? s : "(null)");
@@ -368,6 +393,58 @@ test_keyspace(void)
         kva_batch_free(&d);
     }
 
+    free(s);
+
+    /* a data-parallel server's rank travels with its batch */
+    b.has_rank = 1;
+    b.rank = 5;
+    s = kva_event_encode(&b, &len);
+    ok(s != NULL && strstr(s, "\"server\":\"127.0.0.1:8001\",\"rank\":5,")
+       != NULL, "a rank's batch says \"rank\":5");
+
+    rc = (s != NULL) ? kva_event_decode(s, len, NULL, &d, err, sizeof(err))
+                     : KVA_EVENT_NO_MEMORY;
+    ok(rc == KVA_EVENT_OK && d.has_rank && d.rank == 5
+       && kva_batch_equal(&b, &d), "and decodes to the same batch");
+
+    if (rc == KVA_EVENT_OK) {
+        kva_batch_free(&d);
+    }
+
+    free(s);
+
+    /* what another nginx learned says where it comes from */
+    b.has_origin = 1;
+    b.origin = 0x0123456789abcdefULL;
+    s = kva_event_encode(&b, &len);
+    ok(s != NULL && strstr(s, "\"origin\":\"0123456789abcdef\"") != NULL,
+       "a learned batch names its origin");
+
+    rc = (s != NULL) ? kva_event_decode(s, len, NULL, &d, err, sizeof(err))
+                     : KVA_EVENT_NO_MEMORY;
+    ok(rc == KVA_EVENT_OK && d.has_origin && d.origin == b.origin
+       && kva_batch_equal(&b, &d), "and decodes to the same batch");
+
+    if (rc == KVA_EVENT_OK) {
+        kva_batch_free(&d);
+    }
+
+    free(s);
+
+    s = strdup("{\"v\":1,\"server\":\"a\",\"origin\":\"xyz\",\"seq\":1}");
+    rc = (s != NULL) ? kva_event_decode(s, strlen(s), NULL, &d, err,
+                                        sizeof(err))
+                     : KVA_EVENT_NO_MEMORY;
+    ok(rc == KVA_EVENT_BAD_FIELD && strstr(err, "origin") != NULL,
+       "an origin that is not hex is refused: %s", err);
+    free(s);
+
+    s = strdup("{\"v\":1,\"server\":\"a\",\"rank\":64,\"seq\":1}");
+    rc = (s != NULL) ? kva_event_decode(s, strlen(s), NULL, &d, err,
+                                        sizeof(err))
+                     : KVA_EVENT_NO_MEMORY;
+    ok(rc == KVA_EVENT_BAD_FIELD && strstr(err, "rank") != NULL,
+       "rank 64 is refused: %s", err);
     free(s);
 }
 

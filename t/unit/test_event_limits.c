@@ -60,7 +60,7 @@ test_amplification(void)
     rc = dec_len(m, len, &lim, &b, err);
     ok(rc == KVA_EVENT_TOO_BIG && zeroed(&b),
        "hostile [{},{},...] heartbeat of %zu bytes: too big (%s)", len, err);
-    ok(kva_event_decode_resync(m, len, msg, sizeof(msg), NULL) == -1,
+    ok(kva_event_decode_resync(m, len, msg, sizeof(msg), NULL, NULL) == -1,
        "the same as a resync request: rejected");
     free(m);
 

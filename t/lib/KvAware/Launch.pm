@@ -568,8 +568,9 @@ sub free_run {
 }
 
 sub port_open {
-    my ($port) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
+    my ($port, $addr) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => $addr // '127.0.0.1',
+                                  PeerPort => $port,
                                   Proto => 'tcp', Timeout => 1);
     return $s ? 1 : 0;
 }

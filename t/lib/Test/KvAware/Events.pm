@@ -101,6 +101,7 @@ sub chat {
         reason  => $r->{headers}{'x-kv-reason'} // '-',
         matched => $r->{headers}{'x-kv-matched'} // -1,
         blocks  => $r->{headers}{'x-kv-blocks'} // -1,
+        rank    => $r->{headers}{'x-backend-rank'} // '-',
     };
 }
 
@@ -279,8 +280,10 @@ our @ISA = qw(Test::KvAware::Redis);
 # subscribers that PUBLISH reported.  Publisher connections only.
 sub event {
     my ($p, $server, %m) = @_;
-    my $seq = delete $m{seq} // ($p->{seq}{$server} // 0) + 1;
-    $p->{seq}{$server} = $seq;
+    # a data-parallel server counts seq per rank
+    my $key = defined $m{rank} ? "$server#$m{rank}" : $server;
+    my $seq = delete $m{seq} // ($p->{seq}{$key} // 0) + 1;
+    $p->{seq}{$key} = $seq;
     return $p->publish_raw($JSON->encode({ v => 1, server => $server,
                                            seq => $seq, %m }));
 }

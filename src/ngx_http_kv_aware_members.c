@@ -1,0 +1,258 @@
+/*
+ * ngx_http_kv_aware_module: the upstream's servers as they are now; see
+ * the header.
+ *
+ * Workers make their maps on their own, so the zone remembers which view
+ * of the peer list last changed the slots (the cycle's generation and the
+ * list's counter): a worker holding an older view only reads the slots,
+ * or it could free the slot of a server another worker just took in.
+ */
+
+#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_zone.h"
+#include "ngx_http_kv_aware_members.h"
+
+
+#if (NGX_HTTP_KV_AWARE_RESOLVE)
+
+typedef struct {
+    u_char                          name[NGX_HTTP_KV_AWARE_NAME_LEN];
+    size_t                          len;
+} ngx_http_kv_aware_member_t;
+
+
+static ngx_uint_t ngx_http_kv_aware_members_read(
+    ngx_http_upstream_rr_peers_t *primary, ngx_http_kv_aware_member_t *m,
+    ngx_uint_t max, ngx_uint_t *nprimary);
+static ngx_uint_t ngx_http_kv_aware_slot_in_flight(
+    ngx_http_kv_aware_shctx_t *sh, ngx_uint_t slot);
+
+
+void
+ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    uint64_t                       used, gone, freed;
+    ngx_uint_t                     config, n, nprimary, i, s, dp, newest,
+                                   mapped;
+    ngx_http_kv_aware_slot_t      *sl;
+    ngx_http_kv_aware_shctx_t     *sh;
+    ngx_http_kv_aware_member_t     m[KVA_MAX_SLOTS];
+    ngx_http_upstream_rr_peers_t  *primary;
+
+    primary = kcf->uscf->peer.data;
+
+    if (primary->config == NULL) {
+        return;
+    }
+
+    sh = kcf->sh;
+
+    /* read first: a change while the lists are read shows next time */
+    config = *primary->config;
+
+    if (kcf->mapped && kcf->map_config == config
+        && (sh->reserved == 0 || ngx_current_msec - kcf->map_time < 1000))
+    {
+        return;
+    }
+
+    dp = kcf->data_parallel;
+
+    n = ngx_http_kv_aware_members_read(primary, m, KVA_MAX_SLOTS / dp,
+                                       &nprimary);
+
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+
+    /* generations only grow: an old cycle's worker never changes slots */
+    newest = (kcf->generation > sh->map_gen
+              || (kcf->generation == sh->map_gen
+                  && config >= sh->map_config));
+    used = 0;
+
+    for (i = 0; i < n * dp; i++) {
+        s = ngx_http_kv_aware_slot_by_name(sh, m[i / dp].name,
+                                           m[i / dp].len, i % dp);
+
+        if (s < KVA_MAX_SLOTS) {
+            kcf->slot_of[i] = (u_char) s;
+            used |= 1ULL << s;
+
+        } else {
+            kcf->slot_of[i] = NGX_HTTP_KV_AWARE_NO_SLOT;
+        }
+    }
+
+    gone = 0;
+    freed = 0;
+
+    if (newest) {
+        /*
+         * A server gone from the list is forgotten at once; its slot is
+         * reserved (no name answers to it) until what it was given has
+         * finished, so that those requests do not count against a
+         * newcomer's load.
+         */
+        for (s = 0; s < KVA_MAX_SLOTS; s++) {
+            sl = &sh->slots[s];
+
+            if (sl->name_len == 0 || (used & (1ULL << s))) {
+                continue;
+            }
+
+            if (!(sh->reserved & (1ULL << s))) {
+                gone |= 1ULL << s;
+                sh->reserved |= 1ULL << s;
+            }
+
+            if (ngx_http_kv_aware_slot_in_flight(sh, s) == 0) {
+                freed |= 1ULL << s;
+                sh->reserved &= ~(1ULL << s);
+                ngx_memzero(sl, sizeof(ngx_http_kv_aware_slot_t));
+            }
+        }
+
+        /* newcomers: slots that were free before this round */
+        for (i = 0; i < n * dp; i++) {
+            if (kcf->slot_of[i] != NGX_HTTP_KV_AWARE_NO_SLOT) {
+                continue;
+            }
+
+            for (s = 0; s < KVA_MAX_SLOTS; s++) {
+                if (sh->slots[s].name_len == 0
+                    && !((used | freed) & (1ULL << s)))
+                {
+                    break;
+                }
+            }
+
+            if (s == KVA_MAX_SLOTS) {
+                break;
+            }
+
+            sl = &sh->slots[s];
+            ngx_memcpy(sl->name, m[i / dp].name, m[i / dp].len);
+            sl->name_len = m[i / dp].len;
+            sl->rank = i % dp;
+
+            kcf->slot_of[i] = (u_char) s;
+            used |= 1ULL << s;
+        }
+
+        sh->map_gen = kcf->generation;
+        sh->map_config = config;
+    }
+
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
+
+    if (gone) {
+        ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
+                      "kv_aware: upstream \"%V\" lost %ui servers (ranks), "
+                      "what they held is forgotten", &kcf->upstream,
+                      (ngx_uint_t) __builtin_popcountll(gone));
+
+        ngx_http_kv_aware_set_precise(sh, gone, 0);
+        ngx_http_kv_aware_drop_slots(kcf, gone, KVA_BITS_ALL);
+    }
+
+    /* the peers before the first without a slot are the ones routed */
+    for (mapped = 0; mapped < n; mapped++) {
+        for (i = 0; i < dp; i++) {
+            if (kcf->slot_of[mapped * dp + i] == NGX_HTTP_KV_AWARE_NO_SLOT) {
+                break;
+            }
+        }
+
+        if (i < dp) {
+            break;
+        }
+    }
+
+    kcf->nprimary = nprimary;
+    kcf->npeers = mapped;
+    kcf->map_config = config;
+    kcf->map_time = ngx_current_msec;
+    kcf->mapped = 1;
+}
+
+
+ngx_uint_t
+ngx_http_kv_aware_members_current(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_upstream_rr_peers_t *peers)
+{
+    if (peers->config == NULL) {
+        return 1;
+    }
+
+    return kcf->mapped && kcf->map_config == *peers->config;
+}
+
+
+/* the names of the primary peers, then of the backups: max at most */
+static ngx_uint_t
+ngx_http_kv_aware_members_read(ngx_http_upstream_rr_peers_t *primary,
+    ngx_http_kv_aware_member_t *m, ngx_uint_t max, ngx_uint_t *nprimary)
+{
+    ngx_uint_t                     n;
+    ngx_http_upstream_rr_peer_t   *peer;
+    ngx_http_upstream_rr_peers_t  *list;
+
+    n = 0;
+    *nprimary = 0;
+
+    for (list = primary; list; list = (list == primary) ? primary->next
+                                                        : NULL)
+    {
+        ngx_http_upstream_rr_peers_rlock(list);
+
+        for (peer = list->peer; peer && n < max; peer = peer->next) {
+            m[n].len = ngx_min(peer->name.len, NGX_HTTP_KV_AWARE_NAME_LEN);
+            ngx_memcpy(m[n].name, peer->name.data, m[n].len);
+            n++;
+        }
+
+        ngx_http_upstream_rr_peers_unlock(list);
+
+        if (list == primary) {
+            *nprimary = n;
+        }
+    }
+
+    return n;
+}
+
+
+/* requests this slot was given and has not finished, in any cycle */
+static ngx_uint_t
+ngx_http_kv_aware_slot_in_flight(ngx_http_kv_aware_shctx_t *sh,
+    ngx_uint_t slot)
+{
+    ngx_uint_t  g;
+
+    for (g = 0; g < NGX_HTTP_KV_AWARE_GENERATIONS; g++) {
+        if (sh->load[g][slot].reqs != 0) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+#else
+
+/* before nginx 1.27.3 the peer list never changes at run time */
+
+void
+ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
+{
+}
+
+
+ngx_uint_t
+ngx_http_kv_aware_members_current(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_upstream_rr_peers_t *peers)
+{
+    return 1;
+}
+
+#endif

@@ -1,0 +1,57 @@
+/*
+ * ngx_http_kv_aware_module: what this nginx routed, shared with the other
+ * nginx in front of the same servers (kv_aware_events share=on).
+ *
+ * Without events from the servers each nginx learns only from its own
+ * routing, so a conversation whose turns reach different instances loses
+ * its affinity.  With sharing, every worker queues the blocks it routes
+ * to a server that publishes nothing in a ring in the zone; the
+ * subscribing worker sends them, batched, on CHANNEL:learned, and applies
+ * what the other instances sent there as learned entries.
+ */
+
+#ifndef _NGX_HTTP_KV_AWARE_SHARE_H_INCLUDED_
+#define _NGX_HTTP_KV_AWARE_SHARE_H_INCLUDED_
+
+
+#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_zone.h"
+
+
+/* hashes waiting to go out: a power of two */
+#define NGX_HTTP_KV_AWARE_SHARE_RING     8192
+
+/* how often the subscribing worker sends what queued up */
+#define NGX_HTTP_KV_AWARE_SHARE_EVERY    50     /* ms */
+
+
+/* in the zone, written under its lock */
+struct ngx_http_kv_aware_share_s {
+    uint64_t                        origin;       /* this instance's */
+    ngx_uint_t                      head;         /* next to send */
+    ngx_uint_t                      tail;         /* next free */
+    ngx_atomic_t                    sent;         /* hashes */
+    ngx_atomic_t                    received;     /* hashes applied */
+    ngx_atomic_t                    dropped;      /* ring full, or Redis */
+    ngx_atomic_t                    refused;      /* messages */
+    ngx_atomic_t                    messages_out;
+    ngx_atomic_t                    messages_in;
+    uint64_t                        hashes[NGX_HTTP_KV_AWARE_SHARE_RING];
+    u_char                          slots[NGX_HTTP_KV_AWARE_SHARE_RING];
+};
+
+/* what the zone grows by for it (kv_aware adds it to index_size) */
+#define ngx_http_kv_aware_share_size()                                        \
+    ngx_align(sizeof(ngx_http_kv_aware_share_t), ngx_pagesize)
+
+
+/* queues a request's newly learned blocks; the zone's lock is held */
+void ngx_http_kv_aware_share_queue(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot, const uint64_t *hashes, ngx_uint_t n);
+
+/* the subscribing worker: its timer, and messages on CHANNEL:learned */
+void ngx_http_kv_aware_share_tick(ngx_event_t *ev);
+void ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len);
+
+
+#endif /* _NGX_HTTP_KV_AWARE_SHARE_H_INCLUDED_ */
