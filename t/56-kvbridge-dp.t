@@ -8,7 +8,8 @@
 # the bridge's collector on its port + rank are told apart by topic and
 # rank; a batch whose data_parallel_rank disagrees with its port is kept
 # under the port's rank, and logged.
-# Last, the whole chain: nginx (kv_aware data_parallel=2) hears each
+# kvsim's own Redis messages say the rank too, and answer a resync by
+# rank.  Last, the whole chain: nginx (kv_aware data_parallel=2) hears each
 # rank's blocks through the bridge and sends a prompt a rank holds to
 # that rank, in X-data-parallel-rank.  Real redis-server, kvsim, kvbridge
 # and nginx (t/55 tests the module's side alone).
@@ -205,7 +206,45 @@ SKIP: {
     $_->close for $r1, $r3, $mine;
 }
 
-# --- 7. the whole chain: nginx picks the rank that holds the prompt -------
+# --- 7. kvsim --data-parallel on Redis: "rank" in its own messages -------
+
+{
+    my ($p2) = free_ports(1);
+    my $a2 = "127.0.0.1:$p2";
+    $l->start_kvsim($p2, 1, { name => 'kvsim-redis' },
+        qw(--time-scale 50 --data-parallel 2 --heartbeat-ms 200),
+        '--redis', "127.0.0.1:$redis", '--model', $MODEL);
+    my (%ranks, %stored, %snapped);
+    my $collect = sub {
+        for my $m ($sub->messages($_[0])) {
+            my $msg = eval { $json->decode($m->[1]) } or next;
+            next unless $msg->{server} eq $a2;
+            my $rk = $msg->{rank} // 'none';
+            $ranks{$rk}++;
+            my $n = 0;
+            $n += @{ $_->{hashes} // [] } for @{ $msg->{events} // [] };
+            $stored{$rk} += $n;
+            $snapped{$rk} += $n if $msg->{snapshot};
+        }
+    };
+    my $r = $http->post("http://$a2/v1/chat/completions",
+        { content => body(prompt(5, 300)),
+          headers => { 'Content-Type' => 'application/json',
+                       'X-data-parallel-rank' => 1 } });
+    ok(wait_until(10, sub { $collect->(0.1); ($stored{1} // 0) > 0 }),
+       'kvsim on Redis: rank 1\'s blocks in messages with "rank": 1');
+    wait_until(5, sub { $collect->(0.1); $ranks{0} });
+    ok(!$ranks{none} && $ranks{0} && !$stored{0},
+       'rank 0 says its rank too (heartbeats), and stored nothing');
+    Test::KvAware::Redis->new($redis)->cmd(PUBLISH => 'kv_aware:events:resync',
+        $json->encode({ v => 1, type => 'resync', server => $a2,
+                        rank => 1 }));
+    ok(wait_until(10, sub { $collect->(0.1); ($snapped{1} // 0) > 0 })
+       && !$snapped{0}, 'a resync of rank 1: rank 1\'s snapshot alone');
+    $l->stop('kvsim-redis');
+}
+
+# --- 8. the whole chain: nginx picks the rank that holds the prompt -------
 
 SKIP: {
     skip 'module not built', 5 unless -f module_path();
