@@ -5,11 +5,11 @@
  *
  * The parser must return a load it promises: usage in [0, 1], a found
  * flag for 0, nothing for -1; read per data-parallel rank, it must give
- * the same sums, and no rank more than all of them together.  The decoder must agree with itself: the
- * input decoded whole into another buffer, and decoded in place in
- * pieces cut where the input's first byte says, give the same result,
- * the same data and the same bytes used; data never outruns its input.
- * Any disagreement aborts.
+ * the same sums, and no rank more than all of them together.  The
+ * decoder must agree with itself: the input decoded whole into another
+ * buffer, and decoded in place in pieces cut where the input's first
+ * byte says, give the same result, the same data and the same bytes
+ * used; data never outruns its input.  Any disagreement aborts.
  *
  *   make build/fuzz/fuzz_kvb_metrics
  *   build/fuzz/fuzz_kvb_metrics fuzz/corpus/kvb_metrics
