@@ -3,16 +3,17 @@
 # End-to-end benchmark: nginx balancing policies in front of kvsim (8
 # simulated vLLM-like servers), driven by kvload on llm-d's QPS ladder.
 #
-#   bash bench/e2e/run.sh             full run (about 15 minutes, 2 cores)
+#   bash bench/e2e/run.sh             full run (about 17 minutes, 2 cores)
 #   bash bench/e2e/run.sh --quick     smoke run (about 3 minutes)
 #   bash bench/e2e/run.sh --workloads trace     the trace alone (9 min)
+#   bash bench/e2e/run.sh --workloads agent     agent conversations (2 min)
 #
 #   --policies a,b     subset of: round_robin least_conn random_two
 #                      hash_prefix kv_aware kv_aware_events kv_aware_bridge
 #   --scale S          time compression (default: see below)
 #   --stage-seconds T, --stage-requests N   stage bounds (uncompressed)
-#   --workloads a,b    subset of: shared-prefix multi-turn no-sharing agent
-#                      trace;
+#   --workloads a,b    subset of: shared-prefix multi-turn no-sharing trace
+#                      agent;
 #                      the report also takes what earlier runs left for others
 #   --no-extra         shared-prefix only
 #   E2E_WORK, E2E_RESULTS  override build/bench-e2e and bench/results
@@ -124,7 +125,7 @@ BUDGET_S=1800
 RUN_LIMIT_S=240
 
 QUICK=0
-ALL_WORKLOADS="shared-prefix multi-turn no-sharing trace"
+ALL_WORKLOADS="shared-prefix multi-turn no-sharing trace agent"
 WORKLOADS=$ALL_WORKLOADS
 POLICIES=$ALL_POLICIES
 
