@@ -10,6 +10,8 @@
 
 
 static void kva_hash_piece_done(kva_hash_stream_t *hs);
+static size_t kva_hash_pieces(kva_hash_stream_t *hs, const uint8_t *data,
+    size_t len);
 
 
 uint64_t
@@ -128,24 +130,33 @@ kva_hash_piece_done(kva_hash_stream_t *hs)
 }
 
 
-void
-kva_hash_feed(kva_hash_stream_t *hs, const uint8_t *data, size_t len)
+/*
+ * Hashes the whole pieces at the start of data, from the open piece on;
+ * returns the bytes it took.
+ */
+
+static size_t
+kva_hash_pieces(kva_hash_stream_t *hs, const uint8_t *data, size_t len)
 {
-    size_t    take, off, piece, bs;
-    uint64_t  h;
+    size_t          off, bs;
+    uint64_t        h;
+    const uint8_t  *start;
 
-    while (len && hs->n < hs->max) {
+    start = data;
 
-        if (hs->fill == 0 && hs->block_off == 0 && len >= hs->block_size) {
+    while (len >= hs->piece && hs->n < hs->max) {
+
+        if (hs->block_off == 0 && len >= hs->block_size) {
             /* whole blocks inside a long string: kva_hash_blocks' loop */
             bs = hs->block_size;
             h = hs->h;
 
             do {
-                for (off = 0; off < bs; off += piece) {
-                    piece = (bs - off < KVA_HASH_PIECE)
-                            ? bs - off : KVA_HASH_PIECE;
-                    h = XXH3_64bits_withSeed(data + off, piece, h);
+                for (off = 0; off < bs; off += KVA_HASH_PIECE) {
+                    h = XXH3_64bits_withSeed(data + off,
+                                             (bs - off < KVA_HASH_PIECE)
+                                             ? bs - off : KVA_HASH_PIECE,
+                                             h);
                 }
 
                 hs->out[hs->n++] = h;
@@ -158,13 +169,44 @@ kva_hash_feed(kva_hash_stream_t *hs, const uint8_t *data, size_t len)
             continue;
         }
 
+        hs->h = XXH3_64bits_withSeed(data, hs->piece, hs->h);
+        data += hs->piece;
+        len -= hs->piece;
+        kva_hash_piece_done(hs);
+    }
+
+    return (size_t) (data - start);
+}
+
+
+void
+kva_hash_feed(kva_hash_stream_t *hs, const uint8_t *data, size_t len)
+{
+    size_t  take, used;
+
+    while (len && hs->n < hs->max) {
+
         if (hs->fill == 0 && len >= hs->piece) {
-            /* the common case inside a long string: hashed in place */
-            hs->h = XXH3_64bits_withSeed(data, hs->piece, hs->h);
-            data += hs->piece;
-            len -= hs->piece;
-            kva_hash_piece_done(hs);
+            used = kva_hash_pieces(hs, data, len);
+            data += used;
+            len -= used;
             continue;
+        }
+
+        if (hs->fill + len < KVA_HASH_STAGE) {
+            memcpy(hs->buf + hs->fill, data, len);
+            hs->fill += len;
+            return;
+        }
+
+        /* the stage is full: hash it, then close the open piece from data */
+
+        used = kva_hash_pieces(hs, hs->buf, hs->fill);
+        hs->fill -= used;
+        memmove(hs->buf, hs->buf + used, hs->fill);
+
+        if (hs->n == hs->max) {
+            return;
         }
 
         take = hs->piece - hs->fill;
@@ -175,13 +217,11 @@ kva_hash_feed(kva_hash_stream_t *hs, const uint8_t *data, size_t len)
         data += take;
         len -= take;
 
-        if (hs->fill < hs->piece) {
-            return;
+        if (hs->fill == hs->piece) {
+            hs->h = XXH3_64bits_withSeed(hs->buf, hs->piece, hs->h);
+            hs->fill = 0;
+            kva_hash_piece_done(hs);
         }
-
-        hs->h = XXH3_64bits_withSeed(hs->buf, hs->piece, hs->h);
-        hs->fill = 0;
-        kva_hash_piece_done(hs);
     }
 }
 
@@ -192,6 +232,10 @@ kva_hash_stream_end(kva_hash_stream_t *hs, const uint8_t *model,
 {
     size_t    i;
     uint64_t  m;
+
+    /* what is still gathered: its whole pieces */
+    (void) kva_hash_pieces(hs, hs->buf, hs->fill);
+    hs->fill = 0;
 
     m = kva_hash_seed(KVA_KEYSPACE_TEXT, model, model_len);
 
