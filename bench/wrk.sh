@@ -146,7 +146,8 @@ kvcpu=$(median "${kvc[@]}")
 echo "8k-token bodies, $conns connections, ${secs}s per run, 1 nginx worker,"
 echo "median of $rounds interleaved runs"
 echo
-echo "| upstream | requests/s (median) | runs | worker CPU µs a request (median) | runs |"
+printf '%s\n' "| upstream | requests/s (median) | runs |"\
+" worker CPU µs a request (median) | runs |"
 echo "|---|---|---|---|---|"
 echo "| round-robin | $rr | ${rrs[*]} | $rrcpu | ${rrc[*]} |"
 echo "| kv_aware | $kv | ${kvs[*]} | $kvcpu | ${kvc[*]} |"
