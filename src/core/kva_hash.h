@@ -34,10 +34,14 @@
 #define KVA_HASH_PIECE      128
 
 
+/* short runs are gathered until this many bytes, then hashed together */
+#define KVA_HASH_STAGE      1024
+
 /*
  * The chain of one prompt fed as it is decoded (kva_prompt.c), a run of
- * bytes at a time.  Whole pieces are hashed where they lie; only a piece
- * cut by the end of a run is gathered in buf.
+ * bytes at a time.  Long runs are hashed where they lie; short ones (text
+ * between escapes, separators, roles) are gathered in buf first, so that
+ * a prompt full of escapes costs what hashing a copy of it would.
  */
 struct kva_hash_stream_s {
     uint64_t        h;              /* the chain: c of the last piece */
@@ -47,8 +51,8 @@ struct kva_hash_stream_s {
     size_t          block_size;
     size_t          block_off;      /* where the open piece starts */
     size_t          piece;          /* the open piece's size */
-    size_t          fill;           /* its bytes gathered in buf */
-    uint8_t         buf[KVA_HASH_PIECE];
+    size_t          fill;           /* bytes in buf, from the open piece on */
+    uint8_t         buf[KVA_HASH_STAGE];
 };
 
 

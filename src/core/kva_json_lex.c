@@ -367,6 +367,11 @@ kva_json_string(kva_json_lex_t *lx, kva_sink_t *sink)
 #if (KVA_AVX2)
         if (kva_avx2 && end - pos >= 64) {
             pos = kva_skip_plain32(pos, end);
+
+            /* stopped at a hit, not for want of 32 bytes: it is the one */
+            if (end - pos >= 32) {
+                goto hit;
+            }
         }
 #endif
 
@@ -385,6 +390,10 @@ kva_json_string(kva_json_lex_t *lx, kva_sink_t *sink)
 
             pos += 8;
         }
+
+#if (KVA_AVX2)
+    hit:
+#endif
 
         if (lx->seam != NULL && end - pos < KVA_SEAM_K) {
             continue;

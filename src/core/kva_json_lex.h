@@ -120,8 +120,20 @@ kva_json_put(uint8_t *buf, size_t len, size_t cap, const uint8_t *src,
 static inline void
 kva_sink_put(kva_sink_t *sink, const uint8_t *src, size_t n)
 {
-    if (sink->hs != NULL) {
-        kva_hash_feed(sink->hs, src, n);
+    kva_hash_stream_t  *hs;
+
+    hs = sink->hs;
+
+    if (hs != NULL) {
+
+        if (hs->fill + n < KVA_HASH_STAGE) {
+            /* gathered: text between escapes, separators, roles */
+            memcpy(hs->buf + hs->fill, src, n);
+            hs->fill += n;
+
+        } else {
+            kva_hash_feed(hs, src, n);
+        }
     }
 
     sink->len = kva_json_put(sink->buf, sink->len, sink->cap, src, n);

@@ -125,6 +125,31 @@ test_text(void)
     kva_hash_text((const uint8_t *) "n", 1, a, sizeof(a), 256, other, 4);
     ok(other[0] != h[0] && other[1] != h[1], "text: another model, no "
        "shared hash");
+    {
+        size_t    k, bad;
+        uint8_t   le[8];
+        uint64_t  x, m;
+
+        bad = 0;
+        x = 0x9e3779b97f4a7c15ULL;
+
+        for (k = 0; k < 10000; k++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            m = x * 0xff51afd7ed558ccdULL;
+
+            for (i = 0; i < 8; i++) {
+                le[i] = (uint8_t) (x >> (8 * i));
+            }
+
+            bad += (kva_hash_fold(x, m) != XXH3_64bits_withSeed(le, 8, m));
+        }
+
+        ok(bad == 0, "fold: XXH3 of the 8 bytes with the seed, as the "
+           "library computes it (10,000 values, %zu differ)", bad);
+    }
+
     ok(kva_hash_fold(123, 1) != kva_hash_fold(123, 2)
        && kva_hash_fold(123, 1) != kva_hash_fold(124, 1), "fold: both count");
 }
