@@ -154,15 +154,9 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
 
     kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kv_aware_module);
 
-    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
-
+    ctx = ngx_http_kv_aware_request_ctx(r);
     if (ctx == NULL) {
-        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_ctx_t));
-        if (ctx == NULL) {
-            return NGX_ERROR;
-        }
-
-        ngx_http_set_ctx(r, ctx, ngx_http_kv_aware_module);
+        return NGX_ERROR;
     }
 
     /*
@@ -248,15 +242,9 @@ ngx_http_kv_aware_ranking(ngx_http_request_t *r,
     ngx_http_upstream_rr_peer_t    *peer;
     ngx_http_upstream_rr_peers_t   *peers;
 
-    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
-
+    ctx = ngx_http_kv_aware_request_ctx(r);
     if (ctx == NULL) {
-        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_ctx_t));
-        if (ctx == NULL) {
-            return NGX_ERROR;
-        }
-
-        ngx_http_set_ctx(r, ctx, ngx_http_kv_aware_module);
+        return NGX_ERROR;
     }
 
     ngx_http_kv_aware_hash_request(r, kcf, ctx);

@@ -289,3 +289,23 @@ ngx_http_kv_aware_conf_keys(ngx_conf_t *cf, ngx_http_kv_aware_param_t *p,
 
     return "text or tokens";
 }
+
+
+ngx_http_kv_aware_ctx_t *
+ngx_http_kv_aware_request_ctx(ngx_http_request_t *r)
+{
+    ngx_http_kv_aware_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
+
+    if (ctx == NULL) {
+        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_ctx_t));
+        if (ctx == NULL) {
+            return NULL;
+        }
+
+        ngx_http_set_ctx(r, ctx, ngx_http_kv_aware_module);
+    }
+
+    return ctx;
+}

@@ -132,4 +132,8 @@ typedef struct {
 extern ngx_module_t  ngx_http_kv_aware_module;
 
 
+/* the request's context, made on first use; NULL: no memory */
+ngx_http_kv_aware_ctx_t *ngx_http_kv_aware_request_ctx(ngx_http_request_t *r);
+
+
 #endif /* _NGX_HTTP_KV_AWARE_MODULE_H_INCLUDED_ */

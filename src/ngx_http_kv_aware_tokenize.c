@@ -324,12 +324,10 @@ ngx_http_kv_aware_tokenize_handler(ngx_http_request_t *r)
     }
 
     if (ctx == NULL) {
-        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_ctx_t));
+        ctx = ngx_http_kv_aware_request_ctx(r);
         if (ctx == NULL) {
             return NGX_ERROR;
         }
-
-        ngx_http_set_ctx(r, ctx, ngx_http_kv_aware_module);
     }
 
     tk = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_tokenize_t));

@@ -16,6 +16,8 @@ static ngx_int_t ngx_http_kv_aware_dp_rank(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_kv_aware_ranking_var(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_kv_aware_set_number(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, ngx_uint_t n);
 
 
 static ngx_http_variable_t  ngx_http_kv_aware_vars[] = {
@@ -66,7 +68,6 @@ static ngx_int_t
 ngx_http_kv_aware_number(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data)
 {
-    u_char                   *p;
     ngx_http_kv_aware_ctx_t  *ctx;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
@@ -76,19 +77,8 @@ ngx_http_kv_aware_number(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    p = ngx_pnalloc(r->pool, NGX_INT32_LEN);
-    if (p == NULL) {
-        return NGX_ERROR;
-    }
-
-    v->len = ngx_sprintf(p, "%uD", *(uint32_t *) ((u_char *) ctx + data))
-             - p;
-    v->valid = 1;
-    v->no_cacheable = 1;
-    v->not_found = 0;
-    v->data = p;
-
-    return NGX_OK;
+    return ngx_http_kv_aware_set_number(r, v,
+                                        *(uint32_t *) ((u_char *) ctx + data));
 }
 
 
@@ -142,7 +132,6 @@ static ngx_int_t
 ngx_http_kv_aware_dp_rank(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data)
 {
-    u_char      *p;
     ngx_int_t    rc;
     ngx_uint_t   rank;
 
@@ -157,12 +146,22 @@ ngx_http_kv_aware_dp_rank(ngx_http_request_t *r,
         return NGX_OK;
     }
 
+    return ngx_http_kv_aware_set_number(r, v, rank);
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_set_number(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, ngx_uint_t n)
+{
+    u_char  *p;
+
     p = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
     if (p == NULL) {
         return NGX_ERROR;
     }
 
-    v->len = ngx_sprintf(p, "%ui", rank) - p;
+    v->len = ngx_sprintf(p, "%ui", n) - p;
     v->valid = 1;
     v->no_cacheable = 1;
     v->not_found = 0;
