@@ -129,6 +129,18 @@ ok(wait_until(10, sub {
     or diag($json->encode(\%load));
 close $busy;
 
+# each rank's pool, from vLLM's cache_config_info on the engine's /metrics
+my $metrics = $http->get("http://$addr/metrics")->{content} // '';
+for my $rk (0, 1) {
+    my ($line) = $metrics
+        =~ /^(vllm:cache_config_info\{[^}]*engine="$rk"[^}]*\})/m;
+    my ($bs) = ($line // '') =~ /block_size="(\d+)"/;
+    my ($nb) = ($line // '') =~ /num_gpu_blocks="(\d+)"/;
+    ok($bs && $nb && ($load{$rk}{kv_tokens} // 0) == $bs * $nb,
+       "rank ${rk}'s load says its pool: " . ($load{$rk}{kv_tokens} // 'none')
+       . ' tokens, ' . ($nb // '?') . ' blocks of ' . ($bs // '?'));
+}
+
 # --- 4. a header out of range: balanced, counted, answered ---------------
 
 my $r = chat(prompt(4, 100), 9);

@@ -239,12 +239,54 @@ test_parse_ranks(void)
 }
 
 
+/* the KV pool: vLLM's cache_config_info labels, SGLang's gauge */
+static void
+test_parse_pool(void)
+{
+    kvb_load_t   all, ranks[2];
+    const char  *dp;
+
+    dp = "vllm:cache_config_info{engine=\"0\",block_size=\"16\","
+         "num_gpu_blocks=\"100\"} 1\n"
+         "vllm:cache_config_info{engine=\"1\",block_size=\"16\","
+         "num_gpu_blocks=\"300\"} 1\n";
+
+    ok(parse("# TYPE vllm:cache_config_info gauge\n"
+             "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\","
+             "num_gpu_blocks=\"27000\",num_cpu_blocks=\"None\"} 1.0\n",
+             &all) == 0
+       && all.have_tokens && all.kv_tokens == 432000,
+       "vLLM: 27000 blocks of 16 are 432000 tokens (%llu)",
+       (unsigned long long) all.kv_tokens);
+
+    ok(parse("vllm:cache_config_info{block_size=\"16\","
+             "num_gpu_blocks=\"None\"} 1.0\n", &all) == -1
+       && !all.have_tokens,
+       "vLLM before profiling (num_gpu_blocks None): no pool");
+
+    ok(parse("vllm:cache_config_info{block_size=\"16\"} 1.0\n"
+             "vllm:cache_config_info{num_gpu_blocks=\"99999999999999\","
+             "block_size=\"16\"} 1.0\n", &all) == -1,
+       "a label missing, or a count past 2^40: no pool");
+
+    ok(parse("sglang:max_total_num_tokens{model_name=\"m\"} 655360.0\n",
+             &all) == 0 && all.kv_tokens == 655360,
+       "SGLang: max_total_num_tokens");
+
+    ok(kvb_metrics_parse_ranks(dp, strlen(dp), &all, ranks, 2) == 0
+       && all.kv_tokens == 6400 && ranks[0].kv_tokens == 1600
+       && ranks[1].kv_tokens == 4800,
+       "data parallel: each rank its pool, the server their sum");
+}
+
+
 int
 main(void)
 {
     test_parse_engines();
     test_parse_edges();
     test_parse_ranks();
+    test_parse_pool();
 
     return done_testing();
 }

@@ -45,6 +45,7 @@ struct kvb_engine_s {
     unsigned                has_load:1;
     uint32_t                waiting, running;
     double                  kv_usage;
+    uint64_t                kv_tokens;      /* the pool, 0: unsaid */
     uint64_t                load_at;
 
     unsigned                snapshotting:1;
@@ -348,14 +349,18 @@ kvb_engine_resync(kvb_engine_t *e)
 
 
 void
-kvb_engine_load(kvb_engine_t *e, uint32_t waiting, uint32_t running,
-    double kv_usage, uint64_t now_ms)
+kvb_engine_load(kvb_engine_t *e, const kvb_load_t *load, uint64_t now_ms)
 {
     e->has_load = 1;
-    e->waiting = waiting;
-    e->running = running;
-    e->kv_usage = kv_usage;
+    e->waiting = load->waiting;
+    e->running = load->running;
+    e->kv_usage = load->kv_usage;
     e->load_at = now_ms;
+
+    /* the pool outlives a missed scrape: it changes with a restart only */
+    if (load->have_tokens) {
+        e->kv_tokens = load->kv_tokens;
+    }
 }
 
 
@@ -601,6 +606,7 @@ kvb_engine_send(kvb_engine_t *e, kva_batch_t *m)
         m->waiting = e->waiting;
         m->running = e->running;
         m->kv_usage = e->kv_usage;
+        m->kv_tokens = e->kv_tokens;
     }
 
     msg = kva_event_encode(m, &len);

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvb_metrics.h"
 #include "kvb_redis.h"
 #include "kvb_vllm.h"
 
@@ -87,9 +88,9 @@ void kvb_engine_frame(kvb_engine_t *e, const void *seq, size_t seq_len,
 /* nginx asked: a snapshot, from the start */
 void kvb_engine_resync(kvb_engine_t *e);
 
-/* the engine's load, from its metrics */
-void kvb_engine_load(kvb_engine_t *e, uint32_t waiting, uint32_t running,
-    double kv_usage, uint64_t now_ms);
+/* the engine's load (and its pool, kv_tokens), from its metrics */
+void kvb_engine_load(kvb_engine_t *e, const kvb_load_t *load,
+    uint64_t now_ms);
 
 uint64_t kvb_engine_deadline(const kvb_engine_t *e);
 void kvb_engine_tick(kvb_engine_t *e, uint64_t now_ms);

@@ -433,8 +433,7 @@ kvb_scrape_done(size_t e, uint64_t now_ms)
                        : kvb_scrape_load(kvb_scrapes[e], &load, &taken);
 
         if (rc == 0) {
-            kvb_engine_load(kvb_engines[k], load.waiting, load.running,
-                            load.kv_usage, taken);
+            kvb_engine_load(kvb_engines[k], &load, taken);
         }
     }
 }

@@ -10,6 +10,11 @@
  *           name), labels model_name and engine, one series an engine;
  *   SGLang  sglang:num_running_reqs, sglang:num_queue_reqs,
  *           sglang:token_usage (a fraction), one series a DP rank.
+ *
+ * and the KV pool's size in tokens, what nginx bounds its learned state
+ * of the server by (load.kv_tokens): vLLM's vllm:cache_config_info, an
+ * info metric whose labels block_size and num_gpu_blocks multiply to it,
+ * and SGLang's sglang:max_total_num_tokens.
  */
 
 #include <math.h>
@@ -23,8 +28,18 @@
 typedef enum {
     KVB_M_RUNNING = 0,
     KVB_M_WAITING,
-    KVB_M_USAGE
+    KVB_M_USAGE,
+    KVB_M_TOKENS,
+    KVB_M_CACHE_INFO            /* its labels say the pool, not its value */
 } kvb_metric_e;
+
+
+/* what a series' labels say: its rank, and vLLM's pool */
+typedef struct {
+    int           rank;         /* -1: none */
+    uint64_t      block_size;
+    uint64_t      gpu_blocks;
+} kvb_series_t;
 
 typedef struct {
     const char    *name;
@@ -42,7 +57,9 @@ static const kvb_metric_name_t  kvb_metric_names[] = {
     kvb_metric("vllm:gpu_cache_usage_perc", KVB_M_USAGE),
     kvb_metric("sglang:num_running_reqs", KVB_M_RUNNING),
     kvb_metric("sglang:num_queue_reqs", KVB_M_WAITING),
-    kvb_metric("sglang:token_usage", KVB_M_USAGE)
+    kvb_metric("sglang:token_usage", KVB_M_USAGE),
+    kvb_metric("vllm:cache_config_info", KVB_M_CACHE_INFO),
+    kvb_metric("sglang:max_total_num_tokens", KVB_M_TOKENS)
 };
 
 #define KVB_METRIC_NAMES                                                      \
@@ -54,9 +71,11 @@ typedef struct kvb_acc_s  kvb_acc_t;
 static void kvb_metrics_add(kvb_acc_t *a, kvb_metric_e kind, double v);
 static int kvb_metrics_load(const kvb_acc_t *a, kvb_load_t *load);
 static int kvb_metrics_line(const char *p, const char *end,
-    kvb_metric_e *kind, double *value, int *rank);
+    kvb_metric_e *kind, double *value, kvb_series_t *series);
 static const char *kvb_metrics_labels(const char *p, const char *end,
-    int *rank);
+    kvb_series_t *series);
+static void kvb_metrics_pool(const char *name, size_t nlen,
+    const char *value, size_t vlen, kvb_series_t *series);
 static int kvb_metrics_rank(const char *name, size_t nlen,
     const char *value, size_t vlen);
 static int kvb_name_char(int c, int first);
@@ -74,6 +93,7 @@ kvb_metrics_parse(const char *text, size_t len, kvb_load_t *load)
 struct kvb_acc_s {
     double        count[2];
     double        usage;
+    double        tokens;
     kvb_load_t    have;
 };
 
@@ -86,6 +106,7 @@ kvb_metrics_parse_ranks(const char *text, size_t len, kvb_load_t *all,
     double        v;
     unsigned      r;
     kvb_acc_t     acc[1 + KVB_METRICS_RANKS];
+    kvb_series_t  series;
     const char   *p, *end, *nl, *eol;
     kvb_metric_e  kind;
 
@@ -100,12 +121,12 @@ kvb_metrics_parse_ranks(const char *text, size_t len, kvb_load_t *all,
         eol = nl ? nl : end;
 
         if ((size_t) (eol - p) <= KVB_METRICS_LINE_MAX
-            && kvb_metrics_line(p, eol, &kind, &v, &rank) == 0)
+            && kvb_metrics_line(p, eol, &kind, &v, &series) == 0)
         {
             kvb_metrics_add(&acc[0], kind, v);
 
             /* a series without a rank label is rank 0's (one engine) */
-            rank = rank < 0 ? 0 : rank;
+            rank = series.rank < 0 ? 0 : series.rank;
 
             if ((unsigned) rank < nranks) {
                 kvb_metrics_add(&acc[1 + rank], kind, v);
@@ -138,6 +159,13 @@ kvb_metrics_add(kvb_acc_t *a, kvb_metric_e kind, double v)
         a->have.have_waiting = 1;
         break;
 
+    case KVB_M_TOKENS:
+    case KVB_M_CACHE_INFO:
+        /* each rank's pool its own: a server's is their sum */
+        a->tokens += v;
+        a->have.have_tokens = 1;
+        break;
+
     default: /* KVB_M_USAGE */
         if (v > a->usage) {
             a->usage = v > 1.0 ? 1.0 : v;
@@ -161,8 +189,11 @@ kvb_metrics_load(const kvb_acc_t *a, kvb_load_t *load)
                     ? UINT32_MAX
                     : (uint32_t) (a->count[KVB_M_WAITING] + 0.5);
     load->kv_usage = a->usage;
+    load->kv_tokens = a->tokens >= 281474976710656.0     /* 2^48 */
+                      ? 281474976710656ULL : (uint64_t) (a->tokens + 0.5);
 
-    return (load->have_running || load->have_waiting || load->have_usage)
+    return (load->have_running || load->have_waiting || load->have_usage
+            || load->have_tokens)
            ? 0 : -1;
 }
 
@@ -174,7 +205,7 @@ kvb_metrics_load(const kvb_acc_t *a, kvb_load_t *load)
 
 static int
 kvb_metrics_line(const char *p, const char *end, kvb_metric_e *kind,
-    double *value, int *rank)
+    double *value, kvb_series_t *series)
 {
     char        num[64], *last;
     size_t      i, n;
@@ -212,14 +243,16 @@ kvb_metrics_line(const char *p, const char *end, kvb_metric_e *kind,
     }
 
     p = q;
-    *rank = -1;
+    series->rank = -1;
+    series->block_size = 0;
+    series->gpu_blocks = 0;
 
     while (p < end && (*p == ' ' || *p == '\t')) {
         p++;
     }
 
     if (p < end && *p == '{') {
-        p = kvb_metrics_labels(p + 1, end, rank);
+        p = kvb_metrics_labels(p + 1, end, series);
         if (p == NULL) {
             return -1;
         }
@@ -261,6 +294,15 @@ kvb_metrics_line(const char *p, const char *end, kvb_metric_e *kind,
     *kind = kvb_metric_names[i].kind;
     *value = v;
 
+    if (*kind == KVB_M_CACHE_INFO) {
+        /* an info metric: 1, its labels say the pool */
+        if (series->block_size == 0 || series->gpu_blocks == 0) {
+            return -1;
+        }
+
+        *value = (double) series->block_size * (double) series->gpu_blocks;
+    }
+
     return 0;
 }
 
@@ -271,7 +313,7 @@ kvb_metrics_line(const char *p, const char *end, kvb_metric_e *kind,
  */
 
 static const char *
-kvb_metrics_labels(const char *p, const char *end, int *rank)
+kvb_metrics_labels(const char *p, const char *end, kvb_series_t *series)
 {
     int          r;
     const char  *q, *name, *value;
@@ -341,8 +383,10 @@ kvb_metrics_labels(const char *p, const char *end, int *rank)
 
         r = kvb_metrics_rank(name, nlen, value, p - value);
         if (r >= 0) {
-            *rank = r;
+            series->rank = r;
         }
+
+        kvb_metrics_pool(name, nlen, value, p - value, series);
 
         p++;
 
@@ -402,6 +446,44 @@ kvb_metrics_rank(const char *name, size_t nlen, const char *value,
     }
 
     return r < KVB_METRICS_RANKS ? r : KVB_METRICS_RANKS;
+}
+
+
+/* vLLM's cache_config_info: block_size="16", num_gpu_blocks="27000" */
+
+static void
+kvb_metrics_pool(const char *name, size_t nlen, const char *value,
+    size_t vlen, kvb_series_t *series)
+{
+    size_t     i;
+    uint64_t   n, *to;
+
+    if (nlen == 10 && memcmp(name, "block_size", 10) == 0) {
+        to = &series->block_size;
+
+    } else if (nlen == 14 && memcmp(name, "num_gpu_blocks", 14) == 0) {
+        to = &series->gpu_blocks;
+
+    } else {
+        return;
+    }
+
+    /* a decimal count below 2^40, else unsaid ("None" before profiling) */
+    if (vlen == 0 || vlen > 12) {
+        return;
+    }
+
+    n = 0;
+
+    for (i = 0; i < vlen; i++) {
+        if (value[i] < '0' || value[i] > '9') {
+            return;
+        }
+
+        n = n * 10 + (uint64_t) (value[i] - '0');
+    }
+
+    *to = n;
 }
 
 

@@ -23,16 +23,20 @@ typedef struct {
     uint32_t  waiting;
     uint32_t  running;
     double    kv_usage;           /* fraction in [0, 1] */
+    uint64_t  kv_tokens;          /* the KV pool in tokens, up to 2^48 */
     unsigned  have_waiting:1;
     unsigned  have_running:1;
     unsigned  have_usage:1;
+    unsigned  have_tokens:1;
 } kvb_load_t;
 
 
 /*
  * Series of one name (an engine or a model each) are added up, usage is
- * their maximum, clamped to [0, 1]; counts saturate at UINT32_MAX.
- * Negative and NaN samples are ignored.  Returns 0 if any of the three
+ * their maximum, clamped to [0, 1]; counts saturate at UINT32_MAX, the
+ * pool (kv_tokens: vLLM's cache_config_info, SGLang's
+ * max_total_num_tokens) at 2^48.
+ * Negative and NaN samples are ignored.  Returns 0 if any of them
  * was found, -1 otherwise.  Reads text[0, len) only, allocates nothing.
  */
 int kvb_metrics_parse(const char *text, size_t len, kvb_load_t *load);

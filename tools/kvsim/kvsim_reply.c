@@ -220,6 +220,23 @@ kvs_reply_metrics(kvs_server_t *srv, struct evhttp_request *req)
 
 #undef kvs_metric
 
+    /* vLLM's info metric of its cache configuration: the pool's size */
+    evbuffer_add_printf(b, "# TYPE vllm:cache_config_info gauge\n");
+
+    for (r = 0; r < n; r++) {
+        if (n > 1) {
+            snprintf(eng, sizeof(eng), ",engine=\"%u\"", r);
+        } else {
+            eng[0] = '\0';
+        }
+
+        evbuffer_add_printf(b, "vllm:cache_config_info{model_name=\"%s\"%s,"
+                            "block_size=\"%u\",num_gpu_blocks=\"%u\","
+                            "enable_prefix_caching=\"True\"} 1.0\n", m, eng,
+                            srv->sim->conf.block_tokens,
+                            srv->sim->conf.num_blocks);
+    }
+
     if (n > 1) {
         /* X-data-parallel-rank headers that named no rank */
         evbuffer_add_printf(b, "# TYPE kvsim_dp_rank_invalid_total counter\n"
