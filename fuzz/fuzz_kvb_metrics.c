@@ -50,7 +50,16 @@ fz_parse(const uint8_t *data, size_t size)
     rc = kvb_metrics_parse((const char *) data, size, &load);
 
     if (rc == 0) {
-        if (!load.have_running && !load.have_waiting && !load.have_usage) {
+        if (!load.have_running && !load.have_waiting && !load.have_usage
+            && !load.have_tokens)
+        {
+            abort();
+        }
+
+        /* the pool is bounded as nginx's decoder bounds it */
+        if (load.kv_tokens > (1ULL << 48)
+            || (!load.have_tokens && load.kv_tokens != 0))
+        {
             abort();
         }
 
@@ -64,7 +73,8 @@ fz_parse(const uint8_t *data, size_t size)
         }
 
     } else if (rc != -1 || load.have_running || load.have_waiting
-               || load.have_usage || load.running || load.waiting)
+               || load.have_usage || load.have_tokens || load.running
+               || load.waiting || load.kv_tokens)
     {
         abort();
     }
@@ -86,7 +96,9 @@ fz_ranks(const uint8_t *data, size_t size, int rc, const kvb_load_t *load)
         || !(all.kv_usage == load->kv_usage)
         || all.have_running != load->have_running
         || all.have_waiting != load->have_waiting
-        || all.have_usage != load->have_usage)
+        || all.have_usage != load->have_usage
+        || all.kv_tokens != load->kv_tokens
+        || all.have_tokens != load->have_tokens)
     {
         abort();
     }
@@ -94,7 +106,8 @@ fz_ranks(const uint8_t *data, size_t size, int rc, const kvb_load_t *load)
     for (r = 0; r < KVB_METRICS_RANKS; r++) {
         if (ranks[r].running > all.running || ranks[r].waiting > all.waiting
             || ranks[r].kv_usage > all.kv_usage
-            || (ranks[r].have_usage && !all.have_usage))
+            || (ranks[r].have_usage && !all.have_usage)
+            || ranks[r].kv_tokens > all.kv_tokens)
         {
             abort();
         }
