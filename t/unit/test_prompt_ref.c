@@ -747,6 +747,9 @@ check_tools(group_t *g, group_t *pg, unsigned i, const buf_t *body,
         goto done;
     }
 
+    n1 = 0;
+    n2 = 0;
+
     if (kva_hash_body(first.p, first.len, bs, NULL, h1, &n1, &p)
         != KVA_PROMPT_OK
         || kva_hash_body(last.p, last.len, bs, NULL, h2, &n2, &p)
