@@ -9,10 +9,8 @@
 # rank; a batch whose data_parallel_rank disagrees with its port is kept
 # under the port's rank, and logged.
 # kvsim's own Redis messages say the rank too, and answer a resync by
-# rank.  Last, the whole chain: nginx (kv_aware data_parallel=2) hears each
-# rank's blocks through the bridge and sends a prompt a rank holds to
-# that rank, in X-data-parallel-rank.  Real redis-server, kvsim, kvbridge
-# and nginx (t/55 tests the module's side alone).
+# rank.  Real redis-server, kvsim and kvbridge: t/55 tests the module's
+# side alone, t/61 the whole chain through nginx.
 
 use strict;
 use warnings;
@@ -23,7 +21,7 @@ use JSON::PP;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
-use KvAware::Launch qw(free_ports free_run wait_until slurp module_path);
+use KvAware::Launch qw(free_ports free_run wait_until slurp);
 use Test::KvAware::Redis;
 
 my $BRIDGE = KvAware::Launch::kvbridge_binary();
@@ -256,88 +254,6 @@ SKIP: {
     $l->stop('kvsim-redis');
 }
 
-# --- 8. the whole chain: nginx picks the rank that holds the prompt -------
-
-SKIP: {
-    skip 'module not built', 5 unless -f module_path();
-
-    my ($nport) = free_ports(1);
-    my $x = KvAware::Launch->new(template => 'nginx-dp-XXXXXX',
-                                 watchdog => 1, diag => \&diag);
-    my $prefix = $x->prefix;
-    $x->write_conf(<<EOF);
-load_module ${\ module_path()};
-${\ $x->user_directive}
-worker_processes 1;
-error_log logs/error.log info;
-pid logs/nginx.pid;
-events { worker_connections 256; }
-http {
-    access_log off;
-    client_body_temp_path $prefix/body;
-    proxy_temp_path $prefix/proxy;
-
-    upstream llm {
-        kv_aware keys=tokens block_tokens=$BT data_parallel=2;
-        kv_aware_events redis=127.0.0.1:$redis;
-        server $addr;
-    }
-
-    server {
-        listen 127.0.0.1:$nport;
-        location / {
-            proxy_pass http://llm;
-            proxy_set_header X-data-parallel-rank \$kv_aware_dp_rank;
-            add_header X-KV-Rank \$kv_aware_dp_rank always;
-            add_header X-KV-Reason \$kv_aware_reason always;
-            add_header X-KV-Matched \$kv_aware_matched always;
-        }
-        location = /status { kv_aware_status; }
-    }
-}
-EOF
-    my ($started, $why) = $x->start_nginx(workers => 1);
-    ok($started, 'nginx with data_parallel=2 starts') or diag($why);
-
-    # a prompt of token ids computed first on each rank by another client
-    my %ids;
-    for my $rank (0, 1) {
-        $ids{$rank} = [map { 30000 + 1000 * $rank + ($_ * 7919) % 997 }
-                       1 .. 8 * $BT];
-        my $k = completion("http://$addr", $ids{$rank}, $rank);
-        die "rank $rank served it as $k->{rank}" unless $k->{rank} == $rank;
-    }
-
-    ok(wait_until(10, sub {
-        my $st = nginx_status($nport) or return 0;
-        my @have = grep { ($_->{entries}{event} // 0) >= 8 }
-                   @{ $st->{servers} // [] };
-        return @have == 2;
-    }), 'nginx holds both ranks\' blocks from the bridge\'s events')
-        or diag($json->encode(nginx_status($nport) // {}));
-
-    for my $rank (1, 0) {
-        my $r = $http->post("http://127.0.0.1:$nport/v1/completions",
-            { content => $json->encode({ model => $MODEL, max_tokens => 1,
-                                         prompt => $ids{$rank} }),
-              headers => { 'Content-Type' => 'application/json' } });
-        my $k = $r->{success} && eval {
-            $json->decode($r->{content})->{kvsim} } || {};
-        ok(($r->{headers}{'x-kv-rank'} // '') eq $rank
-           && ($k->{rank} // -1) == $rank && ($k->{cached_tokens} // 0) > 0,
-           "the prompt rank $rank holds: nginx picks rank $rank "
-           . "(\$kv_aware_dp_rank), the server runs it there, cached "
-           . ($k->{cached_tokens} // '?') . ' tokens ('
-           . ($r->{headers}{'x-kv-reason'} // '?') . ', matched '
-           . ($r->{headers}{'x-kv-matched'} // '?') . ')')
-            or diag("$r->{status} $r->{content}");
-    }
-
-    unlike(slurp("$prefix/logs/error.log") // '', qr/\[(alert|emerg)\]/,
-           'no alert in nginx\'s log');
-    $x->stop_nginx;
-}
-
 ok(kill(0, $l->pid('kvbridge')), 'the bridge is still running');
 
 done_testing();
@@ -370,27 +286,6 @@ sub chat {
     die "X-Kvsim-Rank $r->{headers}{'x-kvsim-rank'}, body $k->{rank}"
         unless ($r->{headers}{'x-kvsim-rank'} // -1) == $k->{rank};
     return $k;
-}
-
-# a completion of token ids straight to kvsim, on a rank: its "kvsim"
-sub completion {
-    my ($base, $ids, $rank) = @_;
-    my $r = $http->post("$base/v1/completions",
-        { content => $json->encode({ model => $MODEL, max_tokens => 1,
-                                     prompt => $ids }),
-          headers => { 'Content-Type' => 'application/json',
-                       'X-data-parallel-rank' => $rank } });
-    die "completion: $r->{status} $r->{content}" unless $r->{success};
-    return $json->decode($r->{content})->{kvsim};
-}
-
-sub nginx_status {
-    my ($p) = @_;
-    my $r = $http->get("http://127.0.0.1:$p/status");
-    my $st = $r->{success} && eval { $json->decode($r->{content}) }
-        or return undef;
-    my ($u) = values %{ $st->{upstreams} // {} };
-    return $u;
 }
 
 sub keys_of {
