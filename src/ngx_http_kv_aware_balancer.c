@@ -48,8 +48,9 @@ static ngx_int_t ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc,
 static void ngx_http_kv_aware_free_peer(ngx_peer_connection_t *pc,
     void *data, ngx_uint_t state);
 static ngx_uint_t ngx_http_kv_aware_candidates(
-    ngx_http_kv_aware_peer_data_t *kp, ngx_http_upstream_rr_peers_t *peers,
-    ngx_uint_t base, ngx_http_kv_aware_pick_t *picks, time_t now);
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_upstream_rr_peers_t *peers,
+    ngx_uint_t base, uintptr_t *tried, ngx_http_kv_aware_pick_t *picks,
+    time_t now);
 static ngx_uint_t ngx_http_kv_aware_planned(ngx_http_kv_aware_peer_data_t *kp,
     ngx_http_kv_aware_pick_t *picks, ngx_uint_t n);
 static void ngx_http_kv_aware_hash_request(ngx_http_request_t *r,
@@ -239,7 +240,6 @@ ngx_http_kv_aware_ranking(ngx_http_request_t *r,
     kva_candidate_t                 cand[KVA_MAX_SLOTS];
     ngx_http_kv_aware_ctx_t        *ctx;
     ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
-    ngx_http_upstream_rr_peer_t    *peer;
     ngx_http_upstream_rr_peers_t   *peers;
 
     ctx = ngx_http_kv_aware_request_ctx(r);
@@ -265,21 +265,8 @@ ngx_http_kv_aware_ranking(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    n = 0;
-
-    for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
-        if (peer->down) {
-            continue;
-        }
-
-        for (j = 0; j < dp; j++) {
-            picks[n].peer = peer;
-            picks[n].number = i;
-            picks[n].slot = kcf->slot_of[i * dp + j];
-            picks[n].rank = j;
-            n++;
-        }
-    }
+    /* the servers a first try could take: not down, failed, or full */
+    n = ngx_http_kv_aware_candidates(kcf, peers, 0, NULL, picks, ngx_time());
 
     if (n == 0) {
         ngx_http_upstream_rr_peers_unlock(peers);
@@ -404,7 +391,8 @@ ngx_http_kv_aware_plan_rank(ngx_http_request_t *r, ngx_uint_t *rank)
         return NGX_DECLINED;
     }
 
-    n = ngx_http_kv_aware_candidates(kp, peers, 0, picks, now);
+    n = ngx_http_kv_aware_candidates(kcf, peers, 0, kp->rrp.tried, picks,
+                                     now);
 
     if (n == 0) {
         ngx_http_upstream_rr_peers_unlock(peers);
@@ -477,7 +465,8 @@ ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc, void *data)
         return ngx_http_kv_aware_round_robin(pc, kp);
     }
 
-    n = ngx_http_kv_aware_candidates(kp, peers, base, picks, now);
+    n = ngx_http_kv_aware_candidates(kp->kcf, peers, base, rrp->tried, picks,
+                                     now);
 
     if (n == 0) {
         ngx_log_debug0(NGX_LOG_DEBUG_HTTP, pc->log, 0,
@@ -580,24 +569,27 @@ ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
 }
 
 
-/* the servers (ranks) this try may take; the peers' lock is held */
+/*
+ * The servers (ranks) a try may take, those of tried aside (NULL: none
+ * tried, for the ranking); the peers' lock is held.
+ */
 static ngx_uint_t
-ngx_http_kv_aware_candidates(ngx_http_kv_aware_peer_data_t *kp,
-    ngx_http_upstream_rr_peers_t *peers, ngx_uint_t base,
+ngx_http_kv_aware_candidates(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_upstream_rr_peers_t *peers, ngx_uint_t base, uintptr_t *tried,
     ngx_http_kv_aware_pick_t *picks, time_t now)
 {
     uintptr_t                     m;
     ngx_uint_t                    i, n, r, dp;
     ngx_http_upstream_rr_peer_t  *peer;
 
-    dp = kp->kcf->data_parallel;
+    dp = kcf->data_parallel;
     n = 0;
 
     for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
 
         m = (uintptr_t) 1 << i % (8 * sizeof(uintptr_t));
 
-        if (kp->rrp.tried[i / (8 * sizeof(uintptr_t))] & m) {
+        if (tried && (tried[i / (8 * sizeof(uintptr_t))] & m)) {
             continue;
         }
 
@@ -620,7 +612,7 @@ ngx_http_kv_aware_candidates(ngx_http_kv_aware_peer_data_t *kp,
         for (r = 0; r < dp; r++) {
             picks[n].peer = peer;
             picks[n].number = i;
-            picks[n].slot = kp->kcf->slot_of[(base + i) * dp + r];
+            picks[n].slot = kcf->slot_of[(base + i) * dp + r];
             picks[n].rank = r;
             n++;
         }
