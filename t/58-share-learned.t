@@ -171,6 +171,28 @@ subtest 'the status page counts what was shared' => sub {
     }
 };
 
+subtest 'hostile messages on the learned channel are refused' => sub {
+    my $before = status_of('B')->{share}{refused};
+    my $addr = '127.0.0.1:' . $env->backend_port(1);
+    for my $m ('not json',
+               $json->encode({ v => 1, server => $addr, seq => 1,
+                               events => [{ type => 'stored',
+                                            hashes => ['00000000000000aa'] }]
+                             }),
+               $json->encode({ v => 1, server => $addr, seq => 1,
+                               origin => 'nothex', events => [] }))
+    {
+        $env->redis_cli(PUBLISH => 'kv_aware:events:learned', $m);
+    }
+    ok(wait_until(5, sub { status_of('B')->{share}{refused} >= $before + 3 }),
+       'broken JSON, no origin, a bad origin: three refused');
+    like(KvAware::Launch::slurp($lb->error_log_file) // '',
+         qr/\[warn\].*refused a message on "kv_aware:events:learned"/,
+         'and logged');
+    my $r = ask('B', turn(7, 1));
+    is($r->{status}, 200, 'B still routes');
+};
+
 subtest 'a Redis outage leaves each nginx its own learning' => sub {
     $env->redis_stop;
     ok(wait_until(10, sub { status_of('A')->{redis}{state} ne 'up' }),
