@@ -56,19 +56,7 @@ for my $n (['a', $na], ['b', $nb]) {
                                  watchdog => 1, diag => \&diag);
     my $servers = join '', map { "        server 127.0.0.1:"
                                  . ($base + $_) . ";\n" } 0 .. $SERVERS - 1;
-    my $prefix = $x->prefix;
-    $x->write_conf(<<EOF);
-load_module ${\ module_path()};
-${\ $x->user_directive}
-worker_processes 2;
-error_log logs/error.log info;
-pid logs/nginx.pid;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $prefix/body;
-    proxy_temp_path $prefix/proxy;
-
+    $x->write_nginx_conf(workers => 2, http => <<EOF);
     upstream llm {
         kv_aware keys=tokens block_tokens=$BT;
         kv_aware_events redis=127.0.0.1:$redis;
@@ -85,7 +73,6 @@ $servers
         }
         location = /status { kv_aware_status; }
     }
-}
 EOF
     my ($ok, $err) = $x->start_nginx(workers => 2);
     ok($ok, "nginx $name starts") or diag($err);

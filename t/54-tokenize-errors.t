@@ -40,18 +40,7 @@ $l->start_kvsim($late, 1, { name => 'kvsim-late' },
                    --tokenize-delay-ms 300));
 
 my $prefix = $l->prefix;
-$l->write_conf(<<EOF);
-load_module ${\ module_path()};
-${\ $l->user_directive}
-worker_processes 1;
-error_log logs/error.log info;
-pid logs/nginx.pid;
-events { worker_connections 256; }
-http {
-    access_log off;
-    client_body_temp_path $prefix/body;
-    proxy_temp_path $prefix/proxy;
-
+$l->write_nginx_conf(workers => 1, http => <<EOF);
     upstream fast {
         kv_aware keys=tokens block_tokens=16;
         server 127.0.0.1:$fast;
@@ -88,7 +77,6 @@ http {
             proxy_pass http://127.0.0.1:$late/tokenize;
         }
     }
-}
 EOF
 my ($ok, $err) = $l->start_nginx(workers => 1);
 ok($ok, 'nginx starts') or BAIL_OUT($err);

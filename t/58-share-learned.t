@@ -13,7 +13,7 @@ use JSON::PP;
 use Test::More;
 use Time::HiRes qw(sleep);
 
-use KvAware::Launch qw(free_ports wait_until module_path);
+use KvAware::Launch qw(free_ports wait_until);
 use Test::KvAware ();
 use Test::KvAware::Events qw(preflight upstream_conf);
 
@@ -46,23 +46,11 @@ my ($port_b) = free_ports(1);
 my $lb = KvAware::Launch->new(template => 'share-b-XXXXXX', watchdog => 1,
                               diag => \&diag);
 {
-    my $prefix = $lb->prefix;
     my $servers = join '', map {
         "        server 127.0.0.1:" . $env->backend_port($_)
         . " max_fails=0;\n" } 1 .. 3;
     my $redis = $env->redis_port;
-    $lb->write_conf(<<EOF);
-load_module ${\ module_path()};
-${\ $lb->user_directive}
-worker_processes 2;
-error_log logs/error.log info;
-pid logs/nginx.pid;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $prefix/body;
-    proxy_temp_path $prefix/proxy;
-
+    $lb->write_nginx_conf(workers => 2, http => <<EOF);
     upstream llm {
         kv_aware block_size=64 learned_ttl=10m;
         kv_aware_events redis=127.0.0.1:$redis share=on heartbeat=60s;
@@ -71,7 +59,6 @@ $servers    }
     server {
         listen 127.0.0.1:$port_b;
 $LOCATIONS    }
-}
 EOF
     my ($ok, $err) = $lb->start_nginx(workers => 2);
     ok($ok, 'nginx B starts') or BAIL_OUT($err);

@@ -58,21 +58,9 @@ $l->start_kvbridge('--redis', "127.0.0.1:$redis", '--heartbeat', 200,
                      . ' data_parallel=2')
     } 0 .. $SERVERS - 1);
 
-my $prefix = $l->prefix;
 my $servers = join '', map { "        server 127.0.0.1:" . ($base + $_)
                              . ";\n" } 0 .. $SERVERS - 1;
-$l->write_conf(<<EOF);
-load_module ${\ module_path()};
-${\ $l->user_directive}
-worker_processes 1;
-error_log logs/error.log info;
-pid logs/nginx.pid;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $prefix/body;
-    proxy_temp_path $prefix/proxy;
-
+$l->write_nginx_conf(workers => 1, http => <<EOF);
     upstream llm {
         kv_aware keys=tokens block_tokens=$BT data_parallel=2;
         kv_aware_events redis=127.0.0.1:$redis heartbeat=5s;
@@ -89,7 +77,6 @@ $servers    }
         }
         location = /status { kv_aware_status; }
     }
-}
 EOF
 my ($ok, $err) = $l->start_nginx(workers => 1);
 ok($ok, 'nginx starts') or BAIL_OUT($err);

@@ -204,6 +204,25 @@ sub write_conf {
     return $file;
 }
 
+# A whole nginx.conf around $o{http} (the http{} block's body): the
+# module loaded, $o{workers} workers (1), the error log at $o{log_level}
+# (info) and temporary files in the prefix; written as write_conf does.
+sub write_nginx_conf {
+    my ($self, %o) = @_;
+    my $prefix = $self->{prefix};
+    return $self->write_conf(join '',
+        'load_module ', module_path(), ";\n", user_directive(),
+        'worker_processes ', $o{workers} // 1, ";\n",
+        'error_log logs/error.log ', $o{log_level} // 'info', ";\n",
+        "pid logs/nginx.pid;\n",
+        "events { worker_connections 1024; }\n",
+        "http {\n",
+        "    access_log off;\n",
+        "    client_body_temp_path $prefix/body;\n",
+        "    proxy_temp_path $prefix/proxy;\n\n",
+        $o{http}, "}\n");
+}
+
 # "user root;" when running as root: workers would otherwise become
 # "nobody" and lose access to the temporary prefix.
 sub user_directive { $> == 0 ? "user root;\n" : '' }
