@@ -150,8 +150,7 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
                       "what they held is forgotten", &kcf->upstream,
                       (ngx_uint_t) __builtin_popcountll(gone));
 
-        ngx_http_kv_aware_set_precise(sh, gone, 0);
-        ngx_http_kv_aware_drop_slots(kcf, gone, KVA_BITS_ALL);
+        ngx_http_kv_aware_forget_slots(kcf, gone);
     }
 
     /* the peers before the first without a slot are the ones routed */

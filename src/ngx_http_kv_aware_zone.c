@@ -304,21 +304,8 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
     }
 
     if (stale) {
-        /* a newcomer in the slot has published nothing: not precise */
         kcf->sh->reserved &= ~stale;
-        ngx_http_kv_aware_set_precise(kcf->sh, stale, 0);
-        ngx_http_kv_aware_drop_slots(kcf, stale, KVA_BITS_ALL);
-
-        /* nor has it learned anything: its learned budget counts afresh */
-        ngx_shmtx_lock(&kcf->shpool->mutex);
-
-        for (s = 0; s < KVA_MAX_SLOTS; s++) {
-            if (stale & (1ULL << s)) {
-                kva_index_learn_budget(kcf->sh->index, s, 0, 0);
-            }
-        }
-
-        ngx_shmtx_unlock(&kcf->shpool->mutex);
+        ngx_http_kv_aware_forget_slots(kcf, stale);
     }
 
     /* newcomers take free slots */
@@ -348,6 +335,32 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * The servers of the slots in mask left the upstream: whatever takes a
+ * slot next has published nothing (not precise), holds nothing, and has
+ * learned nothing (its learned budget counts afresh).
+ */
+void
+ngx_http_kv_aware_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
+    uint64_t mask)
+{
+    ngx_uint_t  s;
+
+    ngx_http_kv_aware_set_precise(kcf->sh, mask, 0);
+    ngx_http_kv_aware_drop_slots(kcf, mask, KVA_BITS_ALL);
+
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+
+    for (s = 0; s < KVA_MAX_SLOTS; s++) {
+        if (mask & (1ULL << s)) {
+            kva_index_learn_budget(kcf->sh->index, s, 0, 0);
+        }
+    }
+
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
 }
 
 

@@ -148,6 +148,8 @@ void ngx_http_kv_aware_learn_budget(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, kva_clock_t *clk);
 void ngx_http_kv_aware_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
     uint64_t mask, unsigned srcs);
+void ngx_http_kv_aware_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
+    uint64_t mask);
 void ngx_http_kv_aware_set_precise(ngx_http_kv_aware_shctx_t *sh,
     uint64_t mask, ngx_uint_t on);
 ngx_uint_t ngx_http_kv_aware_slot_by_name(ngx_http_kv_aware_shctx_t *sh,
