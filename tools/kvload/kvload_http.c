@@ -11,7 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
+#include <event2/bufferevent.h>
 #include <event2/keyvalq_struct.h>
 
 #include "kvload_http.h"
@@ -72,7 +76,9 @@ int
 kvl_http_send(kvl_http_req_t *r, const char *path, const char *body,
     size_t len, double timeout)
 {
+    int                     one = 1;
     kvl_target_t           *t = r->target;
+    evutil_socket_t         fd;
     struct timeval          tv;
     struct evkeyvalq       *h;
     struct evhttp_request  *req;
@@ -146,6 +152,20 @@ kvl_http_send(kvl_http_req_t *r, const char *path, const char *body,
         != 0)
     {
         goto failed;
+    }
+
+    /*
+     * as an asyncio client (the OpenAI SDK) does: without TCP_NODELAY a
+     * body longer than one write leaves its tail to Nagle, held for the
+     * proxy's delayed ACK, 40 ms of every TTFT, times the time scale
+     */
+    if (!r->reused) {
+        fd = bufferevent_getfd(evhttp_connection_get_bufferevent(r->conn));
+
+        if (fd >= 0) {
+            (void) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
+                              sizeof(int));
+        }
     }
 
     return 0;
