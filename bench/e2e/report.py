@@ -1,11 +1,13 @@
 #!/usr/bin/python3
 """Markdown tables and the plot's data from kvload's JSON (bench/e2e).
 
-report.py WORKDIR RESULTSDIR: reads WORKDIR/<workload>/<policy>.json and
+report.py WORKDIR RESULTSDIR [WORKLOAD...]: (only the workloads named, when
+some are) reads WORKDIR/<workload>/<policy>.json and
 .meta.json (written by run.sh), writes RESULTSDIR/e2e-<policy>.md,
 RESULTSDIR/e2e-summary.md, RESULTSDIR/e2e-all.csv and WORKDIR/ttft-p90.dat;
 for the trace workload (WORKDIR/trace/) RESULTSDIR/e2e-trace.md and
-e2e-trace.csv instead (report_trace.py). Standard library only.
+e2e-trace.csv instead (report_trace.py), for llm-d's (WORKDIR/llm-d/)
+RESULTSDIR/e2e-llm-d.md (report_llmd.py). Standard library only.
 """
 
 import json
@@ -13,6 +15,7 @@ import math
 import os
 import sys
 
+import report_llmd
 import report_trace
 
 POLICIES = ["round_robin", "least_conn", "random_two", "hash_prefix",
@@ -180,9 +183,13 @@ def agent_table(runs, pols, first):
 
 
 def main():
-    work, results = sys.argv[1], sys.argv[2]
-    runs = load(work)
-    traced = report_trace.report(work, results, POLICIES, TITLES)
+    work, results, only = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+    runs = {k: v for k, v in load(work).items() if not only or k[0] in only}
+    traced = False
+    if not only or "trace" in only:
+        traced = report_trace.report(work, results, POLICIES, TITLES)
+    if not only or "llm-d" in only:
+        traced |= report_llmd.report(work, results, POLICIES, TITLES)
     if not runs and not traced:
         sys.exit("report.py: no results under %s" % work)
     if not runs:

@@ -7,21 +7,24 @@
 #   bash bench/e2e/run.sh --quick     smoke run (about 3 minutes)
 #   bash bench/e2e/run.sh --workloads trace     the trace alone (9 min)
 #   bash bench/e2e/run.sh --workloads agent     agent conversations (2 min)
+#   bash bench/e2e/run.sh --workloads llm-d     llm-d's run, its hardware
+#                                               (9 min)
 #
 #   --policies a,b     subset of: round_robin least_conn random_two
 #                      hash_prefix kv_aware kv_aware_events kv_aware_bridge
 #   --scale S          time compression (default: see below)
 #   --stage-seconds T, --stage-requests N   stage bounds (uncompressed)
 #   --workloads a,b    subset of: shared-prefix multi-turn no-sharing trace
-#                      agent;
+#                      agent llm-d;
 #                      the report also takes what earlier runs left for others
 #   --no-extra         shared-prefix only
 #   E2E_WORK, E2E_RESULTS  override build/bench-e2e and bench/results
 #                      (partial and --quick runs write to build/bench-e2e/results)
 #
 # Writes bench/results/e2e-summary.md, e2e-<policy>.md, e2e-all.csv and
-# e2e-ttft-p90.png, and for the trace e2e-trace.md and e2e-trace.csv (a
-# run of the trace alone, every policy, publishes those two only); raw
+# e2e-ttft-p90.png, for the trace e2e-trace.md and e2e-trace.csv, for
+# llm-d's run e2e-llm-d.md (a run of the trace or of llm-d alone, every
+# policy, publishes those only); raw
 # kvload JSON/CSV and logs stay in build/bench-e2e/.
 # Method and caveats: bench/README.md.  Everything listens on 127.0.0.1;
 # every wait is bounded; every process started here is stopped on exit.
@@ -121,11 +124,37 @@ TRACE_SECONDS=${TRACE_SECONDS:-600}
 # say it (kvsim's events say it too: kv_tokens); TRACE_KV_PARAMS=" " for
 # the TTL alone
 TRACE_KV_PARAMS=${TRACE_KV_PARAMS:-learned_tokens=$(( BLOCKS * BLOCK_TOKENS ))}
+
+# ---------------------------------------------------------------------------
+# llm-d's regime: its published run (llm-d-kv-cache-manager,
+# benchmarking/73-capacity: 8 pods of Qwen3-32B on 2 H100 each, 307,328
+# KV tokens a pod, 150 groups x 5 prompts of 6,000 + 1,200 tokens sent
+# cyclically) with its warm-up and its ladder of 16 Poisson stages, each
+# of its own length, on kvsim calibrated to the ITL those pods measured
+# (--calibration llm-d; kvsim_sched.c).  Its config asks for 1,000 tokens
+# out, yet it published 10,300-10,500 output tokens/s for 52-60 requests/s
+# at the top (177-196 a request), and no 8 pods decode 60,000 tokens/s of
+# 7,300-token contexts; 180 is what its pods generated a request there.
+# ---------------------------------------------------------------------------
+LLMD_WARMUP=15:50
+LLMD_LADDER="3:20,10:20,15:20,20:38,22:34,25:30,30:25,35:21,40:38,43:36"
+LLMD_LADDER+=",46:33,49:30,52:29,55:27,57:26,60:25"
+LLMD_OUTPUT_TOKENS=${LLMD_OUTPUT_TOKENS:-180}
+# time scale 4: at 6 kvsim's steps ran up to 200 ms (real) behind its
+# clock at the top stages on 2 cores, which showed as TTFT; at 4, 38 ms
+LLMD_SCALE=${LLMD_SCALE:-4}
+LLMD_POLICIES="round_robin least_conn kv_aware kv_aware_events"
+LLMD_ARGS="--groups 150 --prompts-per-group 5 --system-tokens 6000"
+LLMD_ARGS+=" --question-tokens 1200 --output-tokens $LLMD_OUTPUT_TOKENS"
+LLMD_ARGS+=" --warmup $LLMD_WARMUP --qps-ladder $LLMD_LADDER"
+LLMD_ARGS+=" --max-inflight 5000"
+# round-robin's queue outlasts the ladder by minutes of simulated time
+LLMD_RUN_LIMIT_S=420
 BUDGET_S=1800
 RUN_LIMIT_S=240
 
 QUICK=0
-ALL_WORKLOADS="shared-prefix multi-turn no-sharing trace agent"
+ALL_WORKLOADS="shared-prefix multi-turn no-sharing trace agent llm-d"
 WORKLOADS=$ALL_WORKLOADS
 POLICIES=$ALL_POLICIES
 
@@ -148,7 +177,7 @@ done
 if [ -z "${E2E_RESULTS:-}" ] && { [ "$QUICK" = 1 ] \
         || [ "$POLICIES" != "$ALL_POLICIES" ] \
         || { [ "$WORKLOADS" != "$ALL_WORKLOADS" ] \
-             && [ "$WORKLOADS" != trace ]; } \
+             && [ "$WORKLOADS" != trace ] && [ "$WORKLOADS" != llm-d ]; } \
         || [ -n "${KV_AWARE_PARAMS:-}" ]; }; then
     RESULTS=$WORK/results
 fi
@@ -216,7 +245,7 @@ cpu_ticks() {
 start_kvsim() {
     launch start --log "$1" kvsim "$WORK" "$KV_BASE" $SERVERS \
         --block-tokens $BLOCK_TOKENS --num-blocks $BLOCKS \
-        --time-scale "$SCALE" --max-conns 4096 \
+        --time-scale "$SCALE" --calibration "$CALIBRATION" --max-conns 4096 \
         --redis "127.0.0.1:$REDIS_PORT" --channel "$CHANNEL" --seed 1 \
         2>/dev/null || die "kvsim did not start: $(tail -3 "$1")"
     KVSIM_PID=$(launch pid "$WORK" kvsim)
@@ -229,8 +258,8 @@ start_engines() {
     zmq=$(free_port $(( 2 * SERVERS )))
     launch start --log "$out.kvsim.log" kvsim "$WORK" "$KV_BASE" $SERVERS \
         --block-tokens $BLOCK_TOKENS --num-blocks $BLOCKS \
-        --time-scale "$SCALE" --max-conns 4096 --redis off \
-        --keyspace tokens --events zmq --zmq-port "$zmq" --seed 1 \
+        --time-scale "$SCALE" --calibration "$CALIBRATION" --max-conns 4096 \
+        --redis off --keyspace tokens --events zmq --zmq-port "$zmq" --seed 1 \
         2>/dev/null || die "kvsim did not start: $(tail -3 "$out.kvsim.log")"
     KVSIM_PID=$(launch pid "$WORK" kvsim)
     for k in $(seq 0 $(( SERVERS - 1 ))); do
@@ -314,7 +343,7 @@ error_log $prefix/logs/error.log warn;
 pcre_jit on;
 
 events {
-    worker_connections 8192;
+    worker_connections 12288;
 }
 
 http {
@@ -437,7 +466,7 @@ run_one() {
     TIMEFORMAT='%U %S'
     # SIGINT: kvload stops sending and still writes what it measured
     { time timeout -s INT -k 120 "$RUN_LIMIT_S" "$KVLOAD" \
-        --target "127.0.0.1:$NGINX_PORT" --workload "$wl" \
+        --target "127.0.0.1:$NGINX_PORT" --workload "${KVLOAD_WL:-$wl}" \
         --time-scale "$SCALE" --seed 1 --label "$policy" "${ids[@]}" \
         --metrics "127.0.0.1:$KV_BASE-$(( KV_BASE + SERVERS - 1 ))" \
         --json "$out.json" --csv "$out.csv" "$@" \
@@ -559,9 +588,10 @@ log "shared-prefix: $SP_GROUPS groups x $PROMPTS prompts (llm-d: 150 x 5)," \
     "ladder $LADDER QPS, stages of ${STAGE_SECONDS}s uncompressed$(
     [ "$STAGE_REQUESTS" != 0 ] && echo " or $STAGE_REQUESTS requests")"
 
-SERVERS0=$SERVERS SCALE0=$SCALE
+SERVERS0=$SERVERS SCALE0=$SCALE RUN_LIMIT0=$RUN_LIMIT_S
 for wl in $WORKLOADS; do
-    SERVERS=$SERVERS0 SCALE=$SCALE0 WL_KV_PARAMS=
+    SERVERS=$SERVERS0 SCALE=$SCALE0 RUN_LIMIT_S=$RUN_LIMIT0 WL_KV_PARAMS=
+    CALIBRATION=0.1 KVLOAD_WL=
     case $wl in
     shared-prefix) args=$SP_ARGS; pols=$POLICIES ;;
     multi-turn) args=$MT_ARGS; pols=$POLICIES ;;
@@ -591,6 +621,15 @@ for wl in $WORKLOADS; do
         for p in $AG_POLICIES; do
             case " $POLICIES " in *" $p "*) pols+=" $p" ;; esac
         done ;;
+    llm-d)
+        args=$LLMD_ARGS pols="" CALIBRATION=llm-d KVLOAD_WL=shared-prefix
+        SCALE=$LLMD_SCALE
+        [ "$QUICK" = 1 ] || RUN_LIMIT_S=$LLMD_RUN_LIMIT_S
+        for p in $LLMD_POLICIES; do
+            case " $POLICIES " in *" $p "*) pols+=" $p" ;; esac
+        done
+        log "llm-d: 8 servers calibrated to llm-d's pods, warm-up $LLMD_WARMUP," \
+            "ladder $LLMD_LADDER, $LLMD_OUTPUT_TOKENS out, time scale $SCALE" ;;
     *) die "unknown workload $wl" ;;
     esac
     for p in $pols; do
@@ -600,7 +639,11 @@ for wl in $WORKLOADS; do
     done
 done
 
-NCOLS=$("$PY" "$ROOT/bench/e2e/report.py" "$WORK" "$RESULTS")
+# a run of the trace or of llm-d alone reports on that alone; any other
+# reports on what every earlier run left in $WORK too
+only=()
+case $WORKLOADS in trace|llm-d) only=("$WORKLOADS") ;; esac
+NCOLS=$("$PY" "$ROOT/bench/e2e/report.py" "$WORK" "$RESULTS" "${only[@]}")
 if [ -n "$NCOLS" ] && [ -s "$WORK/ttft-p90.dat" ]; then
     gnuplot -e "datafile='$WORK/ttft-p90.dat'; \
         outfile='$RESULTS/e2e-ttft-p90.png'; ncols=$NCOLS; \

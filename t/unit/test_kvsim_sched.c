@@ -50,6 +50,7 @@ setup(uint32_t bt, uint32_t blocks, uint32_t max_seqs, uint32_t budget)
     conf.max_seqs = max_seqs;
     conf.token_budget = budget;
     conf.time_scale = 1.0;
+    conf.calibration = KVS_CALIBRATION_V01;
 
     if (kvs_cache_init(&cache, blocks) != 0
         || kvs_sched_init(&sched, &conf, &cache) != 0)
@@ -159,21 +160,34 @@ near(double a, double b)
 int
 main(void)
 {
-    int          i, n, rc;
-    double       t;
-    uint64_t     h0, h3;
-    kvs_seq_t   *a, *b, *c, *p, *q;
+    int                      i, n, rc;
+    double                   t;
+    uint64_t                 h0, h3;
+    kvs_seq_t               *a, *b, *c, *p, *q;
+    const kvs_step_costs_t  *v01, *llmd;
+
+    v01 = &kvs_step_costs[KVS_CALIBRATION_V01];
+    llmd = &kvs_step_costs[KVS_CALIBRATION_LLMD];
 
     /* step time */
 
-    ok(near(kvs_step_time(0, 0, 1), 0.010), "step: 10 ms floor");
-    ok(near(kvs_step_time(1000, 0, 1), 0.010 + 0.0628),
+    ok(near(kvs_step_time(v01, 0, 0, 0, 1), 0.010), "step: 10 ms floor");
+    ok(near(kvs_step_time(v01, 1000, 0, 0, 1), 0.010 + 0.0628),
        "step: 62.8 us per uncached prefill token");
-    ok(near(kvs_step_time(0, 1000000, 1), 0.010 + 0.039),
+    ok(near(kvs_step_time(v01, 0, 1, 1000000, 1), 0.010 + 0.039),
        "step: 39 ns per decode context token");
-    ok(near(kvs_step_time(8192, 300000, 20),
+    ok(near(kvs_step_time(v01, 8192, 40, 300000, 20),
             (0.010 + 8192 * 62.8e-6 + 300000 * 39e-9) / 20),
        "step: divided by the time scale");
+    ok(near(kvs_step_time(llmd, 0, 3, 3 * 7300, 1), 0.011 + 3 * 7300 * 65e-9),
+       "llm-d: a few decodes cost the 11 ms floor and their KV reads");
+    ok(fabs(kvs_step_time(llmd, 0, 38, 38 * 7300, 1) - 0.029) < 0.0005,
+       "llm-d: 38 decodes of 7,300 tokens take its measured 29 ms ITL");
+    ok(near(kvs_step_time(llmd, 1200, 38, 38 * 7300, 1),
+            1238 * 62.8e-6 + 38 * 7300 * 65e-9),
+       "llm-d: a mixed step computes its tokens once, then reads KV");
+    ok(near(kvs_step_time(llmd, 100, 1, 301, 1), 0.011 + 301 * 65e-9),
+       "llm-d: prefill within the floor rides on the weight reads");
 
     /* one sequence, prefill then decode */
 
@@ -182,7 +196,7 @@ main(void)
     ok(a->nhashes == 4 && sched.nwaiting == 1, "300 tokens: 4 full blocks");
 
     t = kvs_sched_plan(&sched, 0);
-    ok(near(t, kvs_step_time(300, 0, 1)) && sched.nrunning == 1
+    ok(near(t, kvs_step_time(v01, 300, 0, 0, 1)) && sched.nrunning == 1
        && sched.nwaiting == 0, "prefill of 300 uncached tokens in one step");
     kvs_sched_complete(&sched, cb, NULL);
     ok(a->out == 1 && recs[0].calls == 1 && !recs[0].done,
@@ -195,7 +209,7 @@ main(void)
     kvs_cache_ops_clear(&cache);
 
     t = kvs_sched_plan(&sched, 0);
-    ok(near(t, kvs_step_time(0, 301, 1)),
+    ok(near(t, kvs_step_time(v01, 0, 1, 301, 1)),
        "decode step: context of 301 tokens");
     kvs_sched_complete(&sched, cb, NULL);
     ok(a->out == 2 && cache.nops == 0, "one token per step, no new block");
@@ -243,7 +257,7 @@ main(void)
     setup(64, 100, 256, 100);
     a = submit(300, 2, 0);
     t = step();
-    ok(near(t, kvs_step_time(100, 0, 1)) && a->computed == 100
+    ok(near(t, kvs_step_time(v01, 100, 0, 0, 1)) && a->computed == 100
        && a->out == 0, "budget 100: a 100-token chunk, no token yet");
     ok(cache.nops == 1 && cache.ops[0].hash == a->hashes[0],
        "the block completed by the chunk is stored");
@@ -259,7 +273,8 @@ main(void)
     b = submit(300, 2, 1);
     t = kvs_sched_plan(&sched, 0);
     ok(sched.nstep == 2 && sched.step[0] == a && a->step_new == 1
-       && b->step_new == 99 && near(t, kvs_step_time(99, 301, 1)),
+       && b->step_new == 99 && sched.step_decode == 1
+       && near(t, kvs_step_time(v01, 99, 1, 301, 1)),
        "running first (decode 1), the rest of the budget admits (99)");
     kvs_sched_complete(&sched, cb, NULL);
     ok(a->out == 2 && recs[0].done && b->computed == 99,

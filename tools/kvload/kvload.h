@@ -36,6 +36,7 @@ typedef struct {
     const char         *target;
     const char         *workload;
     const char         *ladder;
+    const char         *warmup;
     const char         *metrics;
     const char         *json;
     const char         *csv;

@@ -29,7 +29,7 @@
 
 static int kvl_options(int argc, char **argv);
 static int kvl_option(kvl_opt_t *opt, const char *v);
-static int kvl_ladder(const char *s);
+static int kvl_ladder(const char *s, unsigned warmup);
 static int kvl_metrics_targets(const char *s);
 
 
@@ -40,7 +40,9 @@ static kvl_opt_t  kvl_opts[] = {
     { "target", 's', &ctx.target, "127.0.0.1:8080", "HOST:PORT" },
     { "workload", 's', &ctx.workload, "shared-prefix",
       "shared-prefix | multi-turn | no-sharing | agent | trace" },
-    { "qps-ladder", 's', &ctx.ladder, "3,10,20,40,60", "QPS per stage" },
+    { "qps-ladder", 's', &ctx.ladder, "3,10,20,40,60",
+      "QPS[:SECONDS] per stage" },
+    { "warmup", 's', &ctx.warmup, "", "QPS:SECONDS first, marked warmup" },
     { "stage-requests", 'U', &ctx.stage_requests, "0",
       "requests per stage at most (0: no cap)" },
     { "stage-seconds", 'd', &ctx.stage_seconds, "60", "seconds per stage" },
@@ -218,7 +220,10 @@ kvl_options(int argc, char **argv)
         || ctx.wl.turns == 0 || ctx.wl.output_tokens == 0
         || ctx.wl.system_tokens == 0 || ctx.wl.question_tokens == 0
         || (n == KVL_WL_AGENT && (ctx.wl.prompt_ids || agent.think_ms < 0))
-        || strlen(ctx.wl.model) > 128 || kvl_ladder(ctx.ladder) != 0)
+        || ((n == KVL_WL_AGENT || ctx.tc.path) && ctx.warmup[0])
+        || strlen(ctx.wl.model) > 128
+        || (ctx.warmup[0] && kvl_ladder(ctx.warmup, 1) != 0)
+        || kvl_ladder(ctx.ladder, 0) != 0)
     {
         goto usage;
     }
@@ -273,22 +278,45 @@ kvl_option(kvl_opt_t *opt, const char *v)
 }
 
 
+/*
+ * "3,10:20,60": a stage per QPS, each as long as --stage-seconds unless
+ * ":SECONDS" says otherwise (llm-d's ladder gives each stage its own
+ * length); warmup: one stage, QPS:SECONDS, that the report keeps apart
+ */
+
 static int
-kvl_ladder(const char *s)
+kvl_ladder(const char *s, unsigned warmup)
 {
-    char    *end;
-    double   qps;
+    char         *end;
+    double        qps, sec;
+    kvl_stage_t  *st;
 
     for ( ;; ) {
         qps = strtod(s, &end);
+        sec = 0.0;
 
-        if (end == s || qps <= 0.0 || ctx.nstages == KVL_MAX_STAGES
-            || (*end != ',' && *end != '\0'))
+        if (*end == ':') {
+            s = end + 1;
+            sec = strtod(s, &end);
+
+            if (end == s || !(sec > 0.0)) {
+                return -1;
+            }
+
+        } else if (warmup) {
+            return -1;
+        }
+
+        if (end == s || !(qps > 0.0) || ctx.nstages == KVL_MAX_STAGES
+            || (*end != ',' && *end != '\0') || (warmup && *end == ','))
         {
             return -1;
         }
 
-        ctx.stages[ctx.nstages++].qps = qps;
+        st = &ctx.stages[ctx.nstages++];
+        st->qps = qps;
+        st->seconds = sec;
+        st->warmup = warmup;
 
         if (*end == '\0') {
             return 0;

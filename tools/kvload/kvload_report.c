@@ -55,7 +55,7 @@ kvl_report_json(kvl_ctx_t *ctx, kvl_opt_t *opts)
         o = json_pack("{s:s, s:s, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I,"
                       " s:I, s:I, s:f,"
                       " s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:I, s:I,"
-                      " s:f, s:f, s:I, s:{}}",
+                      " s:f, s:f, s:I, s:b, s:f, s:{}}",
                       "label", ctx->label, "workload", ctx->workload,
                       "time_scale", ctx->scale, "qps", st->qps,
                       "sent", (json_int_t) st->sent,
@@ -77,6 +77,9 @@ kvl_report_json(kvl_ctx_t *ctx, kvl_opt_t *opts)
                       "hit_rate", s.hit_rate,
                       "queue_waiting_mean", s.waiting_mean,
                       "backend_unknown", (json_int_t) st->backend_unknown,
+                      "warmup", (int) st->warmup,
+                      "seconds", st->seconds > 0.0 ? st->seconds
+                                                   : ctx->stage_seconds,
                       "backends");
 
         if (o == NULL || json_array_append_new(stages, o) != 0) {
@@ -163,6 +166,8 @@ kvl_report_csv(const char *path, json_t *stages)
                     fputs(key, f);
                 } else if (json_is_string(v)) {
                     fputs(json_string_value(v), f);
+                } else if (json_is_boolean(v)) {
+                    fputc(json_is_true(v) ? '1' : '0', f);
                 } else if (json_is_integer(v)) {
                     fprintf(f, "%lld", (long long) json_integer_value(v));
                 } else if (json_is_real(v)) {

@@ -108,7 +108,9 @@ kvl_stage_begin(kvl_ctx_t *ctx, double now)
     struct timeval   tv = { 0, 0 };
 
     st->t_start = now;
-    ctx->t_stage_end = now + ctx->stage_seconds / ctx->scale;
+    ctx->t_stage_end = now + (st->seconds > 0.0 ? st->seconds
+                                                 : ctx->stage_seconds)
+                             / ctx->scale;
     ctx->next_arrival = now + kvl_arrival_gap(ctx, st);
     ctx->arriving = 1;
 

@@ -32,6 +32,8 @@ typedef struct {
 
 typedef struct {
     double          qps;                /* target, uncompressed */
+    double          seconds;            /* its length; 0: --stage-seconds */
+    unsigned        warmup:1;           /* --warmup: reported apart */
 
     uint64_t        sent;
     uint64_t        completed;

@@ -42,6 +42,7 @@ typedef struct {
     unsigned            block_tokens;
     unsigned            num_blocks;
     double              time_scale;
+    unsigned            calibration;    /* kvs_calibration_e */
     unsigned            max_seqs;
     unsigned            token_budget;
     unsigned            max_conns;      /* per server */

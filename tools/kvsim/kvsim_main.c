@@ -36,7 +36,8 @@ enum {
     KVS_OPT_LORA,
     KVS_OPT_TOKENIZE_DELAY,
     KVS_OPT_TOKENIZE_FAIL,
-    KVS_OPT_DATA_PARALLEL
+    KVS_OPT_DATA_PARALLEL,
+    KVS_OPT_CALIBRATION
 };
 
 
@@ -58,6 +59,7 @@ static struct option  kvs_options[] = {
     { "block-tokens",       required_argument, NULL, 'b' },
     { "num-blocks",         required_argument, NULL, 'k' },
     { "time-scale",         required_argument, NULL, 's' },
+    { "calibration",        required_argument, NULL, KVS_OPT_CALIBRATION },
     { "max-seqs",           required_argument, NULL, 'm' },
     { "token-budget",       required_argument, NULL, 't' },
     { "max-conns",          required_argument, NULL, 'c' },
@@ -328,6 +330,7 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
             kvs_usage();
             exit(0);
         case KVS_OPT_KEYSPACE:
+        case KVS_OPT_CALIBRATION:
         case KVS_OPT_EVENTS:
         case KVS_OPT_ZMQ_ENCODING:
         case KVS_OPT_ZMQ_HASH:
@@ -461,12 +464,24 @@ invalid:
 static int
 kvs_parse_word(int c, const char *arg, kvs_conf_t *conf)
 {
+    unsigned  i;
+
     switch (c) {
 
     case KVS_OPT_KEYSPACE:
         if (strcmp(arg, "text") == 0 || strcmp(arg, "tokens") == 0) {
             conf->tokens = (arg[0] == 't' && arg[1] == 'o');
             return 0;
+        }
+
+        return -1;
+
+    case KVS_OPT_CALIBRATION:
+        for (i = 0; kvs_step_costs[i].name; i++) {
+            if (strcmp(arg, kvs_step_costs[i].name) == 0) {
+                conf->calibration = i;
+                return 0;
+            }
         }
 
         return -1;
@@ -615,7 +630,8 @@ kvs_usage(void)
 {
     fprintf(stderr,
         "usage: kvsim [--servers 8] [--base-port 8001] [--block-tokens 64]\n"
-        "    [--num-blocks 4802] [--time-scale 1] [--max-seqs 256]\n"
+        "    [--num-blocks 4802] [--time-scale 1] [--calibration 0.1|llm-d]\n"
+        "    [--max-seqs 256]\n"
         "    [--token-budget 8192] [--max-conns 1024] [--model kvsim]\n"
         "    [--redis 127.0.0.1:6379|off] [--channel kv_aware:events]\n"
         "    [--heartbeat-ms 1000] [--drop-events 0.0]\n"

@@ -65,11 +65,36 @@ struct kvs_seq_s {
 };
 
 
+/*
+ * What a step costs: --calibration picks one of kvs_step_costs[]
+ * (kvsim_sched.c says where each figure comes from).
+ */
+typedef enum {
+    KVS_CALIBRATION_V01 = 0,            /* 0.1's, the default */
+    KVS_CALIBRATION_LLMD                /* llm-d's measured pods */
+} kvs_calibration_e;
+
+
+typedef struct {
+    const char         *name;
+    double              floor;          /* s, the least step: weights */
+    double              token;          /* s, computing a token */
+    double              context;        /* s, a decode's context token */
+    unsigned            roofline:1;     /* 0: floor + prefill + context;
+                                           1: max(floor, all tokens) +
+                                           context */
+} kvs_step_costs_t;
+
+
+extern const kvs_step_costs_t  kvs_step_costs[];
+
+
 typedef struct {
     uint32_t            block_tokens;
     uint32_t            max_seqs;
     uint32_t            token_budget;
     double              time_scale;
+    kvs_calibration_e   calibration;
 } kvs_sched_conf_t;
 
 
@@ -88,6 +113,7 @@ typedef struct {
     uint32_t            nstep;
     uint32_t            step_cap;
     uint64_t            step_prefill;   /* uncached tokens computed */
+    uint64_t            step_decode;    /* sequences decoding a token */
     uint64_t            step_context;   /* context of decoding sequences */
 
     uint64_t            steps;
@@ -123,7 +149,8 @@ void kvs_sched_complete(kvs_sched_t *s, kvs_seq_pt cb, void *arg);
 /* 1: gone now (caller frees); 0: leaves at the end of the step (cb) */
 int kvs_sched_abort(kvs_sched_t *s, kvs_seq_t *seq);
 
-double kvs_step_time(uint64_t prefill, uint64_t context, double scale);
+double kvs_step_time(const kvs_step_costs_t *c, uint64_t prefill,
+    uint64_t decode, uint64_t context, double scale);
 
 
 #endif /* _KVSIM_SCHED_H_INCLUDED_ */

@@ -36,6 +36,7 @@ kvs_server_init(kvs_sim_t *sim, kvs_server_t *srv, unsigned i)
     sc.max_seqs = sim->conf.max_seqs;
     sc.token_budget = sim->conf.token_budget;
     sc.time_scale = sim->conf.time_scale;
+    sc.calibration = sim->conf.calibration;
 
     if (kvs_cache_init(&srv->cache, sim->conf.num_blocks) != 0
         || kvs_sched_init(&srv->sched, &sc, &srv->cache) != 0)
