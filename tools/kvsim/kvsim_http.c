@@ -14,8 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -263,9 +261,7 @@ kvs_http_handler(struct evhttp_request *req, void *arg)
 static kvs_conn_t *
 kvs_conn_get(kvs_server_t *srv, struct evhttp_request *req)
 {
-    int                        one = 1;
     unsigned                   i;
-    evutil_socket_t            fd;
     kvs_conn_t                *c;
     kvs_http_t                *h = srv->http;
     struct evhttp_connection  *evcon;
@@ -292,17 +288,6 @@ kvs_conn_get(kvs_server_t *srv, struct evhttp_request *req)
     c->index = h->nconns;
     h->conns[h->nconns++] = c;
     evhttp_connection_set_closecb(evcon, kvs_conn_close, c);
-
-    /*
-     * a token leaves when it is made, as from vLLM's server (asyncio sets
-     * TCP_NODELAY): Nagle would hold each small chunk until the proxy's
-     * delayed ACK, up to 40 ms, which time compression multiplies
-     */
-    fd = bufferevent_getfd(evhttp_connection_get_bufferevent(evcon));
-
-    if (fd >= 0) {
-        (void) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(int));
-    }
 
     return c;
 }
