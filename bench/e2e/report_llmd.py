@@ -7,8 +7,9 @@ stage in full, the issue's goals, and how the simulated pods compare with
 the measured ones (ITL, throughput). Standard library only.
 """
 
-import json
 import os
+
+from report_trace import load_json
 
 # llm-d-kv-cache-manager, benchmarking/73-capacity/README.md (commit
 # a378f5b): 8 pods of Qwen3-32B on 2 H100 each, per-QPS results.  Per
@@ -64,14 +65,6 @@ PEER_TITLES = {
 }
 
 
-def _load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def _fmt(x):
     if x is None:
         return "–"
@@ -96,9 +89,9 @@ def report(work, results, policies, titles):
     runs = {}
     for pol in policies:
         base = os.path.join(work, "llm-d", pol)
-        run = _load(base + ".json")
+        run = load_json(base + ".json")
         if run is not None:
-            runs[pol] = (run, _load(base + ".meta.json") or {})
+            runs[pol] = (run, load_json(base + ".meta.json") or {})
     if not runs:
         return False
 

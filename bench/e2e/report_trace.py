@@ -11,7 +11,8 @@ import json
 import os
 
 
-def _load(path):
+def load_json(path):
+    """a JSON file run.sh wrote, None when missing or broken"""
     try:
         with open(path) as f:
             return json.load(f)
@@ -75,10 +76,10 @@ def _goals(rows, bound_lru):
 def report(work, results, policies, titles):
     """True when there was a trace run to report"""
     d = os.path.join(work, "trace")
-    bounds = _load(os.path.join(d, "bounds.json"))
+    bounds = load_json(os.path.join(d, "bounds.json"))
     runs = {}
     for pol in policies:
-        run = _load(os.path.join(d, pol + ".json"))
+        run = load_json(os.path.join(d, pol + ".json"))
         if run and run.get("stages"):
             runs[pol] = run
     if not runs or bounds is None:
@@ -120,7 +121,7 @@ def report(work, results, policies, titles):
         if run is None:
             continue
         st = run["stages"][0]
-        meta = _load(os.path.join(d, pol + ".meta.json")) or {}
+        meta = load_json(os.path.join(d, pol + ".meta.json")) or {}
         hit = (st["cached_tokens"] / st["prompt_tokens"]
                if st["prompt_tokens"] else 0.0)
         sh = _shares(st)
@@ -150,7 +151,7 @@ def report(work, results, policies, titles):
 
     learned = []
     for pol in ("kv_aware", "kv_aware_events", "kv_aware_bridge"):
-        n = _learned(_load(os.path.join(d, pol + ".status.json")))
+        n = _learned(load_json(os.path.join(d, pol + ".status.json")))
         if n is not None:
             learned.append("| %s | %s |" % (
                 titles[pol], " / ".join(str(x) for x in n)))
