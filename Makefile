@@ -87,10 +87,16 @@ deps:
 
 module: $(MODULE)
 
-$(BUILD)/Makefile: config
+# nginx's configure compiles at -O unless told; Debian builds its nginx
+# (and so a module built for it would be) at -O2, as libkva.a is: the
+# module's routing path at -O spent a fifth more time a request
+MODULE_CC_OPT ?= -O2
+
+$(BUILD)/Makefile: config Makefile
 	@mkdir -p $(BUILD)
 	cd $(NGX_SRC) && . ./conf_flags && \
 	    ./configure "$${NGX_CONF_FLAGS[@]}" --add-dynamic-module=$(CURDIR) \
+	        --with-cc-opt="$(MODULE_CC_OPT)" \
 	        --builddir=$(BUILD) > $(BUILD)/configure.log 2>&1 || \
 	    { tail -20 $(BUILD)/configure.log; exit 1; }
 

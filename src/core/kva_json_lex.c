@@ -304,12 +304,36 @@ kva_skip_plain16(const uint8_t *pos, const uint8_t *end)
 static const uint8_t *
 kva_skip_plain32(const uint8_t *pos, const uint8_t *end)
 {
-    int      mask;
+    int      mask, i;
     __m256i  v, quote, backslash, space, hits;
 
     quote = _mm256_set1_epi8('"');
     backslash = _mm256_set1_epi8('\\');
     space = _mm256_set1_epi8(0x20);
+
+    /*
+     * 128 bytes a step while nothing is found: one test for four vectors
+     * (most strings of a long prompt are long plain runs); the first hit
+     * is then found 32 bytes a step below.
+     */
+    while (end - pos >= 128) {
+        hits = _mm256_setzero_si256();
+
+        for (i = 0; i < 128; i += 32) {
+            v = _mm256_loadu_si256((const __m256i *) (pos + i));
+            hits = _mm256_or_si256(hits,
+                       _mm256_or_si256(
+                           _mm256_or_si256(_mm256_cmpeq_epi8(v, quote),
+                                           _mm256_cmpeq_epi8(v, backslash)),
+                           _mm256_cmpgt_epi8(space, v)));
+        }
+
+        if (!_mm256_testz_si256(hits, hits)) {
+            break;
+        }
+
+        pos += 128;
+    }
 
     while (end - pos >= 32) {
         v = _mm256_loadu_si256((const __m256i *) pos);
