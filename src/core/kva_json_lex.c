@@ -304,8 +304,8 @@ kva_skip_plain16(const uint8_t *pos, const uint8_t *end)
 static const uint8_t *
 kva_skip_plain32(const uint8_t *pos, const uint8_t *end)
 {
-    int      mask, i;
-    __m256i  v, quote, backslash, space, hits;
+    int      mask;
+    __m256i  v, a, b, c, d, quote, backslash, space, hits;
 
     quote = _mm256_set1_epi8('"');
     backslash = _mm256_set1_epi8('\\');
@@ -317,16 +317,29 @@ kva_skip_plain32(const uint8_t *pos, const uint8_t *end)
      * is then found 32 bytes a step below.
      */
     while (end - pos >= 128) {
-        hits = _mm256_setzero_si256();
+        a = _mm256_loadu_si256((const __m256i *) pos);
+        b = _mm256_loadu_si256((const __m256i *) (pos + 32));
+        c = _mm256_loadu_si256((const __m256i *) (pos + 64));
+        d = _mm256_loadu_si256((const __m256i *) (pos + 96));
 
-        for (i = 0; i < 128; i += 32) {
-            v = _mm256_loadu_si256((const __m256i *) (pos + i));
-            hits = _mm256_or_si256(hits,
-                       _mm256_or_si256(
-                           _mm256_or_si256(_mm256_cmpeq_epi8(v, quote),
-                                           _mm256_cmpeq_epi8(v, backslash)),
-                           _mm256_cmpgt_epi8(space, v)));
-        }
+        /* signed: bytes over 0x7f are below space too, as they should */
+        hits = _mm256_or_si256(
+                   _mm256_or_si256(_mm256_cmpgt_epi8(space, a),
+                                   _mm256_cmpgt_epi8(space, b)),
+                   _mm256_or_si256(_mm256_cmpgt_epi8(space, c),
+                                   _mm256_cmpgt_epi8(space, d)));
+        v = _mm256_or_si256(
+                _mm256_or_si256(_mm256_cmpeq_epi8(a, quote),
+                                _mm256_cmpeq_epi8(b, quote)),
+                _mm256_or_si256(_mm256_cmpeq_epi8(c, quote),
+                                _mm256_cmpeq_epi8(d, quote)));
+        hits = _mm256_or_si256(hits, v);
+        v = _mm256_or_si256(
+                _mm256_or_si256(_mm256_cmpeq_epi8(a, backslash),
+                                _mm256_cmpeq_epi8(b, backslash)),
+                _mm256_or_si256(_mm256_cmpeq_epi8(c, backslash),
+                                _mm256_cmpeq_epi8(d, backslash)));
+        hits = _mm256_or_si256(hits, v);
 
         if (!_mm256_testz_si256(hits, hits)) {
             break;
