@@ -7,7 +7,6 @@
  * byte-wise path.
  */
 
-#include <limits.h>
 #include <string.h>
 
 #if (defined __SSE2__)
@@ -305,55 +304,14 @@ kva_skip_plain16(const uint8_t *pos, const uint8_t *end)
 static const uint8_t *
 kva_skip_plain32(const uint8_t *pos, const uint8_t *end)
 {
-    int      n, mask;
-    __m256i  v, a, b, c, d, quote, backslash, space, hits;
+    int      mask;
+    __m256i  v, quote, backslash, space, hits;
 
     quote = _mm256_set1_epi8('"');
     backslash = _mm256_set1_epi8('\\');
     space = _mm256_set1_epi8(0x20);
 
-    /*
-     * The first 128 bytes 32 a step, and the rest of a run 128 bytes a
-     * step while nothing is found (one test for four vectors).  Runs
-     * between escapes are short mostly: a first step of 128 would be
-     * taken again 32 a step, and cost them a tenth more.
-     */
-    for (n = 0; end - pos >= 32; n++) {
-
-        if (n >= 4 && end - pos >= 128) {
-            a = _mm256_loadu_si256((const __m256i *) pos);
-            b = _mm256_loadu_si256((const __m256i *) (pos + 32));
-            c = _mm256_loadu_si256((const __m256i *) (pos + 64));
-            d = _mm256_loadu_si256((const __m256i *) (pos + 96));
-
-            /* signed: bytes over 0x7f are below space too, and hits */
-            hits = _mm256_or_si256(
-                       _mm256_or_si256(_mm256_cmpgt_epi8(space, a),
-                                       _mm256_cmpgt_epi8(space, b)),
-                       _mm256_or_si256(_mm256_cmpgt_epi8(space, c),
-                                       _mm256_cmpgt_epi8(space, d)));
-            v = _mm256_or_si256(
-                    _mm256_or_si256(_mm256_cmpeq_epi8(a, quote),
-                                    _mm256_cmpeq_epi8(b, quote)),
-                    _mm256_or_si256(_mm256_cmpeq_epi8(c, quote),
-                                    _mm256_cmpeq_epi8(d, quote)));
-            hits = _mm256_or_si256(hits, v);
-            v = _mm256_or_si256(
-                    _mm256_or_si256(_mm256_cmpeq_epi8(a, backslash),
-                                    _mm256_cmpeq_epi8(b, backslash)),
-                    _mm256_or_si256(_mm256_cmpeq_epi8(c, backslash),
-                                    _mm256_cmpeq_epi8(d, backslash)));
-            hits = _mm256_or_si256(hits, v);
-
-            if (_mm256_testz_si256(hits, hits)) {
-                pos += 128;
-                continue;
-            }
-
-            /* the hit is in these 128 bytes: 32 a step to it */
-            n = INT_MIN;
-        }
-
+    while (end - pos >= 32) {
         v = _mm256_loadu_si256((const __m256i *) pos);
         hits = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v, quote),
                                   _mm256_cmpeq_epi8(v, backslash)),
