@@ -386,8 +386,8 @@ test_strings(void)
 
 /*
  * One special byte at every offset of a 400-byte plain run: the scan
- * steps 128, 32, 16 and 8 bytes at a time, and whichever step meets it
- * must stop right there (an escape, a UTF-8 character, the closing quote
+ * steps 32, 16 and 8 bytes at a time (a wider step was tried), and
+ * whichever step meets it must stop right there (an escape, a UTF-8 character, the closing quote
  * or a raw control byte, which JSON forbids).
  */
 static void
