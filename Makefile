@@ -87,10 +87,16 @@ deps:
 
 module: $(MODULE)
 
-$(BUILD)/Makefile: config
+# nginx's configure compiles at -O unless told, where Debian builds its
+# nginx at -O2 (nginx -V) and libkva.a is built so too: at -O the index's
+# small helpers were calls, one a probe through the PLT
+MODULE_CC_OPT ?= -O2
+
+$(BUILD)/Makefile: config Makefile
 	@mkdir -p $(BUILD)
 	cd $(NGX_SRC) && . ./conf_flags && \
 	    ./configure "$${NGX_CONF_FLAGS[@]}" --add-dynamic-module=$(CURDIR) \
+	        --with-cc-opt="$(MODULE_CC_OPT)" \
 	        --builddir=$(BUILD) > $(BUILD)/configure.log 2>&1 || \
 	    { tail -20 $(BUILD)/configure.log; exit 1; }
 

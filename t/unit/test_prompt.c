@@ -37,6 +37,7 @@ static void deep_body(buf_t *b, unsigned depth, const char *open,
 static void test_shapes(void);
 static void test_tools(void);
 static void test_strings(void);
+static void test_first_hit(void);
 static void test_errors(void);
 static void test_truncation(void);
 static void test_token_ids(void);
@@ -383,6 +384,91 @@ test_strings(void)
 }
 
 
+/*
+ * One special byte at every offset of a 400-byte plain run: the scan
+ * steps 32, 16 and 8 bytes at a time (a wider step was tried), and
+ * whichever step meets it must stop right there (an escape, a UTF-8 character, the closing quote
+ * or a raw control byte, which JSON forbids).
+ */
+static void
+test_first_hit(void)
+{
+    size_t           run_len, k, len, want_len, t, bad;
+    uint8_t          body[512], want[512];
+    buf_t            out;
+    kva_prompt_t     p;
+    kva_prompt_rc_e  rc, want_rc;
+
+    static const struct {
+        const char  *name;
+        const char  *in;            /* what goes into the run at k */
+        const char  *decoded;       /* what it decodes to */
+        int          fails;
+    } hits[] = {
+        { "an escape", "\\n", "\n", 0 },
+        { "a UTF-8 character", "\xc3\xa9", "\xc3\xa9", 0 },
+        { "the closing quote", "\"}", NULL, 0 },
+        { "a raw control byte", "\x01", NULL, 1 },
+    };
+
+    memset(&out, 0, sizeof(out));
+    run_len = 400;
+
+    for (t = 0; t < sizeof(hits) / sizeof(hits[0]); t++) {
+        bad = 0;
+
+        for (k = 0; k <= run_len && bad == 0; k++) {
+            len = (size_t) sprintf((char *) body, "{\"prompt\":\"");
+            memset(body + len, 'a', k);
+            len += k;
+            len += (size_t) sprintf((char *) body + len, "%s", hits[t].in);
+
+            if (hits[t].decoded == NULL && !hits[t].fails) {
+                /* the string ends at k */
+                want_len = k;
+
+            } else {
+                memset(body + len, 'b', run_len - k);
+                len += run_len - k;
+                len += (size_t) sprintf((char *) body + len, "\"}");
+                want_len = k;
+            }
+
+            memset(want, 'a', k);
+
+            if (hits[t].decoded) {
+                memcpy(want + k, hits[t].decoded, strlen(hits[t].decoded));
+                want_len += strlen(hits[t].decoded);
+                memset(want + want_len, 'b', run_len - k);
+                want_len += run_len - k;
+            }
+
+            want[want_len++] = 0x1e;    /* M */
+            want_rc = hits[t].fails ? KVA_PROMPT_NOT_JSON : KVA_PROMPT_OK;
+
+            if (run(body, len, len + KVA_PROMPT_OUT_SLACK, &p, &rc, &out) != 0
+                || rc != want_rc
+                || (rc == KVA_PROMPT_OK
+                    && (p.out_len != want_len
+                        || memcmp(p.out, want, want_len) != 0)))
+            {
+                bad = k + 1;
+            }
+        }
+
+        ok(bad == 0, "first hit in a long run: %s at every offset%s",
+           hits[t].name, bad ? " (failed)" : "");
+
+        if (bad) {
+            printf("# at offset %zu: rc %d (%s)\n", bad - 1, rc,
+                   kva_prompt_strerror(rc));
+        }
+    }
+
+    free(out.p);
+}
+
+
 static void
 test_errors(void)
 {
@@ -717,6 +803,7 @@ main(void)
     test_shapes();
     test_tools();
     test_strings();
+    test_first_hit();
     test_errors();
     test_truncation();
     test_token_ids();
