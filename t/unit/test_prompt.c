@@ -387,8 +387,9 @@ test_strings(void)
 /*
  * One special byte at every offset of a 400-byte plain run: the scan
  * steps 32, 16 and 8 bytes at a time (a wider step was tried), and
- * whichever step meets it must stop right there (an escape, a UTF-8 character, the closing quote
- * or a raw control byte, which JSON forbids).
+ * whichever step meets it must stop right there (an escape, a UTF-8
+ * character, the closing quote or a raw control byte, which JSON
+ * forbids).
  */
 static void
 test_first_hit(void)
