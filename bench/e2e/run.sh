@@ -3,12 +3,12 @@
 # End-to-end benchmark: nginx balancing policies in front of kvsim (8
 # simulated vLLM-like servers), driven by kvload on llm-d's QPS ladder.
 #
-#   bash bench/e2e/run.sh             full run (about 17 minutes, 2 cores)
-#   bash bench/e2e/run.sh --quick     smoke run (about 3 minutes)
+#   bash bench/e2e/run.sh             full run (about 35 minutes, 2 cores)
+#   bash bench/e2e/run.sh --quick     smoke run (about 5 minutes)
 #   bash bench/e2e/run.sh --workloads trace     the trace alone (9 min)
 #   bash bench/e2e/run.sh --workloads agent     agent conversations (2 min)
 #   bash bench/e2e/run.sh --workloads llm-d     llm-d's run, its hardware
-#                                               (9 min)
+#                                               (11 min)
 #
 #   --policies a,b     subset of: round_robin least_conn random_two
 #                      hash_prefix kv_aware kv_aware_events kv_aware_bridge
@@ -146,7 +146,6 @@ LLMD_SCALE=${LLMD_SCALE:-4}
 LLMD_POLICIES="round_robin least_conn kv_aware kv_aware_events"
 LLMD_ARGS="--groups 150 --prompts-per-group 5 --system-tokens 6000"
 LLMD_ARGS+=" --question-tokens 1200 --output-tokens $LLMD_OUTPUT_TOKENS"
-LLMD_ARGS+=" --warmup $LLMD_WARMUP --qps-ladder $LLMD_LADDER"
 LLMD_ARGS+=" --max-inflight 5000"
 # round-robin's queue outlasts the ladder by minutes of simulated time
 LLMD_RUN_LIMIT_S=420
@@ -196,6 +195,9 @@ if [ "$QUICK" = 1 ]; then
     AG_ARGS+=" --servers $SERVERS"
     TRACE_SECONDS=120
     TRACE_SCALE=20
+    # llm-d's shape on a short ladder
+    LLMD_WARMUP=15:20
+    LLMD_LADDER=3:20,30:20,60:20
     BUDGET_S=300
     RUN_LIMIT_S=60
 fi
@@ -622,14 +624,16 @@ for wl in $WORKLOADS; do
             case " $POLICIES " in *" $p "*) pols+=" $p" ;; esac
         done ;;
     llm-d)
-        args=$LLMD_ARGS pols="" CALIBRATION=llm-d KVLOAD_WL=shared-prefix
+        args="$LLMD_ARGS --warmup $LLMD_WARMUP --qps-ladder $LLMD_LADDER"
+        pols="" CALIBRATION=llm-d KVLOAD_WL=shared-prefix
         SCALE=$LLMD_SCALE
         [ "$QUICK" = 1 ] || RUN_LIMIT_S=$LLMD_RUN_LIMIT_S
         for p in $LLMD_POLICIES; do
             case " $POLICIES " in *" $p "*) pols+=" $p" ;; esac
         done
-        log "llm-d: 8 servers calibrated to llm-d's pods, warm-up $LLMD_WARMUP," \
-            "ladder $LLMD_LADDER, $LLMD_OUTPUT_TOKENS out, time scale $SCALE" ;;
+        log "llm-d: 8 servers calibrated to llm-d's pods," \
+            "warm-up $LLMD_WARMUP, ladder $LLMD_LADDER," \
+            "$LLMD_OUTPUT_TOKENS out, time scale $SCALE" ;;
     *) die "unknown workload $wl" ;;
     esac
     for p in $pols; do
