@@ -154,6 +154,8 @@ static int kvb_stored_hashes(kvb_mirror_t *m, const kvb_ev_t *ev,
 static void kvb_removed(kvb_mirror_t *m, const kvb_ev_t *ev);
 static kvb_group_t *kvb_group(kvb_mirror_t *m, const kvb_ev_t *ev,
     int create);
+static uint8_t kvb_kind(const kvb_str_t *kind);
+static int kvb_str_eq(const kvb_str_t *s, const char *lit);
 static int kvb_skip_kind(kvb_mirror_t *m, const kvb_group_t *g, size_t n);
 static int kvb_holder(kvb_mirror_t *m, const kvb_ev_t *ev, int create);
 static uint64_t kvb_extra(kvb_mirror_t *m, const kvb_ev_t *ev,
@@ -459,26 +461,7 @@ kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev)
     }
 
     if (ev->spec_kind.data != NULL) {
-        g->kind = KVB_KIND_OTHER;
-
-#define KVB_IS(s)  (ev->spec_kind.len == sizeof(s) - 1                       \
-                    && memcmp(ev->spec_kind.data, s, sizeof(s) - 1) == 0)
-
-        if (KVB_IS("full_attention") || KVB_IS("mla_attention")
-            || KVB_IS("sink_full_attention"))
-        {
-            g->kind = KVB_KIND_DENSE;
-
-        } else if (KVB_IS("sliding_window") || KVB_IS("sliding_window_mla")
-                   || KVB_IS("chunked_local_attention"))
-        {
-            g->kind = KVB_KIND_SLIDING;
-
-        } else if (KVB_IS("mamba")) {
-            g->kind = KVB_KIND_MAMBA;
-        }
-
-#undef KVB_IS
+        g->kind = kvb_kind(&ev->spec_kind);
     }
 
     if (kvb_skip_kind(m, g, ev->nhashes)) {
@@ -738,6 +721,47 @@ kvb_group(kvb_mirror_t *m, const kvb_ev_t *ev, int create)
     g->kind = KVB_KIND_DENSE;
 
     return g;
+}
+
+
+/*
+ * vLLM's KVCacheSpecKind: the dense kinds keep a prefix reusable, as
+ * llm-d's indexer admits them; any kind not known is not taken as dense.
+ */
+
+static uint8_t
+kvb_kind(const kvb_str_t *kind)
+{
+    if (kvb_str_eq(kind, "full_attention")
+        || kvb_str_eq(kind, "mla_attention")
+        || kvb_str_eq(kind, "sink_full_attention"))
+    {
+        return KVB_KIND_DENSE;
+    }
+
+    if (kvb_str_eq(kind, "sliding_window")
+        || kvb_str_eq(kind, "sliding_window_mla")
+        || kvb_str_eq(kind, "chunked_local_attention"))
+    {
+        return KVB_KIND_SLIDING;
+    }
+
+    if (kvb_str_eq(kind, "mamba")) {
+        return KVB_KIND_MAMBA;
+    }
+
+    return KVB_KIND_OTHER;
+}
+
+
+static int
+kvb_str_eq(const kvb_str_t *s, const char *lit)
+{
+    size_t  n;
+
+    n = strlen(lit);
+
+    return s->len == n && memcmp(s->data, lit, n) == 0;
 }
 
 
