@@ -17,7 +17,9 @@
  * the blocks some dense group holds (adapters known by id alone
  * excepted), a stored key must be news and a removed one held; inside
  * one, nginx's set stays within them, and equals them once it ends.
- * Any disagreement aborts.
+ * A second mirror, of 16 blocks at most, takes the same batches: full,
+ * its children orphans, it must only stay within its bound.  Any
+ * disagreement aborts.
  *
  *   make build/fuzz/fuzz_kvb_mirror
  *   build/fuzz/fuzz_kvb_mirror fuzz/corpus/kvb_mirror
@@ -86,6 +88,7 @@ static uint64_t          fz_keys[FZ_BLOCKS];    /* the reference's */
 static msgpack_sbuffer   fz_sb;
 static msgpack_packer    fz_pk;
 static kvb_mirror_t     *fz_m;
+static kvb_mirror_t     *fz_small;     /* max_blocks 16 */
 
 
 static unsigned fz_byte(fz_in_t *in);
@@ -129,7 +132,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fz_snapshot = 0;
 
     fz_m = kvb_mirror_create("base", 1 << 16);
-    if (fz_m == NULL) {
+    fz_small = kvb_mirror_create("base", 16);
+
+    if (fz_m == NULL || fz_small == NULL) {
+        kvb_mirror_destroy(fz_m);
+        kvb_mirror_destroy(fz_small);
         return 0;
     }
 
@@ -238,6 +245,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fz_check();
 
     kvb_mirror_destroy(fz_m);
+    kvb_mirror_destroy(fz_small);
 
     return 0;
 }
@@ -474,8 +482,19 @@ fz_apply(void)
         abort();
     }
 
-    kvb_batch_free(&b);
     fz_module(&out, 1);
+    kva_batch_free(&out);
+
+    memset(&out, 0, sizeof(out));
+
+    if (kvb_mirror_apply(fz_small, &b, &out) != 0
+        || kvb_mirror_size(fz_small) > 16
+        || kvb_mirror_nkeys(fz_small) > kvb_mirror_size(fz_small))
+    {
+        abort();
+    }
+
+    kvb_batch_free(&b);
     kva_batch_free(&out);
 }
 
