@@ -49,6 +49,7 @@
  * only in ways that keep every key on its side of the snapshot's
  * position, so a key held throughout a snapshot is in it once.
  */
+
 #ifndef _KVB_MIRROR_H_INCLUDED_
 #define _KVB_MIRROR_H_INCLUDED_
 
@@ -77,7 +78,7 @@ typedef struct {
     uint64_t                skipped_kind;     /* cross, encoder, unknown */
 
     uint64_t                untokened;  /* a tier's hash alone, unknown */
-    uint64_t                holders_full;   /* past KVB_HOLDERS_MAX */
+    uint64_t                holders_full;   /* past 64 holders, 32 groups */
     uint64_t                lora_unnamed;   /* held, not published */
     uint64_t                copies;     /* a block a holder already held */
     uint64_t                shared_keys;    /* a key another block has */
