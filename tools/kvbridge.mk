@@ -73,6 +73,10 @@ FUZZ_CFLAGS          += -Itools/kvbridge
 FUZZ_SRCS_kvb_decode := $(KVBRIDGE_DECODE)
 FUZZ_LIBS_kvb_decode := -lmsgpackc
 
+# the mirror against an engine model and nginx's view (differential)
+FUZZ_SRCS_kvb_mirror := $(KVBRIDGE_MIRROR)
+FUZZ_LIBS_kvb_mirror := -lmsgpackc
+
 # the load scraper: its parser and chunked decoder are pure, its client
 # needs only a loopback server, which the test forks
 KVBRIDGE_METRICS := tools/kvbridge/kvb_metrics.c tools/kvbridge/kvb_chunked.c \

@@ -442,6 +442,58 @@ test_bin_names(void)
 }
 
 
+/*
+ * vLLM's offloading connector without self_describing_kv_events: a tier's
+ * BlockStored names the block by its hash alone, token_ids [] and
+ * block_size 0 (issue 18, 13).  Kept, for the mirror to map; block_size
+ * 0 with tokens is still wrong.
+ */
+
+static void
+test_offload_placeholder(void)
+{
+    kvb_rc_e     rc;
+    kvb_batch_t  b;
+
+    start();
+    msgpack_pack_map(&pk, 2);
+    str("ts"); msgpack_pack_double(&pk, 1.0);
+    str("events");
+    msgpack_pack_array(&pk, 2);
+
+    msgpack_pack_map(&pk, 9);
+    str("type"); str("BlockStored");
+    str("block_hashes");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_uint64(&pk, 77);
+    str("parent_block_hash"); msgpack_pack_nil(&pk);
+    str("token_ids"); msgpack_pack_array(&pk, 0);
+    str("block_size"); msgpack_pack_int(&pk, 0);
+    str("lora_id"); msgpack_pack_nil(&pk);
+    str("medium"); str("STORAGE");
+    str("lora_name"); msgpack_pack_nil(&pk);
+    str("group_idx"); msgpack_pack_int(&pk, 1);
+
+    msgpack_pack_array(&pk, 5);
+    str("BlockStored");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_uint64(&pk, 78);
+    msgpack_pack_nil(&pk);
+    tokens(4, 0);
+    msgpack_pack_int(&pk, 0);
+
+    rc = decode(&b);
+    ok(rc == KVB_OK && b.nevents == 1 && b.malformed == 1
+       && b.events[0].type == KVB_EV_STORED && b.events[0].nhashes == 1
+       && hash_at(&b.events[0], 0) == 77 && b.events[0].ntokens == 0
+       && b.events[0].block_size == 0 && b.events[0].medium.len == 7
+       && b.events[0].has_group && b.events[0].group_idx == 1,
+       "an offload tier's stored event by hash only is kept; block_size 0 "
+       "with tokens is malformed");
+    kvb_batch_free(&b);
+}
+
+
 int
 main(void)
 {
@@ -455,6 +507,7 @@ main(void)
     test_refused();
     test_max_hashes();
     test_bin_names();
+    test_offload_placeholder();
 
     msgpack_sbuffer_destroy(&sb);
 

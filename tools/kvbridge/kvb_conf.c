@@ -73,7 +73,7 @@ static const kvb_arg_t  kvb_args[] = {
     { "max-events", KVB_ARG_COUNT, F(lim.max_events), 1, 1 << 20,
       "N", "events a message to nginx, at most its max_events (1024)" },
     { "max-blocks", KVB_ARG_COUNT, F(lim.max_blocks), 16, 1 << 30,
-      "N", "blocks mirrored an engine (4194304, 32 bytes each)" },
+      "N", "blocks mirrored an engine (4194304, about 80 bytes each)" },
     { "heartbeat", KVB_ARG_MS, F(lim.heartbeat_ms), 100, 60000,
       "MS", "a message at least this often an engine (1000)" },
     { "replay-timeout", KVB_ARG_MS, F(lim.replay_ms), 10, 600000,

@@ -1,7 +1,7 @@
 /*
  * kvbridge: one engine's cache, engine hash -> our key (kvb_mirror.h).
  *
- * An open-addressing table with linear probing and backward-shift
+ * Blocks: an open-addressing table with linear probing and backward-shift
  * deletion: no tombstones, so a long-running engine that stores and
  * evicts forever keeps short probes.  It starts small and doubles when
  * half full: a mirror sized for max_blocks up front is 192 MB of pages
@@ -9,8 +9,19 @@
  * The slot comes from the engine hash times a random odd secret: an
  * engine's hashes are already uniform, the secret keeps a hostile
  * publisher on the engine's port from aiming at one run of slots.
+ *
+ * A block's first holder and its copies live in its slot; further
+ * holders (an offload tier, a second dense group) in a pool of records.
+ *
+ * Keys: what nginx holds, each with the count of blocks that have it, in
+ * a dense array (what a snapshot walks) with an index of positions.  The
+ * array is cut at the snapshot's position: a removal refills a hole from
+ * its own side, an insertion lands on the side already sent, so no key
+ * crosses the position while a snapshot walks it.
  */
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -21,24 +32,61 @@
 #include "kvb_mirror.h"
 
 
-/* the table's first size, 1024 slots (24 KB) */
+/* the tables' first size, 1024 slots (24 KB) */
 #define KVB_MIRROR_MIN_BITS 10
 
-/* groups told apart; a model has a handful */
-#define KVB_GROUPS          64
-/* (group, tier) pairs in a block's mask: 8 groups x 4 tiers */
-#define KVB_GROUP_BITS      8
-#define KVB_TIERS           4
+/* (group, medium) pairs told apart, and groups; a model has a handful */
+#define KVB_HOLDERS_MAX     64
+#define KVB_GROUPS_MAX      32
+#define KVB_MEDIUM_MAX      32
 
-#define KVB_KIND_FULL       0       /* also: not said yet */
-#define KVB_KIND_OTHER      1
+/* a holder's copies of one block: vLLM makes one a running request */
+#define KVB_COPIES_MAX      UINT16_MAX
+
+#define KVB_KIND_DENSE      0       /* also: not said yet */
+#define KVB_KIND_SLIDING    1
+#define KVB_KIND_MAMBA      2
+#define KVB_KIND_OTHER      3
+
+#define KVB_SLOT_USED       0x01
+#define KVB_SLOT_HIDDEN     0x02    /* an adapter known by id: not sent */
 
 
 typedef struct {
     uint64_t                engine;
     uint64_t                key;
-    uint32_t                mask;   /* 0: the slot is free */
+    uint32_t                more;   /* further holders: record + 1 */
+    uint16_t                copies; /* the first holder's, >= 1 */
+    uint8_t                 holder;
+    uint8_t                 flags;  /* 0: the slot is free */
 } kvb_slot_t;
+
+
+typedef struct {
+    uint32_t                next;   /* record + 1, 0: the last */
+    uint16_t                copies;
+    uint8_t                 holder;
+    uint8_t                 unused;
+} kvb_hold_t;
+
+
+typedef struct {
+    int64_t                 group;
+    uint32_t                len;
+    char                    medium[KVB_MEDIUM_MAX];
+} kvb_holder_t;
+
+
+typedef struct {
+    int64_t                 group;
+    uint8_t                 kind;
+} kvb_group_t;
+
+
+typedef struct {
+    uint64_t                key;
+    uint64_t                refs;   /* blocks with this key */
+} kvb_key_t;
 
 
 /* one change; its hashes are at an offset until the batch is handed out */
@@ -68,7 +116,26 @@ struct kvb_mirror_s {
     size_t                  max;
     uint64_t                secret;     /* odd */
     uint64_t                root;       /* the base model's seed */
-    uint8_t                 kind[KVB_GROUPS];
+
+    kvb_hold_t             *pool;
+    size_t                  pool_n, pool_cap;
+    uint32_t                pool_free;  /* record + 1 */
+
+    kvb_key_t              *keyv;       /* dense */
+    size_t                  nkeys, keyv_cap;
+    uint32_t               *kidx;       /* position + 1, 0: free */
+    size_t                  kcap;
+    unsigned                kshift;
+
+    /* the snapshot: keys before snap_pos are sent */
+    size_t                  snap_pos;
+    size_t                  snap_id;
+    unsigned                snap_live:1;
+
+    kvb_holder_t            holders[KVB_HOLDERS_MAX];
+    unsigned                nholders;
+    kvb_group_t             groups[KVB_GROUPS_MAX];
+    unsigned                ngroups;
 
     kvb_mirror_stats_t      st;
     kvb_changes_t           ch;
@@ -81,20 +148,39 @@ struct kvb_mirror_s {
 };
 
 
-static kvb_slot_t *kvb_find(const kvb_mirror_t *m, uint64_t engine);
-static int kvb_insert(kvb_mirror_t *m, uint64_t engine, uint64_t key,
-    uint32_t bit);
-static void kvb_delete(kvb_mirror_t *m, kvb_slot_t *s);
-static int kvb_resize(kvb_mirror_t *m, unsigned bits);
 static int kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev);
+static int kvb_stored_hashes(kvb_mirror_t *m, const kvb_ev_t *ev,
+    unsigned holder);
 static void kvb_removed(kvb_mirror_t *m, const kvb_ev_t *ev);
-static uint32_t kvb_bit(const kvb_ev_t *ev);
+static kvb_group_t *kvb_group(kvb_mirror_t *m, const kvb_ev_t *ev,
+    int create);
+static uint8_t kvb_kind(const kvb_str_t *kind);
+static int kvb_str_eq(const kvb_str_t *s, const char *lit);
+static int kvb_skip_kind(kvb_mirror_t *m, const kvb_group_t *g, size_t n);
+static int kvb_holder(kvb_mirror_t *m, const kvb_ev_t *ev, int create);
 static uint64_t kvb_extra(kvb_mirror_t *m, const kvb_ev_t *ev,
     const msgpack_object *keys);
+
+static kvb_slot_t *kvb_find(const kvb_mirror_t *m, uint64_t engine);
+static kvb_slot_t *kvb_insert(kvb_mirror_t *m, uint64_t engine);
+static void kvb_delete(kvb_mirror_t *m, kvb_slot_t *s);
+static int kvb_resize(kvb_mirror_t *m, unsigned bits);
+static int kvb_hold_add(kvb_mirror_t *m, kvb_slot_t *s, unsigned holder);
+static int kvb_hold_del(kvb_mirror_t *m, kvb_slot_t *s, unsigned holder);
+static void kvb_hold_free_all(kvb_mirror_t *m, kvb_slot_t *s);
+
+static int kvb_key_ref(kvb_mirror_t *m, uint64_t key);
+static int kvb_key_unref(kvb_mirror_t *m, uint64_t key);
+static uint32_t *kvb_key_slot(const kvb_mirror_t *m, uint64_t key);
+static uint32_t *kvb_key_slot_of(const kvb_mirror_t *m, size_t pos);
+static void kvb_key_swap(kvb_mirror_t *m, size_t a, size_t b);
+static void kvb_key_drop_last(kvb_mirror_t *m);
+static int kvb_key_resize(kvb_mirror_t *m, unsigned bits);
+
 static int kvb_grow(void **p, size_t *cap, size_t need, size_t size);
-static int kvb_change(kvb_mirror_t *m, kva_ev_type_e type, int has_parent,
+static void kvb_change(kvb_mirror_t *m, kva_ev_type_e type, int has_parent,
     uint64_t parent);
-static int kvb_change_hash(kvb_mirror_t *m, uint64_t key);
+static void kvb_change_hash(kvb_mirror_t *m, uint64_t key);
 
 
 kvb_mirror_t *
@@ -109,11 +195,6 @@ kvb_mirror_create(const char *model, size_t max_blocks)
 
     m->max = max_blocks;
 
-    if (kvb_resize(m, KVB_MIRROR_MIN_BITS) != 0) {
-        free(m);
-        return NULL;
-    }
-
     if (getrandom(&m->secret, sizeof(m->secret), 0)
         != (ssize_t) sizeof(m->secret))
     {
@@ -121,6 +202,15 @@ kvb_mirror_create(const char *model, size_t max_blocks)
     }
 
     m->secret |= 1;
+
+    if (kvb_resize(m, KVB_MIRROR_MIN_BITS) != 0
+        || kvb_key_resize(m, KVB_MIRROR_MIN_BITS) != 0)
+    {
+        free(m->slots);
+        free(m);
+        return NULL;
+    }
+
     m->root = kva_token_seed((const uint8_t *) model, strlen(model));
     msgpack_sbuffer_init(&m->sb);
 
@@ -142,6 +232,9 @@ kvb_mirror_destroy(kvb_mirror_t *m)
     free(m->keys);
     free(m->extra);
     free(m->slots);
+    free(m->pool);
+    free(m->keyv);
+    free(m->kidx);
     free(m);
 }
 
@@ -149,11 +242,31 @@ kvb_mirror_destroy(kvb_mirror_t *m)
 int
 kvb_mirror_apply(kvb_mirror_t *m, const kvb_batch_t *in, kva_batch_t *out)
 {
-    size_t           i;
+    size_t           i, need;
     const kvb_ev_t  *ev;
 
     m->ch.nev = 0;
     m->ch.nhashes = 0;
+
+    /*
+     * An engine event makes one change at most, with its hashes at most:
+     * room for them all up front, so that a removal never stops half way
+     * for memory.
+     */
+
+    need = 0;
+
+    for (i = 0; i < in->nevents; i++) {
+        need += in->events[i].nhashes;
+    }
+
+    if (kvb_grow((void **) &m->ch.ev, &m->ch.ev_cap, in->nevents + 1,
+                 sizeof(kvb_change_t)) != 0
+        || kvb_grow((void **) &m->ch.hashes, &m->ch.hashes_cap, need + 1,
+                    sizeof(uint64_t)) != 0)
+    {
+        return -1;
+    }
 
     for (i = 0; i < in->nevents; i++) {
         ev = &in->events[i];
@@ -177,11 +290,7 @@ kvb_mirror_apply(kvb_mirror_t *m, const kvb_batch_t *in, kva_batch_t *out)
             /* what came before in this batch is wiped too */
             m->ch.nev = 0;
             m->ch.nhashes = 0;
-
-            if (kvb_change(m, KVA_EV_CLEARED, 0, 0) != 0) {
-                return -1;
-            }
-
+            kvb_change(m, KVA_EV_CLEARED, 0, 0);
             break;
         }
     }
@@ -235,10 +344,17 @@ void
 kvb_mirror_clear(kvb_mirror_t *m)
 {
     kvb_slot_t  *small;
+    uint32_t    *kidx;
 
     m->count = 0;
+    m->nkeys = 0;
+    m->pool_n = 0;
+    m->pool_free = 0;
 
-    /* back to the first size, or, without memory for it, emptied */
+    /* a snapshot under way goes on, over what comes from now on */
+    m->snap_pos = 0;
+
+    /* back to the first sizes, or, without memory for them, emptied */
 
     small = calloc((size_t) 1 << KVB_MIRROR_MIN_BITS, sizeof(kvb_slot_t));
 
@@ -252,7 +368,27 @@ kvb_mirror_clear(kvb_mirror_t *m)
         memset(m->slots, 0, m->cap * sizeof(kvb_slot_t));
     }
 
-    memset(m->kind, 0, sizeof(m->kind));
+    kidx = calloc((size_t) 1 << KVB_MIRROR_MIN_BITS, sizeof(uint32_t));
+
+    if (kidx != NULL) {
+        free(m->kidx);
+        m->kidx = kidx;
+        m->kcap = (size_t) 1 << KVB_MIRROR_MIN_BITS;
+        m->kshift = 64 - KVB_MIRROR_MIN_BITS;
+
+    } else {
+        memset(m->kidx, 0, m->kcap * sizeof(uint32_t));
+    }
+
+    free(m->pool);
+    m->pool = NULL;
+    m->pool_cap = 0;
+    free(m->keyv);
+    m->keyv = NULL;
+    m->keyv_cap = 0;
+
+    m->nholders = 0;
+    m->ngroups = 0;
     m->st.clears++;
 }
 
@@ -265,20 +401,37 @@ kvb_mirror_size(const kvb_mirror_t *m)
 
 
 size_t
-kvb_mirror_keys(const kvb_mirror_t *m, size_t *cursor, uint64_t *out,
-    size_t max)
+kvb_mirror_nkeys(const kvb_mirror_t *m)
 {
-    size_t  n, i;
+    return m->nkeys;
+}
 
-    n = 0;
 
-    for (i = *cursor; i < m->cap && n < max; i++) {
-        if (m->slots[i].mask) {
-            out[n++] = m->slots[i].key;
-        }
+size_t
+kvb_mirror_keys(kvb_mirror_t *m, size_t *cursor, uint64_t *out, size_t max)
+{
+    size_t  n;
+
+    if (*cursor == 0) {
+        m->snap_id++;
+        m->snap_id += (m->snap_id == 0);
+        m->snap_pos = 0;
+        m->snap_live = 1;
+
+    } else if (*cursor != m->snap_id || !m->snap_live) {
+        /* a snapshot that ended, or that a newer one ended */
+        return 0;
     }
 
-    *cursor = i;
+    *cursor = m->snap_id;
+
+    for (n = 0; n < max && m->snap_pos < m->nkeys; n++) {
+        out[n] = m->keyv[m->snap_pos++].key;
+    }
+
+    if (n < max) {
+        m->snap_live = 0;
+    }
 
     return n;
 }
@@ -294,23 +447,24 @@ kvb_mirror_stats(const kvb_mirror_t *m)
 static int
 kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev)
 {
-    int          has_parent, opened;
-    size_t       i, n;
-    uint32_t     bit, g;
-    uint64_t     seed, engine;
-    kvb_slot_t  *s;
+    int           holder;
+    uint32_t      i;
+    uint64_t      engine;
+    kvb_slot_t   *s;
+    kvb_group_t  *g;
 
-    g = ev->has_group ? (uint32_t) ev->group_idx : 0;
+    g = kvb_group(m, ev, 1);
 
-    if (g < KVB_GROUPS && ev->spec_kind.data != NULL) {
-        m->kind[g] = (ev->spec_kind.len == 14
-                      && memcmp(ev->spec_kind.data, "full_attention", 14)
-                         == 0)
-                     ? KVB_KIND_FULL : KVB_KIND_OTHER;
+    if (g == NULL) {
+        m->st.holders_full += ev->nhashes;
+        return 0;
     }
 
-    if (g < KVB_GROUPS && m->kind[g] == KVB_KIND_OTHER) {
-        m->st.skipped_group += ev->nhashes;
+    if (ev->spec_kind.data != NULL) {
+        g->kind = kvb_kind(&ev->spec_kind);
+    }
+
+    if (kvb_skip_kind(m, g, ev->nhashes)) {
         return 0;
     }
 
@@ -318,7 +472,55 @@ kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev)
         return 0;
     }
 
+    holder = kvb_holder(m, ev, 1);
+
+    if (holder < 0) {
+        m->st.holders_full += ev->nhashes;
+        return 0;
+    }
+
+    if (ev->ntokens) {
+        return kvb_stored_hashes(m, ev, (unsigned) holder);
+    }
+
+    /*
+     * An offload tier's event without tokens (block_size 0): the engine's
+     * hash is all it says.  It adds a holder to a block the mirror knows;
+     * any other cannot be keyed.
+     */
+
+    for (i = 0; i < ev->nhashes; i++) {
+        (void) kvb_engine_hash(&ev->hashes[i], &engine);
+
+        s = kvb_find(m, engine);
+
+        if (s == NULL) {
+            m->st.untokened++;
+            continue;
+        }
+
+        if (kvb_hold_add(m, s, (unsigned) holder) != 0) {
+            return -1;
+        }
+    }
+
+    return 0;
+}
+
+
+/* a stored event with its tokens: each block keyed, the new ones sent */
+
+static int
+kvb_stored_hashes(kvb_mirror_t *m, const kvb_ev_t *ev, unsigned holder)
+{
+    int          has_parent, opened, hidden, rc;
+    char         buf[48];
+    size_t       i, n;
+    uint64_t     seed, engine;
+    kvb_slot_t  *s;
+
     has_parent = 0;
+    hidden = 0;
 
     if (ev->has_parent) {
         s = kvb_find(m, ev->parent);
@@ -331,13 +533,28 @@ kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev)
 
         seed = s->key;
         has_parent = 1;
+        hidden = (s->flags & KVB_SLOT_HIDDEN) != 0;
 
     } else if (ev->lora_name.data != NULL) {
         seed = kva_token_seed((const uint8_t *) ev->lora_name.data,
                               ev->lora_name.len);
 
+    } else if (ev->has_lora_id) {
+        /*
+         * An adapter nginx cannot name: a seed no model name gives (it
+         * starts with a zero byte), and never sent.
+         */
+        n = (size_t) snprintf(buf, sizeof(buf), "%clora_id=%" PRId64, 0,
+                              ev->lora_id);
+        seed = kva_token_seed((const uint8_t *) buf, n);
+        hidden = 1;
+
     } else {
         seed = m->root;
+    }
+
+    if (ev->has_lora_id && ev->lora_name.data == NULL) {
+        hidden = 1;
     }
 
     if (kvb_grow((void **) &m->ids, &m->ids_cap, ev->ntokens,
@@ -362,7 +579,6 @@ kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev)
     n = kva_token_blocks(seed, m->ids, ev->ntokens, ev->block_size,
                          m->extra, m->keys, ev->nhashes);
 
-    bit = kvb_bit(ev);
     opened = 0;
 
     for (i = 0; i < n; i++) {
@@ -371,7 +587,11 @@ kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev)
         s = kvb_find(m, engine);
 
         if (s != NULL) {
-            s->mask |= bit;
+            /* another copy, or another holder, of a block held */
+            if (kvb_hold_add(m, s, holder) != 0) {
+                return -1;
+            }
+
             continue;
         }
 
@@ -380,24 +600,42 @@ kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev)
             break;
         }
 
-        if (!opened) {
-            /* one stored event: the blocks new to the module */
-            if (kvb_change(m, KVA_EV_STORED, has_parent || i > 0,
-                           i == 0 ? seed : m->keys[i - 1])
-                != 0)
-            {
-                return -1;
-            }
-
-            opened = 1;
-        }
-
-        if (kvb_insert(m, engine, m->keys[i], bit) != 0
-            || kvb_change_hash(m, m->keys[i]) != 0)
-        {
+        s = kvb_insert(m, engine);
+        if (s == NULL) {
             return -1;
         }
 
+        s->key = m->keys[i];
+        s->holder = (uint8_t) holder;
+        s->copies = 1;
+        s->flags = KVB_SLOT_USED | (hidden ? KVB_SLOT_HIDDEN : 0);
+
+        if (hidden) {
+            m->st.lora_unnamed++;
+            continue;
+        }
+
+        rc = kvb_key_ref(m, m->keys[i]);
+
+        if (rc < 0) {
+            kvb_delete(m, s);
+            return -1;
+        }
+
+        if (rc == 0) {
+            /* nginx has the key from another block */
+            m->st.shared_keys++;
+            continue;
+        }
+
+        if (!opened) {
+            /* one stored event: the keys new to the module */
+            kvb_change(m, KVA_EV_STORED, has_parent || i > 0,
+                       i == 0 ? seed : m->keys[i - 1]);
+            opened = 1;
+        }
+
+        kvb_change_hash(m, m->keys[i]);
         m->st.stored++;
     }
 
@@ -408,19 +646,25 @@ kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev)
 static void
 kvb_removed(kvb_mirror_t *m, const kvb_ev_t *ev)
 {
-    int          opened;
-    uint32_t     i, bit, g;
-    uint64_t     engine;
-    kvb_slot_t  *s;
+    int           holder, opened;
+    uint32_t      i;
+    uint64_t      engine;
+    kvb_slot_t   *s;
+    kvb_group_t  *g;
 
-    g = ev->has_group ? (uint32_t) ev->group_idx : 0;
+    g = kvb_group(m, ev, 0);
 
-    if (g < KVB_GROUPS && m->kind[g] == KVB_KIND_OTHER) {
-        m->st.skipped_group += ev->nhashes;
+    if (g != NULL && kvb_skip_kind(m, g, ev->nhashes)) {
         return;
     }
 
-    bit = kvb_bit(ev);
+    holder = kvb_holder(m, ev, 0);
+
+    if (holder < 0) {
+        /* a holder that never stored anything holds nothing */
+        return;
+    }
+
     opened = 0;
 
     for (i = 0; i < ev->nhashes; i++) {
@@ -431,60 +675,164 @@ kvb_removed(kvb_mirror_t *m, const kvb_ev_t *ev)
             continue;
         }
 
-        s->mask &= ~bit;
-
-        if (s->mask) {
-            /* another tier or group still holds it */
+        if (kvb_hold_del(m, s, (unsigned) holder) != 0) {
+            /* another copy, tier or group still holds it */
             continue;
         }
 
-        if (!opened) {
-            if (kvb_change(m, KVA_EV_REMOVED, 0, 0) != 0) {
-                /* out of memory: the module keeps a stale block */
-                s->mask = bit;
-                return;
+        if (!(s->flags & KVB_SLOT_HIDDEN) && kvb_key_unref(m, s->key)) {
+            if (!opened) {
+                kvb_change(m, KVA_EV_REMOVED, 0, 0);
+                opened = 1;
             }
 
-            opened = 1;
-        }
-
-        if (kvb_change_hash(m, s->key) != 0) {
-            s->mask = bit;
-            return;
+            kvb_change_hash(m, s->key);
+            m->st.removed++;
         }
 
         kvb_delete(m, s);
-        m->st.removed++;
     }
 }
 
 
-/* the block's (group, tier) bit */
+/* the event's group, found or (create) added; NULL: too many groups */
 
-static uint32_t
-kvb_bit(const kvb_ev_t *ev)
+static kvb_group_t *
+kvb_group(kvb_mirror_t *m, const kvb_ev_t *ev, int create)
 {
-    uint32_t  g, tier;
+    unsigned      i;
+    int64_t       idx;
+    kvb_group_t  *g;
 
-    g = ev->has_group ? (uint32_t) ev->group_idx : 0;
-    g = (g < KVB_GROUP_BITS) ? g : KVB_GROUP_BITS - 1;
+    idx = ev->has_group ? ev->group_idx : 0;
 
-    if (ev->medium.data == NULL
-        || (ev->medium.len == 3 && memcmp(ev->medium.data, "GPU", 3) == 0))
-    {
-        tier = 0;
-
-    } else if (ev->medium.len == 3
-               && memcmp(ev->medium.data, "CPU", 3) == 0)
-    {
-        tier = 1;
-
-    } else {
-        /* disk, a remote store: told apart from each other by length */
-        tier = 2 + (ev->medium.len & 1);
+    for (i = 0; i < m->ngroups; i++) {
+        if (m->groups[i].group == idx) {
+            return &m->groups[i];
+        }
     }
 
-    return (uint32_t) 1 << (g * KVB_TIERS + tier);
+    if (!create || m->ngroups == KVB_GROUPS_MAX) {
+        return NULL;
+    }
+
+    g = &m->groups[m->ngroups++];
+    g->group = idx;
+    g->kind = KVB_KIND_DENSE;
+
+    return g;
+}
+
+
+/*
+ * vLLM's KVCacheSpecKind: the dense kinds keep a prefix reusable, as
+ * llm-d's indexer admits them; any kind not known is not taken as dense.
+ */
+
+static uint8_t
+kvb_kind(const kvb_str_t *kind)
+{
+    if (kvb_str_eq(kind, "full_attention")
+        || kvb_str_eq(kind, "mla_attention")
+        || kvb_str_eq(kind, "sink_full_attention"))
+    {
+        return KVB_KIND_DENSE;
+    }
+
+    if (kvb_str_eq(kind, "sliding_window")
+        || kvb_str_eq(kind, "sliding_window_mla")
+        || kvb_str_eq(kind, "chunked_local_attention"))
+    {
+        return KVB_KIND_SLIDING;
+    }
+
+    if (kvb_str_eq(kind, "mamba")) {
+        return KVB_KIND_MAMBA;
+    }
+
+    return KVB_KIND_OTHER;
+}
+
+
+static int
+kvb_str_eq(const kvb_str_t *s, const char *lit)
+{
+    size_t  n;
+
+    n = strlen(lit);
+
+    return s->len == n && memcmp(s->data, lit, n) == 0;
+}
+
+
+/* counts n blocks of a group that does not keep a prefix; 1 if it is one */
+
+static int
+kvb_skip_kind(kvb_mirror_t *m, const kvb_group_t *g, size_t n)
+{
+    switch (g->kind) {
+
+    case KVB_KIND_DENSE:
+        return 0;
+
+    case KVB_KIND_SLIDING:
+        m->st.skipped_sliding += n;
+        break;
+
+    case KVB_KIND_MAMBA:
+        m->st.skipped_mamba += n;
+        break;
+
+    default:
+        m->st.skipped_kind += n;
+        break;
+    }
+
+    m->st.skipped_group += n;
+
+    return 1;
+}
+
+
+/*
+ * The event's holder, its (group, medium) by their whole values: no
+ * medium is the GPU.  Returns its number, -1 if not known (or, with
+ * create, past KVB_HOLDERS_MAX or a medium name longer than any tier's).
+ */
+
+static int
+kvb_holder(kvb_mirror_t *m, const kvb_ev_t *ev, int create)
+{
+    unsigned       i;
+    int64_t        group;
+    uint32_t       len;
+    const char    *medium;
+    kvb_holder_t  *h;
+
+    group = ev->has_group ? ev->group_idx : 0;
+    medium = ev->medium.data ? ev->medium.data : "GPU";
+    len = ev->medium.data ? ev->medium.len : 3;
+
+    for (i = 0; i < m->nholders; i++) {
+        h = &m->holders[i];
+
+        if (h->group == group && h->len == len
+            && memcmp(h->medium, medium, len) == 0)
+        {
+            return (int) i;
+        }
+    }
+
+    if (!create || m->nholders == KVB_HOLDERS_MAX || len > KVB_MEDIUM_MAX) {
+        return -1;
+    }
+
+    h = &m->holders[m->nholders];
+    h->group = group;
+    h->len = len;
+    memcpy(h->medium, medium, len);
+
+    return (int) m->nholders++;
 }
 
 
@@ -553,7 +901,7 @@ kvb_find(const kvb_mirror_t *m, uint64_t engine)
     for ( ;; ) {
         s = &m->slots[i];
 
-        if (s->mask == 0) {
+        if (s->flags == 0) {
             return NULL;
         }
 
@@ -566,21 +914,18 @@ kvb_find(const kvb_mirror_t *m, uint64_t engine)
 }
 
 
-static int
-kvb_insert(kvb_mirror_t *m, uint64_t engine, uint64_t key, uint32_t bit)
+/* a free slot for a block not held, its engine hash set, or NULL */
+
+static kvb_slot_t *
+kvb_insert(kvb_mirror_t *m, uint64_t engine)
 {
     size_t       i;
-    unsigned     bits;
     kvb_slot_t  *s;
 
-    if (2 * (m->count + 1) > m->cap) {
-        for (bits = 0; ((size_t) 1 << bits) < m->cap; bits++) {
-            /* void */
-        }
-
-        if (kvb_resize(m, bits + 1) != 0) {
-            return -1;
-        }
+    if (2 * (m->count + 1) > m->cap
+        && kvb_resize(m, 65 - m->shift) != 0)
+    {
+        return NULL;
     }
 
     i = (size_t) ((engine * m->secret) >> m->shift);
@@ -590,12 +935,11 @@ kvb_insert(kvb_mirror_t *m, uint64_t engine, uint64_t key, uint32_t bit)
     for ( ;; ) {
         s = &m->slots[i];
 
-        if (s->mask == 0) {
+        if (s->flags == 0) {
+            memset(s, 0, sizeof(kvb_slot_t));
             s->engine = engine;
-            s->key = key;
-            s->mask = bit;
             m->count++;
-            return 0;
+            return s;
         }
 
         i = (i + 1) & (m->cap - 1);
@@ -603,12 +947,7 @@ kvb_insert(kvb_mirror_t *m, uint64_t engine, uint64_t key, uint32_t bit)
 }
 
 
-/*
- * A table of 2^bits slots with every entry of the current one moved in,
- * in place of it.  A snapshot walking
- * the slots meanwhile may miss entries that moved behind its cursor: they
- * are blocks nginx already heard of, counted again at the next resync.
- */
+/* a table of 2^bits slots with every entry of the current one moved in */
 
 static int
 kvb_resize(kvb_mirror_t *m, unsigned bits)
@@ -626,13 +965,13 @@ kvb_resize(kvb_mirror_t *m, unsigned bits)
     old = m->slots;
 
     for (i = 0; old != NULL && i < m->cap; i++) {
-        if (old[i].mask == 0) {
+        if (old[i].flags == 0) {
             continue;
         }
 
         j = (size_t) ((old[i].engine * m->secret) >> (64 - bits));
 
-        while (slots[j].mask) {
+        while (slots[j].flags) {
             j = (j + 1) & (cap - 1);
         }
 
@@ -651,13 +990,16 @@ kvb_resize(kvb_mirror_t *m, unsigned bits)
 
 /*
  * Backward-shift deletion: every entry after the hole that probed past it
- * moves into it, so lookups stop at the first free slot as before.
+ * moves into it, so lookups stop at the first free slot as before.  The
+ * block's holder records go back to the pool.
  */
 
 static void
 kvb_delete(kvb_mirror_t *m, kvb_slot_t *s)
 {
     size_t  hole, i, home, mask;
+
+    kvb_hold_free_all(m, s);
 
     mask = m->cap - 1;
     hole = (size_t) (s - m->slots);
@@ -666,7 +1008,7 @@ kvb_delete(kvb_mirror_t *m, kvb_slot_t *s)
     for ( ;; ) {
         i = (i + 1) & mask;
 
-        if (m->slots[i].mask == 0) {
+        if (m->slots[i].flags == 0) {
             break;
         }
 
@@ -680,8 +1022,338 @@ kvb_delete(kvb_mirror_t *m, kvb_slot_t *s)
         }
     }
 
-    m->slots[hole].mask = 0;
+    m->slots[hole].flags = 0;
     m->count--;
+}
+
+
+/* one more copy of the block for the holder */
+
+static int
+kvb_hold_add(kvb_mirror_t *m, kvb_slot_t *s, unsigned holder)
+{
+    uint32_t     r;
+    kvb_hold_t  *h;
+
+    m->st.copies++;
+
+    if (s->holder == holder) {
+        s->copies += (s->copies < KVB_COPIES_MAX);
+        return 0;
+    }
+
+    for (r = s->more; r; r = m->pool[r - 1].next) {
+        h = &m->pool[r - 1];
+
+        if (h->holder == holder) {
+            h->copies += (h->copies < KVB_COPIES_MAX);
+            return 0;
+        }
+    }
+
+    /* a holder new to the block: not a copy */
+    m->st.copies--;
+
+    if (m->pool_free) {
+        r = m->pool_free;
+        m->pool_free = m->pool[r - 1].next;
+
+    } else {
+        if (m->pool_n == UINT32_MAX
+            || kvb_grow((void **) &m->pool, &m->pool_cap, m->pool_n + 1,
+                        sizeof(kvb_hold_t)) != 0)
+        {
+            return -1;
+        }
+
+        r = (uint32_t) ++m->pool_n;
+    }
+
+    h = &m->pool[r - 1];
+    h->holder = (uint8_t) holder;
+    h->copies = 1;
+    h->next = s->more;
+    s->more = r;
+
+    return 0;
+}
+
+
+/*
+ * One copy fewer for the holder: 1 while the block is still held, 0 when
+ * its last copy went (the caller deletes the slot).
+ */
+
+static int
+kvb_hold_del(kvb_mirror_t *m, kvb_slot_t *s, unsigned holder)
+{
+    uint32_t     r, *prev;
+    kvb_hold_t  *h;
+
+    if (s->holder == holder) {
+        if (--s->copies) {
+            return 1;
+        }
+
+        if (s->more == 0) {
+            return 0;
+        }
+
+        /* the next holder moves into the slot */
+        r = s->more;
+        h = &m->pool[r - 1];
+        s->holder = h->holder;
+        s->copies = h->copies;
+        s->more = h->next;
+        h->next = m->pool_free;
+        m->pool_free = r;
+
+        return 1;
+    }
+
+    for (prev = &s->more; *prev; prev = &m->pool[*prev - 1].next) {
+        r = *prev;
+        h = &m->pool[r - 1];
+
+        if (h->holder != holder) {
+            continue;
+        }
+
+        if (--h->copies == 0) {
+            *prev = h->next;
+            h->next = m->pool_free;
+            m->pool_free = r;
+        }
+
+        break;
+    }
+
+    /* that holder let go, or never held it: the slot's holder still does */
+    return 1;
+}
+
+
+static void
+kvb_hold_free_all(kvb_mirror_t *m, kvb_slot_t *s)
+{
+    uint32_t  r, next;
+
+    for (r = s->more; r; r = next) {
+        next = m->pool[r - 1].next;
+        m->pool[r - 1].next = m->pool_free;
+        m->pool_free = r;
+    }
+
+    s->more = 0;
+}
+
+
+/* 1 if the key is new to nginx, 0 if another block has it, -1: memory */
+
+static int
+kvb_key_ref(kvb_mirror_t *m, uint64_t key)
+{
+    size_t     i;
+    uint32_t  *k;
+
+    k = kvb_key_slot(m, key);
+
+    if (k != NULL) {
+        m->keyv[*k - 1].refs++;
+        return 0;
+    }
+
+    if (m->nkeys == UINT32_MAX - 1
+        || kvb_grow((void **) &m->keyv, &m->keyv_cap, m->nkeys + 1,
+                    sizeof(kvb_key_t)) != 0)
+    {
+        return -1;
+    }
+
+    if (2 * (m->nkeys + 1) > m->kcap
+        && kvb_key_resize(m, 65 - m->kshift) != 0)
+    {
+        return -1;
+    }
+
+    m->keyv[m->nkeys].key = key;
+    m->keyv[m->nkeys].refs = 1;
+
+    i = (size_t) ((key * m->secret) >> m->kshift);
+
+    while (m->kidx[i]) {
+        i = (i + 1) & (m->kcap - 1);
+    }
+
+    m->kidx[i] = (uint32_t) ++m->nkeys;
+
+    if (m->snap_live) {
+        /* told nginx by the change: on the side already sent */
+        kvb_key_swap(m, m->nkeys - 1, m->snap_pos);
+        m->snap_pos++;
+    }
+
+    return 1;
+}
+
+
+/* 1 if no block has the key any more (nginx must hear it), else 0 */
+
+static int
+kvb_key_unref(kvb_mirror_t *m, uint64_t key)
+{
+    size_t     pos;
+    uint32_t  *k;
+
+    k = kvb_key_slot(m, key);
+
+    if (k == NULL) {
+        return 0;
+    }
+
+    pos = *k - 1;
+
+    if (--m->keyv[pos].refs) {
+        return 0;
+    }
+
+    /*
+     * The hole is refilled from its side of the snapshot's position: one
+     * sent before it, the last key after it.
+     */
+
+    if (m->snap_live && pos < m->snap_pos) {
+        kvb_key_swap(m, pos, m->snap_pos - 1);
+        pos = --m->snap_pos;
+    }
+
+    kvb_key_swap(m, pos, m->nkeys - 1);
+    kvb_key_drop_last(m);
+
+    return 1;
+}
+
+
+static uint32_t *
+kvb_key_slot(const kvb_mirror_t *m, uint64_t key)
+{
+    size_t  i;
+
+    i = (size_t) ((key * m->secret) >> m->kshift);
+
+    while (m->kidx[i]) {
+        if (m->keyv[m->kidx[i] - 1].key == key) {
+            return &m->kidx[i];
+        }
+
+        i = (i + 1) & (m->kcap - 1);
+    }
+
+    return NULL;
+}
+
+
+/* the index entry that points at the key at pos */
+
+static uint32_t *
+kvb_key_slot_of(const kvb_mirror_t *m, size_t pos)
+{
+    size_t  i;
+
+    i = (size_t) ((m->keyv[pos].key * m->secret) >> m->kshift);
+
+    while (m->kidx[i] != pos + 1) {
+        i = (i + 1) & (m->kcap - 1);
+    }
+
+    return &m->kidx[i];
+}
+
+
+static void
+kvb_key_swap(kvb_mirror_t *m, size_t a, size_t b)
+{
+    uint32_t   *ka, *kb;
+    kvb_key_t   t;
+
+    if (a == b) {
+        return;
+    }
+
+    ka = kvb_key_slot_of(m, a);
+    kb = kvb_key_slot_of(m, b);
+
+    t = m->keyv[a];
+    m->keyv[a] = m->keyv[b];
+    m->keyv[b] = t;
+
+    *ka = (uint32_t) (b + 1);
+    *kb = (uint32_t) (a + 1);
+}
+
+
+/* the last key out of the array and of the index (backward shift) */
+
+static void
+kvb_key_drop_last(kvb_mirror_t *m)
+{
+    size_t  hole, i, home, mask;
+
+    mask = m->kcap - 1;
+    hole = (size_t) (kvb_key_slot_of(m, m->nkeys - 1) - m->kidx);
+    i = hole;
+
+    for ( ;; ) {
+        i = (i + 1) & mask;
+
+        if (m->kidx[i] == 0) {
+            break;
+        }
+
+        home = (size_t) ((m->keyv[m->kidx[i] - 1].key * m->secret)
+                         >> m->kshift);
+
+        if (((i - home) & mask) >= ((i - hole) & mask)) {
+            m->kidx[hole] = m->kidx[i];
+            hole = i;
+        }
+    }
+
+    m->kidx[hole] = 0;
+    m->nkeys--;
+}
+
+
+static int
+kvb_key_resize(kvb_mirror_t *m, unsigned bits)
+{
+    size_t     i, j, cap;
+    uint32_t  *kidx;
+
+    cap = (size_t) 1 << bits;
+
+    kidx = calloc(cap, sizeof(uint32_t));
+    if (kidx == NULL) {
+        return -1;
+    }
+
+    for (i = 0; i < m->nkeys; i++) {
+        j = (size_t) ((m->keyv[i].key * m->secret) >> (64 - bits));
+
+        while (kidx[j]) {
+            j = (j + 1) & (cap - 1);
+        }
+
+        kidx[j] = (uint32_t) (i + 1);
+    }
+
+    free(m->kidx);
+
+    m->kidx = kidx;
+    m->kcap = cap;
+    m->kshift = 64 - bits;
+
+    return 0;
 }
 
 
@@ -713,17 +1385,13 @@ kvb_grow(void **p, size_t *cap, size_t need, size_t size)
 }
 
 
-static int
+/* room was made in kvb_mirror_apply(): these cannot fail */
+
+static void
 kvb_change(kvb_mirror_t *m, kva_ev_type_e type, int has_parent,
     uint64_t parent)
 {
     kvb_change_t  *ev;
-
-    if (kvb_grow((void **) &m->ch.ev, &m->ch.ev_cap, m->ch.nev + 1,
-                 sizeof(kvb_change_t)) != 0)
-    {
-        return -1;
-    }
 
     ev = &m->ch.ev[m->ch.nev++];
     ev->type = type;
@@ -731,22 +1399,12 @@ kvb_change(kvb_mirror_t *m, kva_ev_type_e type, int has_parent,
     ev->parent = parent;
     ev->off = m->ch.nhashes;
     ev->n = 0;
-
-    return 0;
 }
 
 
-static int
+static void
 kvb_change_hash(kvb_mirror_t *m, uint64_t key)
 {
-    if (kvb_grow((void **) &m->ch.hashes, &m->ch.hashes_cap,
-                 m->ch.nhashes + 1, sizeof(uint64_t)) != 0)
-    {
-        return -1;
-    }
-
     m->ch.hashes[m->ch.nhashes++] = key;
     m->ch.ev[m->ch.nev - 1].n++;
-
-    return 0;
 }

@@ -12,23 +12,42 @@
  *
  * What counts as held:
  *
- *   - only full-attention groups.  A hybrid model's sliding-window or
- *     mamba groups hold the same blocks under the same hashes but do not
- *     keep a prefix reusable; their stores are skipped and their removals
- *     must not remove a full-attention block.  A group's kind comes from
- *     the stored events' kv_cache_spec_kind; until one says otherwise (or
- *     with engines that never say) a group is taken as full attention.
+ *   - only dense-attention groups: kv_cache_spec_kind full_attention,
+ *     mla_attention (DeepSeek V2/V3, Kimi K2) or sink_full_attention.  A
+ *     hybrid model's sliding-window, chunked or mamba groups hold the same
+ *     blocks under the same hashes but do not keep a prefix reusable;
+ *     their stores are skipped and their removals must not remove a dense
+ *     block.  A group's kind comes from the stored events'
+ *     kv_cache_spec_kind; until one says otherwise (or with engines that
+ *     never say) a group is taken as dense.
  *
- *   - every tier.  A block offloaded to CPU memory or disk costs a copy,
- *     not a prefill, to reuse: it still counts.  A block is held while any
- *     (group, tier) holds it, and the module hears "removed" only when the
- *     last one lets it go.
+ *   - every tier.  A block offloaded to CPU memory or storage costs a
+ *     copy, not a prefill, to reuse: it still counts.  A holder is one
+ *     (group, medium) pair, each told apart by its whole name, and a
+ *     holder may hold several copies of one block (vLLM does not merge
+ *     a block computed twice, and sends a removal per copy): the module
+ *     hears "removed" only when the last copy of the last holder goes.
+ *     An offload tier's events without tokens (vLLM without
+ *     self_describing_kv_events) name a block by the engine's hash alone:
+ *     they add a holder to a block the mirror holds, and are counted and
+ *     skipped otherwise.
+ *
+ *   - one key, many blocks.  Two engine blocks may map to one key (the
+ *     engine hashed something the events do not carry): the key is
+ *     counted, and "removed" goes out when no block has it any more.
  *
  *   - LoRA and extra keys.  An adapter's blocks are seeded by the
  *     adapter's name (vLLM also lists the name first among a block's extra
  *     keys: it is taken out there); what remains of the extra keys (images,
  *     cache_salt) goes into the key, so that such blocks never match a
- *     prompt without them.
+ *     prompt without them.  An adapter named only by lora_id (vLLM before
+ *     lora_name) cannot be matched by nginx, which knows adapters by the
+ *     name requests carry: its blocks are held under a seed of the id (so
+ *     their children and removals are understood) and never published.
+ *
+ * Snapshots are paced: the keys are kept in an array whose order moves
+ * only in ways that keep every key on its side of the snapshot's
+ * position, so a key held throughout a snapshot is in it once.
  */
 
 #ifndef _KVB_MIRROR_H_INCLUDED_
@@ -46,19 +65,31 @@ typedef struct kvb_mirror_s  kvb_mirror_t;
 
 
 typedef struct {
-    uint64_t                stored;     /* blocks the module heard of */
+    uint64_t                stored;     /* keys the module heard of */
     uint64_t                removed;
-    uint64_t                skipped_group;  /* not full attention */
+    uint64_t                skipped_group;  /* not dense: the 3 below */
     uint64_t                orphans;    /* parent unknown: no key */
     uint64_t                full;       /* past max_blocks */
     uint64_t                clears;
+
+    /* blocks skipped, by their group's kind */
+    uint64_t                skipped_sliding;  /* sliding, chunked local */
+    uint64_t                skipped_mamba;
+    uint64_t                skipped_kind;     /* cross, encoder, unknown */
+
+    uint64_t                untokened;  /* a tier's hash alone, unknown */
+    uint64_t                holders_full;   /* past 64 holders, 32 groups */
+    uint64_t                lora_unnamed;   /* held, not published */
+    uint64_t                copies;     /* a block a holder already held */
+    uint64_t                shared_keys;    /* a key another block has */
 } kvb_mirror_stats_t;
 
 
 /*
  * model: the name the engine serves its base model under, as requests
- * carry it in "model".  max_blocks bounds the memory (32 bytes a block at
- * most, the table stays at most half full).
+ * carry it in "model".  max_blocks bounds the memory: a block's entry is
+ * 24 bytes in a table at most half full, its key 16 bytes in an array and
+ * 4 in an index at most half full, a second holder 8 bytes.
  */
 kvb_mirror_t *kvb_mirror_create(const char *model, size_t max_blocks);
 void kvb_mirror_destroy(kvb_mirror_t *m);
@@ -77,11 +108,19 @@ void kvb_mirror_clear(kvb_mirror_t *m);
 size_t kvb_mirror_size(const kvb_mirror_t *m);
 
 /*
- * The keys held, for a snapshot: up to max keys from *cursor on into out;
- * returns how many, 0 at the end.  *cursor starts at 0.
+ * The keys held, for a snapshot: up to max keys into out; returns how
+ * many, fewer than max at the end.  *cursor is 0 to start a snapshot, and
+ * what the call left there to go on: one snapshot at a time, a new one
+ * ends the last.  Every key held from the first call to the last is
+ * returned once; a key stored after the first call is not (the caller
+ * sends the first part before any later change, and the change tells
+ * nginx).
  */
-size_t kvb_mirror_keys(const kvb_mirror_t *m, size_t *cursor,
-    uint64_t *out, size_t max);
+size_t kvb_mirror_keys(kvb_mirror_t *m, size_t *cursor, uint64_t *out,
+    size_t max);
+
+/* distinct keys published, what a snapshot holds */
+size_t kvb_mirror_nkeys(const kvb_mirror_t *m);
 
 const kvb_mirror_stats_t *kvb_mirror_stats(const kvb_mirror_t *m);
 

@@ -472,7 +472,8 @@ kvb_set_field(kvb_ev_t *ev, kvb_field_e f, const msgpack_object *v)
         return 0;
 
     case KVB_F_BLOCK_SIZE:
-        if (kvb_get_int(v, &n) != 0 || n <= 0 || n > KVB_BLOCK_SIZE_MAX) {
+        /* 0: an offload tier's event that names its blocks by hash only */
+        if (kvb_get_int(v, &n) != 0 || n < 0 || n > KVB_BLOCK_SIZE_MAX) {
             return -1;
         }
 
@@ -542,7 +543,14 @@ kvb_check_event(kvb_ev_t *ev)
         return 0;
     }
 
-    if (ev->block_size == 0 || !ev->has_tokens
+    /*
+     * vLLM's offload tiers, without self_describing_kv_events, send
+     * token_ids [] and block_size 0: hashes alone, which the mirror maps
+     * through the blocks it knows.
+     */
+
+    if (!ev->has_tokens
+        || (ev->block_size == 0 && ev->ntokens != 0)
         || (uint64_t) ev->nhashes * ev->block_size != ev->ntokens)
     {
         return -1;

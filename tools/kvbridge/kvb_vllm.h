@@ -60,7 +60,10 @@ typedef struct {
     uint32_t                nhashes;
     uint64_t                parent;     /* the engine's, as kvb_engine_hash */
 
-    /* stored only: nhashes * block_size token ids, each below 2^32 */
+    /*
+     * stored only: nhashes * block_size token ids, each below 2^32; or
+     * none and block_size 0 (an offload tier naming blocks by hash only)
+     */
     const msgpack_object   *tokens;
     uint32_t                ntokens;
     uint32_t                block_size;
