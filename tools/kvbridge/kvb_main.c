@@ -31,6 +31,9 @@
 /* a scrape gives up after this, whatever the interval */
 #define KVB_SCRAPE_TIMEOUT_MS  2000
 
+/* messages a collector peer may have queued, read or not */
+#define KVB_COLLECT_HWM        1000
+
 /* the loop waits at most this long, deadlines or not */
 #define KVB_LOOP_WAIT_MS       1000
 
@@ -637,14 +640,30 @@ kvb_scrape_done(kvb_eng_t *g, uint64_t now_ms)
 
 /* engines that connect to one bound socket: the topic says whose */
 
+/*
+ * Anyone who reaches the port may send: a message is refused past
+ * --max-batch (ZeroMQ drops the peer at the frame's header, before it
+ * buffers a byte of it), and a peer may queue at most KVB_COLLECT_HWM of
+ * them, so that what peers can make the bridge hold is bounded (about
+ * peers x max-batch while they send, not what they claim).
+ */
+
 static int
 kvb_collect_open(void *zctx)
 {
-    void  *collect;
+    int       hwm;
+    void     *collect;
+    int64_t   max;
 
     collect = zmq_socket(zctx, ZMQ_SUB);
 
+    /* the payload is the one large part; topic and seq fit in the slack */
+    max = (int64_t) kvb_conf.lim.decode.max_bytes + 64;
+    hwm = KVB_COLLECT_HWM;
+
     if (collect == NULL
+        || zmq_setsockopt(collect, ZMQ_MAXMSGSIZE, &max, sizeof(max)) != 0
+        || zmq_setsockopt(collect, ZMQ_RCVHWM, &hwm, sizeof(hwm)) != 0
         || zmq_setsockopt(collect, ZMQ_SUBSCRIBE, "", 0) != 0
         || zmq_bind(collect, kvb_conf.collect) != 0)
     {
