@@ -20,8 +20,10 @@
 
 #include "kvb_conf.h"
 #include "kvb_engine.h"
+#include "kvb_http.h"
 #include "kvb_log.h"
 #include "kvb_loop.h"
+#include "kvb_prom.h"
 #include "kvb_scrape.h"
 #include "kvb_redis.h"
 #include "kvb_vllm.h"
@@ -53,12 +55,18 @@ struct kvb_eng_s {
     uint64_t                last_event; /* ms, 0: none yet */
     uint64_t                malformed;  /* messages not [topic, seq, data] */
     kvb_log_limit_t         bad_log;
+    kvb_prom_bridge_t       prom;       /* read for the metrics page */
+    kvb_scrape_stats_t      scrape_st;
 };
 
 
 static kvb_conf_t              kvb_conf;    /* lives as long as the process */
 static kvb_eng_t               kvb_engs[KVB_ENGINES_MAX];
 static void                   *kvb_collector;
+static kvb_loop_t              *kvb_loop;
+static kvb_redis_t             *kvb_redis;
+static kvb_http_t              *kvb_http;
+static kvb_prom_engine_t        kvb_prom_engines[KVB_ENGINES_MAX];
 static volatile sig_atomic_t   kvb_stop;
 
 
@@ -100,6 +108,7 @@ static kvb_eng_t *kvb_collected(zmq_msg_t *topic, zmq_msg_t *payload,
     int64_t *rank);
 static void kvb_collect_io(void *data, const zmq_pollitem_t *items, int n,
     kvb_budget_t *b, uint64_t now_ms);
+static void kvb_metrics_render(void *data, kvb_buf_t *b);
 static int kvb_daemonize(const char *pid_file);
 
 
@@ -192,6 +201,22 @@ main(int argc, char **argv)
         return 1;
     }
 
+    kvb_loop = loop;
+    kvb_redis = redis;
+
+    if (kvb_conf.metrics_listen != NULL) {
+        kvb_http = kvb_http_create(kvb_conf.metrics_listen,
+                                   kvb_metrics_render, NULL, err,
+                                   sizeof(err));
+        if (kvb_http == NULL) {
+            kvb_log(KVB_LOG_ERR, "metrics %s", err);
+            return 1;
+        }
+
+        kvb_log(KVB_LOG_INFO, "metrics page on http://%s/metrics",
+                kvb_conf.metrics_listen);
+    }
+
     if (kvb_sources(loop, redis) != 0) {
         kvb_log(KVB_LOG_ERR, "out of memory");
         return 1;
@@ -214,6 +239,7 @@ main(int argc, char **argv)
         zmq_close(kvb_collector);
     }
 
+    kvb_http_destroy(kvb_http);
     kvb_loop_destroy(loop);
     kvb_redis_destroy(redis);
     zmq_ctx_term(zctx);
@@ -290,6 +316,20 @@ kvb_sources(kvb_loop_t *loop, kvb_redis_t *redis)
         sc.max_items = 1;
 
         if (kvb_add(loop, "collector", NULL, &sc) != 0) {
+            return -1;
+        }
+    }
+
+    if (kvb_http != NULL) {
+        memset(&sc, 0, sizeof(sc));
+        sc.watch = kvb_http_watch;
+        sc.io = kvb_http_io;
+        sc.deadline = kvb_http_deadline;
+        sc.tick = kvb_http_tick;
+        sc.data = kvb_http;
+        sc.max_items = 1 + KVB_HTTP_CONNS;
+
+        if (kvb_add(loop, "metrics", NULL, &sc) != 0) {
             return -1;
         }
     }
@@ -849,6 +889,56 @@ kvb_collect_io(void *data, const zmq_pollitem_t *items, int n,
 
         kvb_zmsg_close(&m);
     }
+}
+
+
+/* the components' stats, read in this one place, then rendered */
+
+static void
+kvb_metrics_render(void *data, kvb_buf_t *b)
+{
+    size_t              e;
+    uint64_t            now;
+    kvb_eng_t          *g;
+    kvb_prom_view_t     v;
+    kvb_prom_engine_t  *pe;
+
+    now = kvb_now_ms();
+
+    for (e = 0; e < kvb_conf.nengines; e++) {
+        g = &kvb_engs[e];
+        pe = &kvb_prom_engines[e];
+
+        pe->name = kvb_engine_name(g->engine);
+        pe->rank = kvb_engine_rank(g->engine);
+        pe->engine = kvb_engine_stats(g->engine);
+        pe->stream = kvb_engine_stream_stats(g->engine);
+        pe->mirror = kvb_engine_mirror_stats(g->engine);
+        pe->scrape = NULL;
+        pe->bridge = &g->prom;
+
+        if (g->scrape_of->scrape != NULL) {
+            kvb_scrape_stats(g->scrape_of->scrape, &g->scrape_st);
+            pe->scrape = &g->scrape_st;
+        }
+
+        g->prom.scrape_failing = pe->scrape && g->scrape_st.last_failed;
+        g->prom.malformed = g->malformed;
+        g->prom.replaying = kvb_engine_replay(g->engine) != NULL;
+        g->prom.blocks = kvb_engine_blocks(g->engine);
+        g->prom.last_event_age = g->last_event
+                                 ? (double) (now - g->last_event) / 1000
+                                 : -1;
+    }
+
+    memset(&v, 0, sizeof(v));
+    v.engines = kvb_prom_engines;
+    v.nengines = kvb_conf.nengines;
+    v.redis = kvb_redis_stats(kvb_redis);
+    v.redis_up = kvb_redis_up(kvb_redis);
+    v.loop = kvb_loop;
+
+    kvb_prom_render(b, &v);
 }
 
 
