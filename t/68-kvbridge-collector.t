@@ -2,13 +2,16 @@
 # peers that announce messages past --max-batch and never finish them
 # leave the bridge's memory where it was (defect 1: three such peers of
 # 256 MB pinned 775 MB), and the collector still takes an engine's
-# batches afterwards.  Real redis-server and kvbridge; the hostile peers
+# batches afterwards; with --collect-allow a peer from another address
+# is refused by ZeroMQ's ZAP handshake and one from an allowed address
+# accepted; --collect-rate drops what a peer sends past its rate.  Real redis-server and kvbridge; the hostile peers
 # speak ZMTP 3.0 by hand on a TCP socket (a ZeroMQ library would not
 # send a message it has not got whole), the engine is ZMQ::FFI.
 
 use strict;
 use warnings;
 
+use HTTP::Tiny;
 use IO::Socket::INET;
 use JSON::PP;
 use Test::More;
@@ -37,7 +40,7 @@ my $mp = Data::MessagePack->new->prefer_integer(1);
 my $l = KvAware::Launch->new(template => 'kvbridge-collect-XXXXXX',
                              watchdog => 1, diag => \&diag);
 
-my ($redis, $collect) = free_ports(2);
+my ($redis, $collect, $page) = free_ports(3);
 $l->start_redis($redis);
 my $sub = Test::KvAware::Redis->new($redis)->subscribe('kv_aware:events');
 
@@ -65,15 +68,69 @@ close $_->{sock} for @peers;
 my $zctx = ZMQ::FFI->new;
 my $pub = $zctx->socket(ZMQ::FFI::Constants::ZMQ_PUB());
 $pub->connect("tcp://127.0.0.1:$collect");
-my @ids = map { 5000 + $_ } 1 .. $BT;
 my $seq = 0;
 ok(wait_until(10, sub {
-       $pub->send_multipart(['kv', pack('Q>', $seq++),
-           $mp->pack([1.0, [['BlockStored', [$seq], undef, \@ids, $BT]]])]);
+       $pub->send_multipart(['kv', pack('Q>', $seq++), batch($seq)]);
        stored($ENGINE, 0.2);
    }), 'then an engine\'s batch on the collector reaches Redis')
     or diag(bridge_log());
 $pub->close;
+
+ok(kill(0, $l->pid('kvbridge')), 'the bridge is still running');
+
+# --- 3. --collect-allow: only the engines' hosts may publish -------------
+
+$l->stop('kvbridge');
+$l->start_kvbridge('--redis', "127.0.0.1:$redis",
+                   '--engine', "$ENGINE model=$MODEL topic=kv",
+                   '--collect', "tcp://127.0.0.1:$collect",
+                   '--collect-allow', '127.0.0.2', '--collect-rate', 50,
+                   '--metrics', "127.0.0.1:$page");
+$sub->messages(0.5);                            # what came before
+
+# ZeroMQ binds the connecting side to a source address: "src;dst"
+my $from1 = $zctx->socket(ZMQ::FFI::Constants::ZMQ_PUB());
+$from1->connect("tcp://127.0.0.1:0;127.0.0.1:$collect");
+my $from2 = $zctx->socket(ZMQ::FFI::Constants::ZMQ_PUB());
+$from2->connect("tcp://127.0.0.2:0;127.0.0.1:$collect");
+
+$seq = 0;
+my $t = time;
+my $got = 0;
+while (time < $t + 3 && !$got) {
+    $from1->send_multipart(['kv', pack('Q>', $seq++), batch($seq)]);
+    $got = stored($ENGINE, 0.1);
+}
+ok(!$got, 'a publisher from 127.0.0.1, not allowed: none of its '
+          . "$seq batches reaches Redis");
+like(bridge_log(), qr/a peer from 127\.0\.0\.1 refused/,
+     'its connection is refused, and logged');
+cmp_ok(metric('kvbridge_collect_denied_total'), '>', 0,
+       'and counted: kvbridge_collect_denied_total '
+       . metric('kvbridge_collect_denied_total'));
+$from1->close;
+
+$seq = 0;
+ok(wait_until(10, sub {
+       $from2->send_multipart(['kv', pack('Q>', $seq++), batch($seq)]);
+       stored($ENGINE, 0.1);
+   }), 'a publisher from 127.0.0.2, allowed: its batches reach Redis')
+    or diag(bridge_log());
+
+# --- 4. --collect-rate: a peer past 50 messages a second is cut short ----
+
+my $before = metric('kvbridge_engine_batches_total');
+$from2->send_multipart(['kv', pack('Q>', $seq++), batch($seq)])
+    for 1 .. 1000;
+$sub->messages(1);
+my $limited = metric('kvbridge_collect_limited_total');
+my $batches = metric('kvbridge_engine_batches_total') - $before;
+cmp_ok($limited, '>', 500, "1,000 messages at once: $limited dropped "
+                           . "past the rate");
+cmp_ok($batches, '<=', 200, "$batches of them handed on");
+like(bridge_log(), qr/past --collect-rate 50 messages a second/,
+     'and logged');
+$from2->close;
 
 ok(kill(0, $l->pid('kvbridge')), 'the bridge is still running');
 
@@ -83,6 +140,23 @@ done_testing();
 # --- helpers ------------------------------------------------------------
 
 sub bridge_log { slurp($l->prefix . '/logs/kvbridge.log') // '' }
+
+# a vLLM batch of one block, whose hash is $n
+sub batch {
+    my ($n) = @_;
+    my @ids = map { 5000 + $_ } 1 .. $BT;
+    return $mp->pack([1.0, [['BlockStored', [$n], undef, \@ids, $BT]]]);
+}
+
+# a sample of the bridge's page, summed over its labels
+sub metric {
+    my ($name) = @_;
+    my $r = HTTP::Tiny->new(timeout => 5)
+        ->get("http://127.0.0.1:$page/metrics");
+    my $sum = 0;
+    $sum += $1 while $r->{content} =~ /^\Q$name\E(?:\{[^}]*\})? (\S+)$/mg;
+    return $sum;
+}
 
 sub rss {
     my ($kb) = (slurp('/proc/' . $l->pid('kvbridge') . '/status') // '')

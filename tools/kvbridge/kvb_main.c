@@ -20,6 +20,7 @@
 
 #include "kvb_conf.h"
 #include "kvb_engine.h"
+#include "kvb_guard.h"
 #include "kvb_http.h"
 #include "kvb_log.h"
 #include "kvb_loop.h"
@@ -63,6 +64,7 @@ struct kvb_eng_s {
 static kvb_conf_t              kvb_conf;    /* lives as long as the process */
 static kvb_eng_t               kvb_engs[KVB_ENGINES_MAX];
 static void                   *kvb_collector;
+static kvb_guard_t             *kvb_guard;
 static kvb_loop_t              *kvb_loop;
 static kvb_redis_t             *kvb_redis;
 static kvb_http_t              *kvb_http;
@@ -197,8 +199,26 @@ main(int argc, char **argv)
                 g->spec->engine.replay ? g->spec->engine.replay : "");
     }
 
-    if (kvb_conf.collect != NULL && kvb_collect_open(zctx) != 0) {
-        return 1;
+    if ((kvb_conf.collect_allow != NULL || kvb_conf.collect_rate)
+        && kvb_conf.collect == NULL)
+    {
+        fprintf(stderr, "kvbridge: collect-allow and collect-rate need "
+                "--collect\n");
+        return 2;
+    }
+
+    if (kvb_conf.collect != NULL) {
+        kvb_guard = kvb_guard_create(zctx, kvb_conf.collect_allow,
+                                     kvb_conf.collect_rate, err,
+                                     sizeof(err));
+        if (kvb_guard == NULL) {
+            kvb_log(KVB_LOG_ERR, "%s", err);
+            return 1;
+        }
+
+        if (kvb_collect_open(zctx) != 0) {
+            return 1;
+        }
     }
 
     kvb_loop = loop;
@@ -238,6 +258,8 @@ main(int argc, char **argv)
     if (kvb_collector != NULL) {
         zmq_close(kvb_collector);
     }
+
+    kvb_guard_destroy(kvb_guard);
 
     kvb_http_destroy(kvb_http);
     kvb_loop_destroy(loop);
@@ -316,6 +338,16 @@ kvb_sources(kvb_loop_t *loop, kvb_redis_t *redis)
         sc.max_items = 1;
 
         if (kvb_add(loop, "collector", NULL, &sc) != 0) {
+            return -1;
+        }
+
+        memset(&sc, 0, sizeof(sc));
+        sc.watch = kvb_guard_watch;
+        sc.io = kvb_guard_io;
+        sc.data = kvb_guard;
+        sc.max_items = 1;
+
+        if (kvb_add(loop, "collector zap", NULL, &sc) != 0) {
             return -1;
         }
     }
@@ -702,6 +734,7 @@ kvb_collect_open(void *zctx)
     hwm = KVB_COLLECT_HWM;
 
     if (collect == NULL
+        || kvb_guard_socket(kvb_guard, collect) != 0
         || zmq_setsockopt(collect, ZMQ_MAXMSGSIZE, &max, sizeof(max)) != 0
         || zmq_setsockopt(collect, ZMQ_RCVHWM, &hwm, sizeof(hwm)) != 0
         || zmq_setsockopt(collect, ZMQ_SUBSCRIBE, "", 0) != 0
@@ -718,7 +751,9 @@ kvb_collect_open(void *zctx)
         return -1;
     }
 
-    kvb_log(KVB_LOG_INFO, "collecting engines on %s", kvb_conf.collect);
+    kvb_log(KVB_LOG_INFO, "collecting engines on %s%s%s", kvb_conf.collect,
+            kvb_conf.collect_allow ? " from " : "",
+            kvb_conf.collect_allow ? kvb_conf.collect_allow : "");
 
     return 0;
 }
@@ -849,6 +884,12 @@ kvb_collect_io(void *data, const zmq_pollitem_t *items, int n,
         g = NULL;
         rank = -1;
 
+        if (!kvb_guard_rate(kvb_guard, &m.part[0], now_ms)) {
+            kvb_budget_spend(b, 0);
+            kvb_zmsg_close(&m);
+            continue;
+        }
+
         if (m.n == 3 && !m.too_long) {
             kvb_budget_spend(b, zmq_msg_size(&m.part[2]));
             g = kvb_collected(&m.part[0], &m.part[2], &rank);
@@ -937,6 +978,11 @@ kvb_metrics_render(void *data, kvb_buf_t *b)
     v.redis = kvb_redis_stats(kvb_redis);
     v.redis_up = kvb_redis_up(kvb_redis);
     v.loop = kvb_loop;
+
+    if (kvb_guard != NULL) {
+        v.collect_denied = kvb_guard_stats(kvb_guard)->denied;
+        v.collect_limited = kvb_guard_stats(kvb_guard)->limited;
+    }
 
     kvb_prom_render(b, &v);
 }
