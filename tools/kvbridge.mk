@@ -63,6 +63,11 @@ $(BUILD)/bench_bridge: bench/bench_bridge.c bench/bench_util.h \
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -o $@ $< $(KVBRIDGE_MIRROR) \
 	    $(LIBKVA) -lmsgpackc -ljansson -lxxhash
 
+# the loop budget: one engine floods, another's latency is timed
+.PHONY: bench-loop
+bench-loop: $(BUILD)/kvbridge
+	bash bench/bench_loop.sh
+
 # the tests' reference for keys=tokens (t/5x): kva_token_keys BLOCK MODEL
 $(BUILD)/kva_token_keys: t/lib/kva_token_keys.c $(LIBKVA)
 	$(CC) $(CFLAGS_CORE) -o $@ $< $(LIBKVA) -lxxhash

@@ -18,6 +18,7 @@ struct kvb_source_s {
     int                     n;
     uint64_t                turn_ns;    /* its callbacks this turn */
     unsigned                ran:1;
+    kvb_log_limit_t         slow_log;
     kvb_loop_hist_t         hist;
 };
 
@@ -32,6 +33,8 @@ struct kvb_loop_s {
 
 
 static void kvb_loop_record(kvb_loop_hist_t *h, uint64_t ns);
+static void kvb_loop_slow(kvb_source_t *s, const char *what, uint64_t ns,
+    uint64_t now_ms);
 
 
 const double  kvb_loop_bounds[KVB_LOOP_BUCKETS] = {
@@ -189,7 +192,9 @@ kvb_loop_turn(kvb_loop_t *loop, int max_wait_ms)
             s->hist.exhausted++;
         }
 
-        s->turn_ns += kvb_loop_now_ns() - start;
+        t = kvb_loop_now_ns() - start;
+        kvb_loop_slow(s, "reads", t, now);
+        s->turn_ns += t;
         s->hist.calls++;
         s->ran = 1;
     }
@@ -200,7 +205,9 @@ kvb_loop_turn(kvb_loop_t *loop, int max_wait_ms)
         if (s->conf.tick != NULL) {
             start = kvb_loop_now_ns();
             s->conf.tick(s->conf.data, now);
-            s->turn_ns += kvb_loop_now_ns() - start;
+            t = kvb_loop_now_ns() - start;
+            kvb_loop_slow(s, "tick", t, now);
+            s->turn_ns += t;
             s->ran = 1;
         }
 
@@ -214,6 +221,20 @@ kvb_loop_turn(kvb_loop_t *loop, int max_wait_ms)
     kvb_loop_record(&loop->turns, t - t0);
 
     return 0;
+}
+
+
+/* past the stated bound: which source, and which of its callbacks */
+
+static void
+kvb_loop_slow(kvb_source_t *s, const char *what, uint64_t ns,
+    uint64_t now_ms)
+{
+    if (ns > KVB_LOOP_SLOW_NS) {
+        kvb_log_limited(&s->slow_log, now_ms, KVB_LOG_INFO,
+                        "loop: %s held the loop %.1f ms in its %s",
+                        s->name, (double) ns / 1e6, what);
+    }
 }
 
 

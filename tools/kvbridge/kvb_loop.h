@@ -32,6 +32,9 @@
 #define KVB_BUDGET_BYTES     (1024 * 1024)
 #define KVB_BUDGET_NS        (5 * 1000 * 1000)
 
+/* a callback longer than this is logged (at most every 5 s a source) */
+#define KVB_LOOP_SLOW_NS     (10 * 1000 * 1000)
+
 /* the turn and callback time histograms' upper bounds, in seconds */
 #define KVB_LOOP_BUCKETS     12
 
