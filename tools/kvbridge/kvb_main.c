@@ -47,7 +47,7 @@ typedef struct kvb_eng_s  kvb_eng_t;
 
 struct kvb_eng_s {
     kvb_engine_t           *engine;
-    const kvb_engine_spec_t *spec;
+    const kvb_engine_spec_t *spec;     /* its configuration */
     kvb_scrape_t           *scrape;     /* the one it runs, or NULL */
     kvb_eng_t              *scrape_of;  /* whose scrape gives its load:
                                            the ranks of a server share one
@@ -341,14 +341,16 @@ kvb_sources(kvb_loop_t *loop, kvb_redis_t *redis)
             return -1;
         }
 
-        memset(&sc, 0, sizeof(sc));
-        sc.watch = kvb_guard_watch;
-        sc.io = kvb_guard_io;
-        sc.data = kvb_guard;
-        sc.max_items = 1;
+        if (kvb_conf.collect_allow != NULL) {
+            memset(&sc, 0, sizeof(sc));
+            sc.watch = kvb_guard_watch;
+            sc.io = kvb_guard_io;
+            sc.data = kvb_guard;
+            sc.max_items = 1;
 
-        if (kvb_add(loop, "collector zap", NULL, &sc) != 0) {
-            return -1;
+            if (kvb_add(loop, "collector zap", NULL, &sc) != 0) {
+                return -1;
+            }
         }
     }
 
