@@ -40,7 +40,8 @@ my $mp = Data::MessagePack->new->prefer_integer(1);
 my $l = KvAware::Launch->new(template => 'kvbridge-collect-XXXXXX',
                              watchdog => 1, diag => \&diag);
 
-my ($redis, $collect, $page) = free_ports(3);
+my ($redis, $collect, $page, $events) = free_ports(4);
+my $BOUND = '127.0.0.1:10';                     # an engine the bridge reaches
 $l->start_redis($redis);
 my $sub = Test::KvAware::Redis->new($redis)->subscribe('kv_aware:events');
 
@@ -83,6 +84,8 @@ ok(kill(0, $l->pid('kvbridge')), 'the bridge is still running');
 $l->stop('kvbridge');
 $l->start_kvbridge('--redis', "127.0.0.1:$redis",
                    '--engine', "$ENGINE model=$MODEL topic=kv",
+                   '--engine', "$BOUND model=$MODEL "
+                               . "events=tcp://127.0.0.1:$events",
                    '--collect', "tcp://127.0.0.1:$collect",
                    '--collect-allow', '127.0.0.2', '--collect-rate', 50,
                    '--metrics', "127.0.0.1:$page");
@@ -116,6 +119,17 @@ ok(wait_until(10, sub {
        stored($ENGINE, 0.1);
    }), 'a publisher from 127.0.0.2, allowed: its batches reach Redis')
     or diag(bridge_log());
+
+# the engines the bridge connects to are not behind the allow list
+my $bound = $zctx->socket(ZMQ::FFI::Constants::ZMQ_PUB());
+$bound->bind("tcp://127.0.0.1:$events");
+$seq = 0;
+ok(wait_until(10, sub {
+       $bound->send_multipart(['', pack('Q>', $seq++), batch($seq)]);
+       stored($BOUND, 0.1);
+   }), 'an engine the bridge connects to (from 127.0.0.1) still gets '
+       . 'its batches through') or diag(bridge_log());
+$bound->close;
 
 # --- 4. --collect-rate: a peer past 50 messages a second is cut short ----
 
