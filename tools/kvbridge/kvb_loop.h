@@ -24,9 +24,11 @@
 
 
 /*
- * A source's share of one turn.  The time bound is what the design holds
- * to (10 ms per source per turn at most, as measured): half of it for the
- * reads, the other half for the one message past it and the tick.
+ * A source's share of one turn.  The goal is 10 ms of loop time a source
+ * a turn: half of it for the reads, the other half for the one message
+ * in hand when the time runs out, and the tick.  One message is not
+ * split: a batch near --max-batch (4 MB, tens of ms to decode) holds the
+ * loop that long by itself; --max-batch is the bound on that.
  */
 #define KVB_BUDGET_MSGS      256
 #define KVB_BUDGET_BYTES     (1024 * 1024)
