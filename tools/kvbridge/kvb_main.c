@@ -47,7 +47,7 @@ typedef struct kvb_eng_s  kvb_eng_t;
 
 struct kvb_eng_s {
     kvb_engine_t           *engine;
-    const kvb_engine_spec_t *spec;     /* its configuration */
+    const kvb_engine_spec_t *spec;      /* its configuration */
     kvb_scrape_t           *scrape;     /* the one it runs, or NULL */
     kvb_eng_t              *scrape_of;  /* whose scrape gives its load:
                                            the ranks of a server share one
