@@ -57,11 +57,26 @@ $(BUILD)/unit/test_kvbridge_stream: t/unit/test_kvbridge_stream.c \
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
 	    tools/kvbridge/kvb_stream.c tools/kvbridge/kvb_zmsg.c -lzmq -lxxhash
 
+# the loop's budgets, deadlines and timings on real inproc sockets
+UNIT_TESTS += $(BUILD)/unit/test_kvbridge_loop
+
+$(BUILD)/unit/test_kvbridge_loop: t/unit/test_kvbridge_loop.c \
+        tools/kvbridge/kvb_loop.c tools/kvbridge/kvb_log.c \
+        $(KVBRIDGE_HDRS) t/unit/tap.h
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -It/unit -o $@ $< \
+	    tools/kvbridge/kvb_loop.c tools/kvbridge/kvb_log.c -lzmq
+
 # what the bridge costs on one core (make bench-events runs it)
 $(BUILD)/bench_bridge: bench/bench_bridge.c bench/bench_util.h \
         $(KVBRIDGE_MIRROR) $(KVBRIDGE_HDRS) $(LIBKVA)
 	$(CC) $(CFLAGS_CORE) -Itools/kvbridge -o $@ $< $(KVBRIDGE_MIRROR) \
 	    $(LIBKVA) -lmsgpackc -ljansson -lxxhash
+
+# the loop budget: one engine floods, another's latency is timed
+.PHONY: bench-loop
+bench-loop: $(BUILD)/kvbridge
+	bash bench/bench_loop.sh
 
 # the tests' reference for keys=tokens (t/5x): kva_token_keys BLOCK MODEL
 $(BUILD)/kva_token_keys: t/lib/kva_token_keys.c $(LIBKVA)

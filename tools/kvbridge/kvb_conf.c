@@ -66,6 +66,14 @@ static const kvb_arg_t  kvb_args[] = {
     { "collect", KVB_ARG_STR, F(collect), 0, 0,
       "ENDPOINT", "bind one socket that engines connect to; engines "
       "then take topic= instead of events=" },
+    { "collect-allow", KVB_ARG_STR, F(collect_allow), 0, 0,
+      "IP[,IP...]", "only these peers may publish on --collect "
+      "(default: any that reach it)" },
+    { "collect-rate", KVB_ARG_COUNT, F(collect_rate), 1, 1 << 24,
+      "N", "messages a second a collector peer may send; past it they "
+      "are dropped (default: no cap)" },
+    { "metrics", KVB_ARG_STR, F(metrics_listen), 0, 0,
+      "ADDR", "serve the bridge's own Prometheus page on IP:PORT" },
     { "max-batch", KVB_ARG_SIZE, F(lim.decode.max_bytes), 1024,
       256 * 1024 * 1024, "BYTES", "an engine batch's cap (4m)" },
     { "max-hashes", KVB_ARG_COUNT, F(lim.max_hashes), 16, 1 << 20,

@@ -42,6 +42,9 @@ typedef struct {
     const char             *channel;
     const char             *collect;    /* a bound SUB for engines that
                                            connect, told apart by topic */
+    const char             *collect_allow;  /* peers' IPs, or NULL */
+    size_t                  collect_rate;   /* a peer's messages/s, 0 */
+    const char             *metrics_listen; /* the bridge's own page */
 
     kvb_engine_spec_t       engines[KVB_ENGINES_MAX];
     size_t                  nengines;

@@ -435,6 +435,27 @@ kvb_engine_stats(const kvb_engine_t *e)
 }
 
 
+const kvb_stream_stats_t *
+kvb_engine_stream_stats(const kvb_engine_t *e)
+{
+    return kvb_stream_stats(e->stream);
+}
+
+
+const kvb_mirror_stats_t *
+kvb_engine_mirror_stats(const kvb_engine_t *e)
+{
+    return kvb_mirror_stats(e->mirror);
+}
+
+
+size_t
+kvb_engine_blocks(const kvb_engine_t *e)
+{
+    return kvb_mirror_size(e->mirror);
+}
+
+
 static void
 kvb_engine_on_batch(void *data, uint64_t seq, const char *payload,
     size_t len)

@@ -20,7 +20,9 @@
 #include <stdint.h>
 
 #include "kvb_metrics.h"
+#include "kvb_mirror.h"
 #include "kvb_redis.h"
+#include "kvb_stream.h"
 #include "kvb_vllm.h"
 
 
@@ -96,6 +98,10 @@ uint64_t kvb_engine_deadline(const kvb_engine_t *e);
 void kvb_engine_tick(kvb_engine_t *e, uint64_t now_ms);
 
 const kvb_engine_stats_t *kvb_engine_stats(const kvb_engine_t *e);
+/* its stream's and its mirror's, for the metrics page */
+const kvb_stream_stats_t *kvb_engine_stream_stats(const kvb_engine_t *e);
+const kvb_mirror_stats_t *kvb_engine_mirror_stats(const kvb_engine_t *e);
+size_t kvb_engine_blocks(const kvb_engine_t *e);    /* in the mirror */
 
 
 #endif /* _KVB_ENGINE_H_INCLUDED_ */

@@ -3,9 +3,10 @@
  * and publishes them, keyed as ngx_http_kv_aware_module keys token ids,
  * on the module's Redis channel (docs/events.md, README "With vLLM").
  *
- * One thread, one zmq_poll() loop over the engines' sockets, the replay
+ * One thread, one loop (kvb_loop.h) over the engines' sockets, the replay
  * sockets, the Redis links and the metrics scrapes: nothing in it blocks,
- * so a dead Redis or a slow engine holds up nothing else.
+ * and each source reads within a budget a turn, so a dead Redis or a
+ * flooding engine holds up nothing else.
  */
 
 #include <errno.h>
@@ -19,77 +20,113 @@
 
 #include "kvb_conf.h"
 #include "kvb_engine.h"
+#include "kvb_guard.h"
+#include "kvb_http.h"
 #include "kvb_log.h"
+#include "kvb_loop.h"
+#include "kvb_prom.h"
 #include "kvb_scrape.h"
 #include "kvb_redis.h"
 #include "kvb_vllm.h"
 #include "kvb_zmsg.h"
 
 
-/*
- * engines' SUB, monitor and replay sockets and metrics scrapes, the
- * collector,
- * Redis' two links
- */
-#define KVB_ITEMS_MAX  (4 * KVB_ENGINES_MAX + 1 + 2)
-
 /* a scrape gives up after this, whatever the interval */
 #define KVB_SCRAPE_TIMEOUT_MS  2000
 
+/* messages a collector peer may have queued, read or not */
+#define KVB_COLLECT_HWM        1000
 
-typedef enum {
-    KVB_ITEM_SUB = 0,
-    KVB_ITEM_REPLAY,
-    KVB_ITEM_MONITOR,
-    KVB_ITEM_SCRAPE,
-    KVB_ITEM_COLLECT,
-    KVB_ITEM_REDIS
-} kvb_item_kind_e;
+/* the loop waits at most this long, deadlines or not */
+#define KVB_LOOP_WAIT_MS       1000
 
 
-typedef struct {
-    kvb_item_kind_e         kind;
-    size_t                  engine;
-} kvb_item_t;
+/* one engine as the bridge runs it: the engine, its scrape, its sources */
+
+typedef struct kvb_eng_s  kvb_eng_t;
+
+struct kvb_eng_s {
+    kvb_engine_t           *engine;
+    const kvb_engine_spec_t *spec;      /* its configuration */
+    kvb_scrape_t           *scrape;     /* the one it runs, or NULL */
+    kvb_eng_t              *scrape_of;  /* whose scrape gives its load:
+                                           the ranks of a server share one
+                                           /metrics */
+    uint64_t                scraped;    /* the load last handed on */
+    uint64_t                last_event; /* ms, 0: none yet */
+    uint64_t                malformed;  /* messages not [topic, seq, data] */
+    kvb_log_limit_t         bad_log;
+    kvb_prom_bridge_t       prom;       /* read for the metrics page */
+    kvb_scrape_stats_t      scrape_st;
+};
 
 
 static kvb_conf_t              kvb_conf;    /* lives as long as the process */
-static kvb_engine_t           *kvb_engines[KVB_ENGINES_MAX];
-static kvb_scrape_t           *kvb_scrapes[KVB_ENGINES_MAX];
-static uint64_t                kvb_scraped[KVB_ENGINES_MAX];
-/* the engine whose scrape gives this one's load: the ranks of a server
-   share one /metrics */
-static size_t                  kvb_scrape_of[KVB_ENGINES_MAX];
+static kvb_eng_t               kvb_engs[KVB_ENGINES_MAX];
+static void                   *kvb_collector;
+static kvb_guard_t             *kvb_guard;
+static kvb_loop_t              *kvb_loop;
+static kvb_redis_t             *kvb_redis;
+static kvb_http_t              *kvb_http;
+static kvb_prom_engine_t        kvb_prom_engines[KVB_ENGINES_MAX];
 static volatile sig_atomic_t   kvb_stop;
 
 
 static void kvb_on_signal(int signo);
 static void kvb_on_resync(void *data, const char *server, size_t len,
     unsigned rank);
-static int kvb_scrape_setup(size_t e, char *err, size_t errlen);
+static int kvb_scrape_setup(kvb_eng_t *g, char *err, size_t errlen);
+static int kvb_sources(kvb_loop_t *loop, kvb_redis_t *redis);
+static int kvb_add(kvb_loop_t *loop, const char *name, const char *what,
+    kvb_source_conf_t *sc);
+static int kvb_events_watch(void *data, uint64_t now_ms,
+    zmq_pollitem_t *items, int max);
+static void kvb_events_io(void *data, const zmq_pollitem_t *items, int n,
+    kvb_budget_t *b, uint64_t now_ms);
+static uint64_t kvb_events_deadline(void *data);
+static void kvb_events_tick(void *data, uint64_t now_ms);
+static int kvb_replay_watch(void *data, uint64_t now_ms,
+    zmq_pollitem_t *items, int max);
+static void kvb_replay_io(void *data, const zmq_pollitem_t *items, int n,
+    kvb_budget_t *b, uint64_t now_ms);
+static int kvb_scrape_watch(void *data, uint64_t now_ms,
+    zmq_pollitem_t *items, int max);
+static void kvb_scrape_source_io(void *data, const zmq_pollitem_t *items,
+    int n, kvb_budget_t *b, uint64_t now_ms);
+static uint64_t kvb_scrape_source_deadline(void *data);
+static void kvb_scrape_tick(void *data, uint64_t now_ms);
+static void kvb_scrape_done(kvb_eng_t *g, uint64_t now_ms);
+static int kvb_redis_source_watch(void *data, uint64_t now_ms,
+    zmq_pollitem_t *items, int max);
+static void kvb_redis_source_io(void *data, const zmq_pollitem_t *items,
+    int n, kvb_budget_t *b, uint64_t now_ms);
+static uint64_t kvb_redis_source_deadline(void *data);
+static void kvb_redis_source_tick(void *data, uint64_t now_ms);
+static int kvb_collect_open(void *zctx);
 static int kvb_collect_bind(void *collect);
-static kvb_engine_t *kvb_collected(zmq_msg_t *topic,
-    zmq_msg_t *payload, int64_t *rank);
-static void kvb_collect_io(void *collect, uint64_t now_ms);
-static void kvb_scrape_done(size_t e, uint64_t now_ms);
+static int kvb_collect_watch(void *data, uint64_t now_ms,
+    zmq_pollitem_t *items, int max);
+static kvb_eng_t *kvb_collected(zmq_msg_t *topic, zmq_msg_t *payload,
+    int64_t *rank);
+static void kvb_collect_io(void *data, const zmq_pollitem_t *items, int n,
+    kvb_budget_t *b, uint64_t now_ms);
+static void kvb_metrics_render(void *data, kvb_buf_t *b);
 static int kvb_daemonize(const char *pid_file);
 
 
 int
 main(int argc, char **argv)
 {
-    int                   rc, n, nredis, i, timeout, fd;
-    short                 events;
+    int                   rc;
     char                  err[512];
-    void                 *zctx, *collect;
+    void                 *zctx;
     size_t                e;
-    uint64_t              now, deadline, d;
+    kvb_eng_t            *g;
+    kvb_loop_t           *loop;
     kvb_redis_t          *redis;
     kvb_redis_conf_t      rconf;
     kvb_redis_handler_t   rh;
     struct sigaction      sa;
-    zmq_pollitem_t        items[KVB_ITEMS_MAX];
-    kvb_item_t            what[KVB_ITEMS_MAX];
 
     kvb_conf_defaults(&kvb_conf);
 
@@ -131,203 +168,439 @@ main(int argc, char **argv)
     rh.data = NULL;
 
     redis = kvb_redis_create(&rconf, &rh);
-    if (redis == NULL) {
+    loop = kvb_loop_create();
+
+    if (redis == NULL || loop == NULL) {
         kvb_log(KVB_LOG_ERR, "out of memory");
         return 1;
     }
 
     for (e = 0; e < kvb_conf.nengines; e++) {
-        kvb_engines[e] = kvb_engine_create(zctx, &kvb_conf.engines[e].engine,
-                                           &kvb_conf.lim, redis, err,
-                                           sizeof(err));
-        if (kvb_engines[e] == NULL) {
-            kvb_log(KVB_LOG_ERR, "engine %s: %s",
-                    kvb_conf.engines[e].engine.name, err);
+        g = &kvb_engs[e];
+        g->spec = &kvb_conf.engines[e];
+        g->engine = kvb_engine_create(zctx, &g->spec->engine, &kvb_conf.lim,
+                                      redis, err, sizeof(err));
+        if (g->engine == NULL) {
+            kvb_log(KVB_LOG_ERR, "engine %s: %s", g->spec->engine.name, err);
             return 1;
         }
 
-        if (kvb_scrape_setup(e, err, sizeof(err)) != 0) {
+        if (kvb_scrape_setup(g, err, sizeof(err)) != 0) {
             kvb_log(KVB_LOG_ERR, "engine %s: metrics=%s: %s",
-                    kvb_conf.engines[e].engine.name,
-                    kvb_conf.engines[e].metrics, err);
+                    g->spec->engine.name, g->spec->metrics, err);
             return 1;
         }
 
         kvb_log(KVB_LOG_INFO, "engine %s: model \"%s\", events %s%s%s",
-                kvb_engine_label(kvb_engines[e]),
-                kvb_conf.engines[e].engine.model,
-                kvb_conf.engines[e].engine.events
-                ? kvb_conf.engines[e].engine.events : "(collected)",
-                kvb_conf.engines[e].engine.replay ? ", replay " : "",
-                kvb_conf.engines[e].engine.replay
-                ? kvb_conf.engines[e].engine.replay : "");
+                kvb_engine_label(g->engine), g->spec->engine.model,
+                g->spec->engine.events
+                ? g->spec->engine.events : "(collected)",
+                g->spec->engine.replay ? ", replay " : "",
+                g->spec->engine.replay ? g->spec->engine.replay : "");
     }
 
-    collect = NULL;
+    if ((kvb_conf.collect_allow != NULL || kvb_conf.collect_rate)
+        && kvb_conf.collect == NULL)
+    {
+        fprintf(stderr, "kvbridge: collect-allow and collect-rate need "
+                "--collect\n");
+        return 2;
+    }
 
     if (kvb_conf.collect != NULL) {
-        collect = zmq_socket(zctx, ZMQ_SUB);
-
-        if (collect == NULL
-            || zmq_setsockopt(collect, ZMQ_SUBSCRIBE, "", 0) != 0
-            || zmq_bind(collect, kvb_conf.collect) != 0)
-        {
-            kvb_log(KVB_LOG_ERR, "collect %s: %s", kvb_conf.collect,
-                    zmq_strerror(zmq_errno()));
+        kvb_guard = kvb_guard_create(zctx, kvb_conf.collect_allow,
+                                     kvb_conf.collect_rate, err,
+                                     sizeof(err));
+        if (kvb_guard == NULL) {
+            kvb_log(KVB_LOG_ERR, "%s", err);
             return 1;
         }
 
-        if (kvb_collect_bind(collect) != 0) {
+        if (kvb_collect_open(zctx) != 0) {
+            return 1;
+        }
+    }
+
+    kvb_loop = loop;
+    kvb_redis = redis;
+
+    if (kvb_conf.metrics_listen != NULL) {
+        kvb_http = kvb_http_create(kvb_conf.metrics_listen,
+                                   kvb_metrics_render, NULL, err,
+                                   sizeof(err));
+        if (kvb_http == NULL) {
+            kvb_log(KVB_LOG_ERR, "metrics %s", err);
             return 1;
         }
 
-        kvb_log(KVB_LOG_INFO, "collecting engines on %s", kvb_conf.collect);
+        kvb_log(KVB_LOG_INFO, "metrics page on http://%s/metrics",
+                kvb_conf.metrics_listen);
+    }
+
+    if (kvb_sources(loop, redis) != 0) {
+        kvb_log(KVB_LOG_ERR, "out of memory");
+        return 1;
     }
 
     while (!kvb_stop) {
-        n = 0;
-
-        now = kvb_now_ms();
-
-        for (e = 0; e < kvb_conf.nengines; e++) {
-            if (kvb_engine_sub(kvb_engines[e]) != NULL) {
-                items[n].socket = kvb_engine_sub(kvb_engines[e]);
-                items[n].events = ZMQ_POLLIN;
-                what[n].kind = KVB_ITEM_SUB;
-                what[n++].engine = e;
-            }
-
-            if (kvb_engine_monitor(kvb_engines[e]) != NULL) {
-                items[n].socket = kvb_engine_monitor(kvb_engines[e]);
-                items[n].events = ZMQ_POLLIN;
-                what[n].kind = KVB_ITEM_MONITOR;
-                what[n++].engine = e;
-            }
-
-            if (kvb_engine_replay(kvb_engines[e]) != NULL) {
-                items[n].socket = kvb_engine_replay(kvb_engines[e]);
-                items[n].events = ZMQ_POLLIN;
-                what[n].kind = KVB_ITEM_REPLAY;
-                what[n++].engine = e;
-            }
-
-            if (kvb_scrapes[e] != NULL) {
-                fd = kvb_scrape_want(kvb_scrapes[e], now, &events);
-
-                if (fd >= 0) {
-                    items[n].socket = NULL;
-                    items[n].fd = fd;
-                    items[n].events = events;
-                    what[n].kind = KVB_ITEM_SCRAPE;
-                    what[n++].engine = e;
-                }
-
-                kvb_scrape_done(e, now);
-            }
-        }
-
-        if (collect != NULL) {
-            items[n].socket = collect;
-            items[n].events = ZMQ_POLLIN;
-            what[n++].kind = KVB_ITEM_COLLECT;
-        }
-
-        nredis = kvb_redis_watch(redis, &items[n]);
-
-        for (i = n; i < n + nredis; i++) {
-            what[i].kind = KVB_ITEM_REDIS;
-        }
-
-        /* until the nearest deadline, at most a second */
-
-        deadline = now + 1000;
-
-        d = kvb_redis_deadline(redis);
-        deadline = (d < deadline) ? d : deadline;
-
-        for (e = 0; e < kvb_conf.nengines; e++) {
-            d = kvb_engine_deadline(kvb_engines[e]);
-            deadline = (d < deadline) ? d : deadline;
-
-            if (kvb_scrapes[e] != NULL) {
-                d = kvb_scrape_deadline(kvb_scrapes[e]);
-                deadline = (d < deadline) ? d : deadline;
-            }
-        }
-
-        timeout = (deadline > now) ? (int) (deadline - now) : 0;
-
-        rc = zmq_poll(items, n + nredis, timeout);
-
-        if (rc < 0 && zmq_errno() != EINTR) {
-            kvb_log(KVB_LOG_ERR, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+        if (kvb_loop_turn(loop, KVB_LOOP_WAIT_MS) != 0) {
             break;
-        }
-
-        now = kvb_now_ms();
-
-        for (i = 0; rc > 0 && i < n; i++) {
-            if (items[i].revents == 0) {
-                continue;
-            }
-
-            switch (what[i].kind) {
-            case KVB_ITEM_SUB:
-                kvb_engine_sub_io(kvb_engines[what[i].engine], now);
-                break;
-            case KVB_ITEM_REPLAY:
-                kvb_engine_replay_io(kvb_engines[what[i].engine], now);
-                break;
-            case KVB_ITEM_MONITOR:
-                kvb_engine_monitor_io(kvb_engines[what[i].engine], now);
-                break;
-            case KVB_ITEM_SCRAPE:
-                kvb_scrape_io(kvb_scrapes[what[i].engine], items[i].revents,
-                              now);
-                kvb_scrape_done(what[i].engine, now);
-                break;
-            case KVB_ITEM_COLLECT:
-                kvb_collect_io(collect, now);
-                break;
-            case KVB_ITEM_REDIS:
-                break;
-            }
-        }
-
-        if (rc > 0) {
-            kvb_redis_io(redis, &items[n], nredis);
-        }
-
-        kvb_redis_tick(redis, now);
-
-        for (e = 0; e < kvb_conf.nengines; e++) {
-            if (kvb_scrapes[e] != NULL
-                && now >= kvb_scrape_deadline(kvb_scrapes[e]))
-            {
-                /* a timeout, with no I/O to tell */
-                kvb_scrape_io(kvb_scrapes[e], 0, now);
-                kvb_scrape_done(e, now);
-            }
-
-            kvb_engine_tick(kvb_engines[e], now);
         }
     }
 
     kvb_log(KVB_LOG_INFO, "stopping");
 
     for (e = 0; e < kvb_conf.nengines; e++) {
-        kvb_engine_destroy(kvb_engines[e]);
-        kvb_scrape_destroy(kvb_scrapes[e]);
+        kvb_engine_destroy(kvb_engs[e].engine);
+        kvb_scrape_destroy(kvb_engs[e].scrape);
     }
 
-    if (collect != NULL) {
-        zmq_close(collect);
+    if (kvb_collector != NULL) {
+        zmq_close(kvb_collector);
     }
 
+    kvb_guard_destroy(kvb_guard);
+
+    kvb_http_destroy(kvb_http);
+    kvb_loop_destroy(loop);
     kvb_redis_destroy(redis);
     zmq_ctx_term(zctx);
 
     return 0;
+}
+
+
+/*
+ * Each engine is three sources: its events (SUB, the SUB's monitor, its
+ * ticks), its replay socket while a replay runs, and its scrape; then the
+ * collector and Redis.  Engines come first: what they publish in a turn
+ * goes out in the same turn's Redis I/O.
+ */
+
+static int
+kvb_sources(kvb_loop_t *loop, kvb_redis_t *redis)
+{
+    size_t              e;
+    kvb_eng_t          *g;
+    kvb_source_conf_t   sc;
+
+    for (e = 0; e < kvb_conf.nengines; e++) {
+        g = &kvb_engs[e];
+
+        memset(&sc, 0, sizeof(sc));
+        sc.watch = kvb_events_watch;
+        sc.io = kvb_events_io;
+        sc.deadline = kvb_events_deadline;
+        sc.tick = kvb_events_tick;
+        sc.data = g;
+        sc.max_items = 2;
+
+        if (kvb_add(loop, kvb_engine_label(g->engine), "events", &sc) != 0) {
+            return -1;
+        }
+
+        if (g->spec->engine.replay != NULL) {
+            memset(&sc, 0, sizeof(sc));
+            sc.watch = kvb_replay_watch;
+            sc.io = kvb_replay_io;
+            sc.data = g;
+            sc.max_items = 1;
+
+            if (kvb_add(loop, kvb_engine_label(g->engine), "replay", &sc)
+                != 0)
+            {
+                return -1;
+            }
+        }
+
+        if (g->scrape != NULL) {
+            memset(&sc, 0, sizeof(sc));
+            sc.watch = kvb_scrape_watch;
+            sc.io = kvb_scrape_source_io;
+            sc.deadline = kvb_scrape_source_deadline;
+            sc.tick = kvb_scrape_tick;
+            sc.data = g;
+            sc.max_items = 1;
+
+            if (kvb_add(loop, kvb_engine_label(g->engine), "scrape", &sc)
+                != 0)
+            {
+                return -1;
+            }
+        }
+    }
+
+    if (kvb_collector != NULL) {
+        memset(&sc, 0, sizeof(sc));
+        sc.watch = kvb_collect_watch;
+        sc.io = kvb_collect_io;
+        sc.data = kvb_collector;
+        sc.max_items = 1;
+
+        if (kvb_add(loop, "collector", NULL, &sc) != 0) {
+            return -1;
+        }
+
+        if (kvb_conf.collect_allow != NULL) {
+            memset(&sc, 0, sizeof(sc));
+            sc.watch = kvb_guard_watch;
+            sc.io = kvb_guard_io;
+            sc.data = kvb_guard;
+            sc.max_items = 1;
+
+            if (kvb_add(loop, "collector zap", NULL, &sc) != 0) {
+                return -1;
+            }
+        }
+    }
+
+    if (kvb_http != NULL) {
+        memset(&sc, 0, sizeof(sc));
+        sc.watch = kvb_http_watch;
+        sc.io = kvb_http_io;
+        sc.deadline = kvb_http_deadline;
+        sc.tick = kvb_http_tick;
+        sc.data = kvb_http;
+        sc.max_items = 1 + KVB_HTTP_CONNS;
+
+        if (kvb_add(loop, "metrics", NULL, &sc) != 0) {
+            return -1;
+        }
+    }
+
+    memset(&sc, 0, sizeof(sc));
+    sc.watch = kvb_redis_source_watch;
+    sc.io = kvb_redis_source_io;
+    sc.deadline = kvb_redis_source_deadline;
+    sc.tick = kvb_redis_source_tick;
+    sc.data = redis;
+    sc.max_items = 2;
+
+    return kvb_add(loop, "redis", NULL, &sc);
+}
+
+
+/* a source named "LABEL WHAT" */
+
+static int
+kvb_add(kvb_loop_t *loop, const char *name, const char *what,
+    kvb_source_conf_t *sc)
+{
+    char  buf[320];
+
+    if (what != NULL) {
+        snprintf(buf, sizeof(buf), "%s %s", name, what);
+        name = buf;
+    }
+
+    sc->name = name;
+
+    return kvb_loop_add(loop, sc) != NULL ? 0 : -1;
+}
+
+
+static int
+kvb_events_watch(void *data, uint64_t now_ms, zmq_pollitem_t *items,
+    int max)
+{
+    int         n;
+    kvb_eng_t  *g = data;
+
+    n = 0;
+
+    if (kvb_engine_sub(g->engine) != NULL) {
+        items[n].socket = kvb_engine_sub(g->engine);
+        items[n++].events = ZMQ_POLLIN;
+    }
+
+    if (kvb_engine_monitor(g->engine) != NULL) {
+        items[n].socket = kvb_engine_monitor(g->engine);
+        items[n++].events = ZMQ_POLLIN;
+    }
+
+    return n;
+}
+
+
+/*
+ * [topic, seq, payload] messages from the engine's SUB, within the turn's
+ * budget: a flooding engine gets its share of the loop, not all of it
+ */
+
+static void
+kvb_events_io(void *data, const zmq_pollitem_t *items, int n,
+    kvb_budget_t *b, uint64_t now_ms)
+{
+    int          i;
+    void        *sub;
+    kvb_zmsg_t   m;
+    kvb_eng_t   *g = data;
+
+    sub = kvb_engine_sub(g->engine);
+
+    for (i = 0; i < n; i++) {
+        if (items[i].revents == 0) {
+            continue;
+        }
+
+        if (items[i].socket != sub) {
+            kvb_engine_monitor_io(g->engine, now_ms);
+            continue;
+        }
+
+        while (kvb_budget_left(b) && kvb_zmsg_recv(sub, &m, 3)) {
+
+            if (m.n == 3 && !m.too_long) {
+                kvb_budget_spend(b, zmq_msg_size(&m.part[2]));
+                g->last_event = now_ms;
+                kvb_engine_frame(g->engine, zmq_msg_data(&m.part[1]),
+                                 zmq_msg_size(&m.part[1]),
+                                 zmq_msg_data(&m.part[2]),
+                                 zmq_msg_size(&m.part[2]), now_ms);
+
+            } else {
+                kvb_budget_spend(b, 0);
+                g->malformed++;
+                kvb_log_limited(&g->bad_log, now_ms, KVB_LOG_WARN,
+                                "engine %s: a message of %s%zu parts, "
+                                "not 3", kvb_engine_label(g->engine),
+                                m.too_long ? "more than " : "", m.n);
+            }
+
+            kvb_zmsg_close(&m);
+        }
+    }
+}
+
+
+static uint64_t
+kvb_events_deadline(void *data)
+{
+    kvb_eng_t  *g = data;
+
+    return kvb_engine_deadline(g->engine);
+}
+
+
+static void
+kvb_events_tick(void *data, uint64_t now_ms)
+{
+    kvb_eng_t  *g = data;
+
+    kvb_engine_tick(g->engine, now_ms);
+}
+
+
+static int
+kvb_replay_watch(void *data, uint64_t now_ms, zmq_pollitem_t *items,
+    int max)
+{
+    kvb_eng_t  *g = data;
+
+    items[0].socket = kvb_engine_replay(g->engine);
+    items[0].events = ZMQ_POLLIN;
+
+    return items[0].socket != NULL;
+}
+
+
+/* the stream reads the replay's answers: its own bound (kvb_stream.c) */
+
+static void
+kvb_replay_io(void *data, const zmq_pollitem_t *items, int n,
+    kvb_budget_t *b, uint64_t now_ms)
+{
+    kvb_eng_t  *g = data;
+
+    kvb_engine_replay_io(g->engine, now_ms);
+}
+
+
+static int
+kvb_scrape_watch(void *data, uint64_t now_ms, zmq_pollitem_t *items,
+    int max)
+{
+    int         fd;
+    short       events;
+    kvb_eng_t  *g = data;
+
+    fd = kvb_scrape_want(g->scrape, now_ms, &events);
+
+    kvb_scrape_done(g, now_ms);
+
+    if (fd < 0) {
+        return 0;
+    }
+
+    items[0].socket = NULL;
+    items[0].fd = fd;
+    items[0].events = events;
+
+    return 1;
+}
+
+
+static void
+kvb_scrape_source_io(void *data, const zmq_pollitem_t *items, int n,
+    kvb_budget_t *b, uint64_t now_ms)
+{
+    kvb_eng_t  *g = data;
+
+    kvb_scrape_io(g->scrape, items[0].revents, now_ms);
+    kvb_scrape_done(g, now_ms);
+}
+
+
+static uint64_t
+kvb_scrape_source_deadline(void *data)
+{
+    kvb_eng_t  *g = data;
+
+    return kvb_scrape_deadline(g->scrape);
+}
+
+
+/* a timeout, with no I/O to tell */
+
+static void
+kvb_scrape_tick(void *data, uint64_t now_ms)
+{
+    kvb_eng_t  *g = data;
+
+    if (now_ms >= kvb_scrape_deadline(g->scrape)) {
+        kvb_scrape_io(g->scrape, 0, now_ms);
+        kvb_scrape_done(g, now_ms);
+    }
+}
+
+
+static int
+kvb_redis_source_watch(void *data, uint64_t now_ms, zmq_pollitem_t *items,
+    int max)
+{
+    return kvb_redis_watch(data, items);
+}
+
+
+static void
+kvb_redis_source_io(void *data, const zmq_pollitem_t *items, int n,
+    kvb_budget_t *b, uint64_t now_ms)
+{
+    kvb_redis_io(data, items, n);
+}
+
+
+static uint64_t
+kvb_redis_source_deadline(void *data)
+{
+    return kvb_redis_deadline(data);
+}
+
+
+static void
+kvb_redis_source_tick(void *data, uint64_t now_ms)
+{
+    kvb_redis_tick(data, now_ms);
 }
 
 
@@ -343,18 +616,20 @@ kvb_on_signal(int signo)
 static void
 kvb_on_resync(void *data, const char *server, size_t len, unsigned rank)
 {
-    size_t       e;
-    const char  *name;
+    size_t         e;
+    const char    *name;
+    kvb_engine_t  *en;
 
     for (e = 0; e < kvb_conf.nengines; e++) {
-        name = kvb_engine_name(kvb_engines[e]);
+        en = kvb_engs[e].engine;
+        name = kvb_engine_name(en);
 
         if (strlen(name) == len && memcmp(name, server, len) == 0
-            && kvb_engine_rank(kvb_engines[e]) == rank)
+            && kvb_engine_rank(en) == rank)
         {
             kvb_log(KVB_LOG_INFO, "engine %s: nginx asks for a resync",
-                    kvb_engine_label(kvb_engines[e]));
-            kvb_engine_resync(kvb_engines[e]);
+                    kvb_engine_label(en));
+            kvb_engine_resync(en);
             return;
         }
     }
@@ -373,38 +648,36 @@ kvb_on_resync(void *data, const char *server, size_t len, unsigned rank)
  */
 
 static int
-kvb_scrape_setup(size_t e, char *err, size_t errlen)
+kvb_scrape_setup(kvb_eng_t *g, char *err, size_t errlen)
 {
-    size_t       j;
+    kvb_eng_t   *o;
     const char  *url;
 
-    url = kvb_conf.engines[e].metrics;
-    kvb_scrape_of[e] = e;
+    url = g->spec->metrics;
+    g->scrape_of = g;
 
     if (url == NULL) {
         return 0;
     }
 
-    for (j = 0; j < e; j++) {
-        if (kvb_conf.engines[j].metrics != NULL
-            && strcmp(kvb_conf.engines[j].metrics, url) == 0)
-        {
-            kvb_scrape_of[e] = kvb_scrape_of[j];
+    for (o = kvb_engs; o < g; o++) {
+        if (o->spec->metrics != NULL && strcmp(o->spec->metrics, url) == 0) {
+            g->scrape_of = o->scrape_of;
             return 0;
         }
     }
 
-    kvb_scrapes[e] = kvb_scrape_create(url, kvb_conf.metrics_ms,
-                                       KVB_SCRAPE_TIMEOUT_MS, err, errlen);
+    g->scrape = kvb_scrape_create(url, kvb_conf.metrics_ms,
+                                  KVB_SCRAPE_TIMEOUT_MS, err, errlen);
 
-    return kvb_scrapes[e] != NULL ? 0 : -1;
+    return g->scrape != NULL ? 0 : -1;
 }
 
 
 /* a new load from the engine's metrics goes with its next message */
 
 static void
-kvb_scrape_done(size_t e, uint64_t now_ms)
+kvb_scrape_done(kvb_eng_t *g, uint64_t now_ms)
 {
     int                       rc;
     size_t                    k;
@@ -412,34 +685,81 @@ kvb_scrape_done(size_t e, uint64_t now_ms)
     kvb_load_t                load;
     const kvb_engine_conf_t  *c;
 
-    if (kvb_scrape_load(kvb_scrapes[e], &load, &taken) != 0
-        || taken == kvb_scraped[e])
+    if (kvb_scrape_load(g->scrape, &load, &taken) != 0
+        || taken == g->scraped)
     {
         return;
     }
 
-    kvb_scraped[e] = taken;
+    g->scraped = taken;
 
     /* a rank takes its own series; an engine without ranks all of them */
 
-    for (k = e; k < kvb_conf.nengines; k++) {
-        if (kvb_scrape_of[k] != e) {
+    for (k = (size_t) (g - kvb_engs); k < kvb_conf.nengines; k++) {
+        if (kvb_engs[k].scrape_of != g) {
             continue;
         }
 
-        c = &kvb_conf.engines[k].engine;
-        rc = c->ranked ? kvb_scrape_rank_load(kvb_scrapes[e], c->rank,
-                                              &load, &taken)
-                       : kvb_scrape_load(kvb_scrapes[e], &load, &taken);
+        c = &kvb_engs[k].spec->engine;
+        rc = c->ranked ? kvb_scrape_rank_load(g->scrape, c->rank, &load,
+                                              &taken)
+                       : kvb_scrape_load(g->scrape, &load, &taken);
 
         if (rc == 0) {
-            kvb_engine_load(kvb_engines[k], &load, taken);
+            kvb_engine_load(kvb_engs[k].engine, &load, taken);
         }
     }
 }
 
 
 /* engines that connect to one bound socket: the topic says whose */
+
+/*
+ * Anyone who reaches the port may send: a message is refused past
+ * --max-batch (ZeroMQ drops the peer at the frame's header, before it
+ * buffers a byte of it), and a peer may queue at most KVB_COLLECT_HWM of
+ * them, so that what peers can make the bridge hold is bounded (about
+ * peers x max-batch while they send, not what they claim).
+ */
+
+static int
+kvb_collect_open(void *zctx)
+{
+    int       hwm;
+    void     *collect;
+    int64_t   max;
+
+    collect = zmq_socket(zctx, ZMQ_SUB);
+
+    /* the payload is the one large part; topic and seq fit in the slack */
+    max = (int64_t) kvb_conf.lim.decode.max_bytes + 64;
+    hwm = KVB_COLLECT_HWM;
+
+    if (collect == NULL
+        || kvb_guard_socket(kvb_guard, collect) != 0
+        || zmq_setsockopt(collect, ZMQ_MAXMSGSIZE, &max, sizeof(max)) != 0
+        || zmq_setsockopt(collect, ZMQ_RCVHWM, &hwm, sizeof(hwm)) != 0
+        || zmq_setsockopt(collect, ZMQ_SUBSCRIBE, "", 0) != 0
+        || zmq_bind(collect, kvb_conf.collect) != 0)
+    {
+        kvb_log(KVB_LOG_ERR, "collect %s: %s", kvb_conf.collect,
+                zmq_strerror(zmq_errno()));
+        return -1;
+    }
+
+    kvb_collector = collect;
+
+    if (kvb_collect_bind(collect) != 0) {
+        return -1;
+    }
+
+    kvb_log(KVB_LOG_INFO, "collecting engines on %s%s%s", kvb_conf.collect,
+            kvb_conf.collect_allow ? " from " : "",
+            kvb_conf.collect_allow ? kvb_conf.collect_allow : "");
+
+    return 0;
+}
+
 
 /*
  * vLLM's rank r connects to the collector's port + r as it binds port + r
@@ -487,6 +807,17 @@ kvb_collect_bind(void *collect)
 }
 
 
+static int
+kvb_collect_watch(void *data, uint64_t now_ms, zmq_pollitem_t *items,
+    int max)
+{
+    items[0].socket = data;
+    items[0].events = ZMQ_POLLIN;
+
+    return 1;
+}
+
+
 /*
  * The engine a collected message is for: its topic names the server, and
  * for a data-parallel one the batch's data_parallel_rank the rank (its
@@ -496,21 +827,23 @@ kvb_collect_bind(void *collect)
  * that does not decode goes to rank 0, which counts and logs it.
  */
 
-static kvb_engine_t *
-kvb_collected(zmq_msg_t *topic, zmq_msg_t *payload,
-    int64_t *rank)
+static kvb_eng_t *
+kvb_collected(zmq_msg_t *topic, zmq_msg_t *payload, int64_t *rank)
 {
     size_t       e, len;
     const char  *t;
+    kvb_eng_t   *g;
 
     *rank = -1;
 
     for (e = 0; e < kvb_conf.nengines; e++) {
-        if (kvb_conf.engines[e].engine.events != NULL) {
+        g = &kvb_engs[e];
+
+        if (g->spec->engine.events != NULL) {
             continue;
         }
 
-        t = kvb_engine_topic(kvb_engines[e]);
+        t = kvb_engine_topic(g->engine);
         len = strlen(t);
 
         if (len != zmq_msg_size(topic)
@@ -519,8 +852,8 @@ kvb_collected(zmq_msg_t *topic, zmq_msg_t *payload,
             continue;
         }
 
-        if (!kvb_conf.engines[e].engine.ranked) {
-            return kvb_engines[e];
+        if (!g->spec->engine.ranked) {
+            return g;
         }
 
         if (*rank < 0
@@ -530,8 +863,8 @@ kvb_collected(zmq_msg_t *topic, zmq_msg_t *payload,
             *rank = 0;
         }
 
-        if ((int64_t) kvb_engine_rank(kvb_engines[e]) == *rank) {
-            return kvb_engines[e];
+        if ((int64_t) kvb_engine_rank(g->engine) == *rank) {
+            return g;
         }
     }
 
@@ -540,25 +873,36 @@ kvb_collected(zmq_msg_t *topic, zmq_msg_t *payload,
 
 
 static void
-kvb_collect_io(void *collect, uint64_t now_ms)
+kvb_collect_io(void *data, const zmq_pollitem_t *items, int n,
+    kvb_budget_t *b, uint64_t now_ms)
 {
-    int                     n;
     int64_t                 rank;
+    kvb_eng_t              *g;
     kvb_zmsg_t              m;
-    kvb_engine_t           *engine;
     static kvb_log_limit_t  unknown_log;
 
-    for (n = 0; n < 256 && kvb_zmsg_recv(collect, &m, 3); n++) {
+    while (kvb_budget_left(b) && kvb_zmsg_recv(data, &m, 3)) {
 
-        engine = NULL;
+        g = NULL;
         rank = -1;
 
-        if (m.n == 3 && !m.too_long) {
-            engine = kvb_collected(&m.part[0], &m.part[2], &rank);
+        if (!kvb_guard_rate(kvb_guard, &m.part[0], now_ms)) {
+            kvb_budget_spend(b, 0);
+            kvb_zmsg_close(&m);
+            continue;
         }
 
-        if (engine != NULL) {
-            kvb_engine_frame(engine, zmq_msg_data(&m.part[1]),
+        if (m.n == 3 && !m.too_long) {
+            kvb_budget_spend(b, zmq_msg_size(&m.part[2]));
+            g = kvb_collected(&m.part[0], &m.part[2], &rank);
+
+        } else {
+            kvb_budget_spend(b, 0);
+        }
+
+        if (g != NULL) {
+            g->last_event = now_ms;
+            kvb_engine_frame(g->engine, zmq_msg_data(&m.part[1]),
                              zmq_msg_size(&m.part[1]),
                              zmq_msg_data(&m.part[2]),
                              zmq_msg_size(&m.part[2]), now_ms);
@@ -588,6 +932,61 @@ kvb_collect_io(void *collect, uint64_t now_ms)
 
         kvb_zmsg_close(&m);
     }
+}
+
+
+/* the components' stats, read in this one place, then rendered */
+
+static void
+kvb_metrics_render(void *data, kvb_buf_t *b)
+{
+    size_t              e;
+    uint64_t            now;
+    kvb_eng_t          *g;
+    kvb_prom_view_t     v;
+    kvb_prom_engine_t  *pe;
+
+    now = kvb_now_ms();
+
+    for (e = 0; e < kvb_conf.nengines; e++) {
+        g = &kvb_engs[e];
+        pe = &kvb_prom_engines[e];
+
+        pe->name = kvb_engine_name(g->engine);
+        pe->rank = kvb_engine_rank(g->engine);
+        pe->engine = kvb_engine_stats(g->engine);
+        pe->stream = kvb_engine_stream_stats(g->engine);
+        pe->mirror = kvb_engine_mirror_stats(g->engine);
+        pe->scrape = NULL;
+        pe->bridge = &g->prom;
+
+        if (g->scrape_of->scrape != NULL) {
+            kvb_scrape_stats(g->scrape_of->scrape, &g->scrape_st);
+            pe->scrape = &g->scrape_st;
+        }
+
+        g->prom.scrape_failing = pe->scrape && g->scrape_st.last_failed;
+        g->prom.malformed = g->malformed;
+        g->prom.replaying = kvb_engine_replay(g->engine) != NULL;
+        g->prom.blocks = kvb_engine_blocks(g->engine);
+        g->prom.last_event_age = g->last_event
+                                 ? (double) (now - g->last_event) / 1000
+                                 : -1;
+    }
+
+    memset(&v, 0, sizeof(v));
+    v.engines = kvb_prom_engines;
+    v.nengines = kvb_conf.nengines;
+    v.redis = kvb_redis_stats(kvb_redis);
+    v.redis_up = kvb_redis_up(kvb_redis);
+    v.loop = kvb_loop;
+
+    if (kvb_guard != NULL) {
+        v.collect_denied = kvb_guard_stats(kvb_guard)->denied;
+        v.collect_limited = kvb_guard_stats(kvb_guard)->limited;
+    }
+
+    kvb_prom_render(b, &v);
 }
 
 
