@@ -7,7 +7,7 @@
 #                and the same under ASan/UBSan (make test-asan)
 #   make test-nginx [NGINX_VERSION=1.31.4]   one nginx from source only
 #   make demo    nginx + the module in front of kvsim servers, narrated
-#   make soak    ten minutes of faults around nginx under load
+#   make soak    ten minutes of faults around nginx, then the bridge, under load
 #   make bench   routing cost in process, then through nginx with wrk
 #   make bench-events, make bench-e2e   the event path (Redis, kvbridge);
 #                all policies on kvsim
@@ -189,12 +189,15 @@ test-asan: deps
 	KVBRIDGE_BINARY=$(ASAN_BUILD)/kvbridge \
 	    $(PROVE) $(UNIT_TESTS:$(BUILD)/%=$(ASAN_BUILD)/%) -r t/
 
-# the fault soak for ten minutes (make test runs two): reloads, Redis and a
-# server killed, a hostile publisher, while kvload runs through nginx
+# the fault soaks for ten minutes each (make test runs two): t/95 reloads,
+# Redis and a server killed, a hostile publisher; t/96 the bridge's
+# faults (Redis hung and killed, an engine killed, replay floods, hostile
+# collector peers); both while kvload runs through nginx
 SOAK_SECONDS ?= 600
 
 soak: deps module tools
-	KVA_SOAK_SECONDS=$(SOAK_SECONDS) prove -v -I t/lib t/95-soak.t
+	KVA_SOAK_SECONDS=$(SOAK_SECONDS) prove -v -I t/lib t/95-soak.t \
+	    t/96-bridge-soak.t
 
 demo: deps module tools
 	perl tools/demo.pl
