@@ -84,8 +84,8 @@ struct ngx_http_kv_aware_events_conf_s {
      */
     ngx_msec_t                      share_rate_start;
     ngx_uint_t                      share_rate_count;
-    size_t                          share_bytes[KVA_MAX_SLOTS];
-    ngx_uint_t                      share_nhashes[KVA_MAX_SLOTS];
+    size_t                          share_srv_bytes[KVA_MAX_SLOTS];
+    ngx_uint_t                      share_srv_hashes[KVA_MAX_SLOTS];
 };
 
 

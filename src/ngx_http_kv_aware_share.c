@@ -196,8 +196,8 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
     if (ngx_current_msec - ecf->share_rate_start >= 1000) {
         ecf->share_rate_start = ngx_current_msec;
         ecf->share_rate_count = 0;
-        ngx_memzero(ecf->share_bytes, sizeof(ecf->share_bytes));
-        ngx_memzero(ecf->share_nhashes, sizeof(ecf->share_nhashes));
+        ngx_memzero(ecf->share_srv_bytes, sizeof(ecf->share_srv_bytes));
+        ngx_memzero(ecf->share_srv_hashes, sizeof(ecf->share_srv_hashes));
     }
 
     /* a flood is cut off before it costs a parse */
@@ -302,16 +302,16 @@ ngx_http_kv_aware_share_over(ngx_http_kv_aware_srv_conf_t *kcf,
 
     ecf = kcf->events;
 
-    ecf->share_bytes[slot] += len;
-    ecf->share_nhashes[slot] += b->hash_count;
+    ecf->share_srv_bytes[slot] += len;
+    ecf->share_srv_hashes[slot] += b->hash_count;
 
-    if (ecf->share_bytes[slot] > ecf->server_bytes) {
+    if (ecf->share_srv_bytes[slot] > ecf->server_bytes) {
         ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD,
                                        "server_bytes");
         return 1;
     }
 
-    if (ecf->share_nhashes[slot] > ecf->server_hashes) {
+    if (ecf->share_srv_hashes[slot] > ecf->server_hashes) {
         ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD,
                                        "server_hashes");
         return 1;
