@@ -560,8 +560,9 @@ ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
         kcf->logged_peer = ngx_current_msec;
 
         ngx_log_error(NGX_LOG_WARN, pc->log, 0,
-                      "kv_aware: upstream \"%V\" has more servers than "
-                      "it has slots for (64 ranks in all), routing by "
+                      "kv_aware: upstream \"%V\" has servers without a "
+                      "slot (64 ranks in all; a server gone frees its "
+                      "slots once its requests finish), routing by "
                       "round-robin", &kcf->upstream);
     }
 

@@ -76,6 +76,16 @@ struct ngx_http_kv_aware_events_conf_s {
     uint64_t                       *share_hashes;
     u_char                         *share_slots;
     ngx_msec_t                      share_logged;
+
+    /*
+     * The learned channel's budgets: max_rate, server_bytes and
+     * server_hashes as the events channel's, counted apart so that a
+     * flood on either channel costs the other nothing.
+     */
+    ngx_msec_t                      share_rate_start;
+    ngx_uint_t                      share_rate_count;
+    size_t                          share_srv_bytes[KVA_MAX_SLOTS];
+    ngx_uint_t                      share_srv_hashes[KVA_MAX_SLOTS];
 };
 
 

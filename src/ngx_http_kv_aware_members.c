@@ -24,6 +24,9 @@ typedef struct {
 static ngx_uint_t ngx_http_kv_aware_members_read(
     ngx_http_upstream_rr_peers_t *primary, ngx_http_kv_aware_member_t *m,
     ngx_uint_t max, ngx_uint_t *nprimary);
+static ngx_uint_t ngx_http_kv_aware_members_place(
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_member_t *m,
+    ngx_uint_t n, uint64_t skip);
 static ngx_uint_t ngx_http_kv_aware_slot_in_flight(
     ngx_http_kv_aware_shctx_t *sh, ngx_uint_t slot);
 
@@ -33,7 +36,7 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
 {
     uint64_t                       used, gone, freed;
     ngx_uint_t                     config, n, nprimary, i, s, dp, newest,
-                                   mapped;
+                                   mapped, missing;
     ngx_http_kv_aware_slot_t      *sl;
     ngx_http_kv_aware_shctx_t     *sh;
     ngx_http_kv_aware_member_t     m[KVA_MAX_SLOTS];
@@ -50,8 +53,14 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
     /* read first: a change while the lists are read shows next time */
     config = *primary->config;
 
+    /*
+     * Made again once a second while slots wait for their requests to
+     * finish, or while a server still has none: it may take one freed
+     * since, without waiting for DNS to change again.
+     */
     if (kcf->mapped && kcf->map_config == config
-        && (sh->reserved == 0 || ngx_current_msec - kcf->map_time < 1000))
+        && ((sh->reserved == 0 && kcf->map_whole)
+            || ngx_current_msec - kcf->map_time < 1000))
     {
         return;
     }
@@ -84,6 +93,7 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
 
     gone = 0;
     freed = 0;
+    missing = 0;
 
     if (newest) {
         /*
@@ -111,32 +121,8 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
             }
         }
 
-        /* newcomers: slots that were free before this round */
-        for (i = 0; i < n * dp; i++) {
-            if (kcf->slot_of[i] != NGX_HTTP_KV_AWARE_NO_SLOT) {
-                continue;
-            }
-
-            for (s = 0; s < KVA_MAX_SLOTS; s++) {
-                if (sh->slots[s].name_len == 0
-                    && !((used | freed) & (1ULL << s)))
-                {
-                    break;
-                }
-            }
-
-            if (s == KVA_MAX_SLOTS) {
-                break;
-            }
-
-            sl = &sh->slots[s];
-            ngx_memcpy(sl->name, m[i / dp].name, m[i / dp].len);
-            sl->name_len = m[i / dp].len;
-            sl->rank = i % dp;
-
-            kcf->slot_of[i] = (u_char) s;
-            used |= 1ULL << s;
-        }
+        /* newcomers: slots free before this round first */
+        missing = ngx_http_kv_aware_members_place(kcf, m, n, freed);
 
         sh->map_gen = kcf->generation;
         sh->map_config = config;
@@ -151,6 +137,23 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
                       (ngx_uint_t) __builtin_popcountll(gone));
 
         ngx_http_kv_aware_forget_slots(kcf, gone);
+    }
+
+    /*
+     * Then those freed in this round, now that what their servers held is
+     * forgotten (the index is cleared a chunk per hold of the lock, so it
+     * cannot be done above): left to a later round, a newcomer would wait
+     * for the list to change again, and the upstream be routed by
+     * round-robin meanwhile.
+     */
+    if (missing && freed) {
+        ngx_shmtx_lock(&kcf->shpool->mutex);
+
+        if (sh->map_gen == kcf->generation && sh->map_config == config) {
+            (void) ngx_http_kv_aware_members_place(kcf, m, n, 0);
+        }
+
+        ngx_shmtx_unlock(&kcf->shpool->mutex);
     }
 
     /* the peers before the first without a slot are the ones routed */
@@ -170,6 +173,7 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
     kcf->npeers = mapped;
     kcf->map_config = config;
     kcf->map_time = ngx_current_msec;
+    kcf->map_whole = (mapped == n);
     kcf->mapped = 1;
 }
 
@@ -217,6 +221,58 @@ ngx_http_kv_aware_members_read(ngx_http_upstream_rr_peers_t *primary,
     }
 
     return n;
+}
+
+
+/*
+ * Gives the ranks of m without a slot one: the one another worker gave
+ * them since, else a free slot not in skip.  The zone is locked.  Returns
+ * how many are left without.
+ */
+static ngx_uint_t
+ngx_http_kv_aware_members_place(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_member_t *m, ngx_uint_t n, uint64_t skip)
+{
+    ngx_uint_t                  i, s, dp, left;
+    ngx_http_kv_aware_slot_t   *sl;
+    ngx_http_kv_aware_shctx_t  *sh;
+
+    sh = kcf->sh;
+    dp = kcf->data_parallel;
+    left = 0;
+
+    for (i = 0; i < n * dp; i++) {
+        if (kcf->slot_of[i] != NGX_HTTP_KV_AWARE_NO_SLOT) {
+            continue;
+        }
+
+        s = ngx_http_kv_aware_slot_by_name(sh, m[i / dp].name,
+                                           m[i / dp].len, i % dp);
+
+        if (s == KVA_MAX_SLOTS) {
+            for (s = 0; s < KVA_MAX_SLOTS; s++) {
+                if (sh->slots[s].name_len == 0
+                    && !((sh->reserved | skip) & (1ULL << s)))
+                {
+                    break;
+                }
+            }
+
+            if (s == KVA_MAX_SLOTS) {
+                left++;
+                continue;
+            }
+
+            sl = &sh->slots[s];
+            ngx_memcpy(sl->name, m[i / dp].name, m[i / dp].len);
+            sl->name_len = m[i / dp].len;
+            sl->rank = i % dp;
+        }
+
+        kcf->slot_of[i] = (u_char) s;
+    }
+
+    return left;
 }
 
 

@@ -101,6 +101,7 @@ typedef struct {
     ngx_msec_t                      map_time;
     unsigned                        dynamic:1;    /* zone: lists change */
     unsigned                        mapped:1;
+    unsigned                        map_whole:1;  /* every peer read has one */
     ngx_uint_t                      generation;   /* this cycle's, >= 1 */
     ngx_msec_t                      logged_peer;  /* peer beyond slot_of */
 } ngx_http_kv_aware_srv_conf_t;

@@ -21,8 +21,11 @@ static void ngx_http_kv_aware_share_send(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, uint64_t *hashes, ngx_uint_t n);
 static void ngx_http_kv_aware_share_apply(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, uint64_t *hashes, size_t n);
+static ngx_uint_t ngx_http_kv_aware_share_over(
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot, size_t len,
+    kva_batch_t *b);
 static void ngx_http_kv_aware_share_refuse(ngx_http_kv_aware_srv_conf_t *kcf,
-    const char *why);
+    ngx_http_kv_aware_reject_e why, const char *detail);
 
 
 void
@@ -166,7 +169,12 @@ ngx_http_kv_aware_share_send(ngx_http_kv_aware_srv_conf_t *kcf,
 }
 
 
-/* a message on CHANNEL:learned (the Redis link's second channel) */
+/*
+ * A message on CHANNEL:learned (the Redis link's second channel).  Any
+ * publisher with the nginx credentials can write there, so it costs no
+ * more than an event message: the same max_rate before the parse, the
+ * same limits while decoding, the same budgets per server after.
+ */
 void
 ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
 {
@@ -179,10 +187,25 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
     kva_event_rc_e                    rc;
     kva_event_limits_t                lim;
     ngx_http_kv_aware_share_t        *sr;
+    ngx_http_kv_aware_reject_e        why;
     ngx_http_kv_aware_events_conf_t  *ecf;
 
     ecf = kcf->events;
     sr = kcf->sh->share;
+
+    if (ngx_current_msec - ecf->share_rate_start >= 1000) {
+        ecf->share_rate_start = ngx_current_msec;
+        ecf->share_rate_count = 0;
+        ngx_memzero(ecf->share_srv_bytes, sizeof(ecf->share_srv_bytes));
+        ngx_memzero(ecf->share_srv_hashes, sizeof(ecf->share_srv_hashes));
+    }
+
+    /* a flood is cut off before it costs a parse */
+    if (++ecf->share_rate_count > ecf->max_rate) {
+        ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD,
+                                       "over max_rate");
+        return;
+    }
 
     lim.max_message = ecf->max_message;
     lim.max_hashes = ecf->max_hashes;
@@ -191,12 +214,32 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
     rc = kva_event_decode((char *) msg, len, &lim, &b, err, sizeof(err));
 
     if (rc != KVA_EVENT_OK) {
-        ngx_http_kv_aware_share_refuse(kcf, err);
+        switch (rc) {
+
+        case KVA_EVENT_TOO_BIG:
+            why = NGX_HTTP_KV_AWARE_REJ_TOO_BIG;
+            break;
+
+        case KVA_EVENT_VERSION:
+            why = NGX_HTTP_KV_AWARE_REJ_VERSION;
+            break;
+
+        case KVA_EVENT_BAD_FIELD:
+            why = NGX_HTTP_KV_AWARE_REJ_BAD_FIELD;
+            break;
+
+        default:
+            why = NGX_HTTP_KV_AWARE_REJ_MALFORMED;
+            break;
+        }
+
+        ngx_http_kv_aware_share_refuse(kcf, why, err);
         return;
     }
 
     if (!b.has_origin) {
-        ngx_http_kv_aware_share_refuse(kcf, "no origin");
+        ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_BAD_FIELD,
+                                       "no origin");
         goto done;
     }
 
@@ -208,7 +251,8 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
     if (b.keyspace != ((kcf->keys == NGX_HTTP_KV_AWARE_KEYS_TOKENS)
                        ? KVA_KEYSPACE_TOKEN_KEYS : KVA_KEYSPACE_TEXT_KEYS))
     {
-        ngx_http_kv_aware_share_refuse(kcf, "another key space");
+        ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_KEYSPACE,
+                                       "another key space");
         goto done;
     }
 
@@ -217,6 +261,10 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
                                           b.server_len, b.rank);
 
     if (slot == KVA_MAX_SLOTS) {
+        goto done;
+    }
+
+    if (ngx_http_kv_aware_share_over(kcf, slot, len, &b)) {
         goto done;
     }
 
@@ -240,6 +288,39 @@ done:
 }
 
 
+/*
+ * A server's bytes and hashes a second on this channel.  Refused messages
+ * count too, so that a flood stays cut off for the rest of its second.
+ * Unlike on the events channel the server is not degraded: no event of
+ * its own was lost, only hints.
+ */
+static ngx_uint_t
+ngx_http_kv_aware_share_over(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_uint_t slot, size_t len, kva_batch_t *b)
+{
+    ngx_http_kv_aware_events_conf_t  *ecf;
+
+    ecf = kcf->events;
+
+    ecf->share_srv_bytes[slot] += len;
+    ecf->share_srv_hashes[slot] += b->hash_count;
+
+    if (ecf->share_srv_bytes[slot] > ecf->server_bytes) {
+        ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD,
+                                       "server_bytes");
+        return 1;
+    }
+
+    if (ecf->share_srv_hashes[slot] > ecf->server_hashes) {
+        ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD,
+                                       "server_hashes");
+        return 1;
+    }
+
+    return 0;
+}
+
+
 /* as learned entries, a chunk per hold of the lock */
 static void
 ngx_http_kv_aware_share_apply(ngx_http_kv_aware_srv_conf_t *kcf,
@@ -254,6 +335,15 @@ ngx_http_kv_aware_share_apply(ngx_http_kv_aware_srv_conf_t *kcf,
         piece = ngx_min(n - from, KVA_ADD_CHUNK);
 
         ngx_shmtx_lock(&kcf->shpool->mutex);
+
+        /*
+         * Bounded by the server's cache as this nginx's own learning is,
+         * whether or not this nginx has routed to it yet.
+         */
+        if (from == 0) {
+            ngx_http_kv_aware_learn_budget(kcf, slot, &clk);
+        }
+
         kva_index_add(kcf->sh->index, hashes + from, (uint32_t) piece, slot,
                       KVA_BIT_LEARNED, &clk);
         ngx_shmtx_unlock(&kcf->shpool->mutex);
@@ -263,16 +353,20 @@ ngx_http_kv_aware_share_apply(ngx_http_kv_aware_srv_conf_t *kcf,
 }
 
 
-/* counted with the rejects of the events channel, logged at most 1/5 s */
+/*
+ * Counted with the rejects of the events channel under the same classes
+ * (and as "refused" under "share"), logged at most once every 5 s.
+ */
 static void
 ngx_http_kv_aware_share_refuse(ngx_http_kv_aware_srv_conf_t *kcf,
-    const char *why)
+    ngx_http_kv_aware_reject_e why, const char *detail)
 {
     ngx_http_kv_aware_events_conf_t  *ecf;
 
     ecf = kcf->events;
 
     (void) ngx_atomic_fetch_add(&kcf->sh->share->refused, 1);
+    (void) ngx_atomic_fetch_add(&kcf->sh->ev_rejected[why], 1);
 
     if (ngx_current_msec - ecf->share_logged < 5000
         && ecf->share_logged != 0)
@@ -283,6 +377,7 @@ ngx_http_kv_aware_share_refuse(ngx_http_kv_aware_srv_conf_t *kcf,
     ecf->share_logged = ngx_current_msec;
 
     ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                  "kv_aware: upstream \"%V\" refused a message on \"%V\": %s",
-                  &kcf->upstream, &ecf->link.second, why);
+                  "kv_aware: upstream \"%V\" refused a message on \"%V\": "
+                  "%s: %s", &kcf->upstream, &ecf->link.second,
+                  ngx_http_kv_aware_reject_texts[why], detail);
 }
