@@ -43,7 +43,12 @@ typedef struct {
     unsigned                heartbeat_ms;
     unsigned                replay_ms;
     size_t                  replay_hold;
-    size_t                  snapshot_bytes; /* a second, to nginx */
+    /*
+     * What one engine's messages to nginx may take a second, live ones
+     * included: a snapshot gets what live traffic leaves (nginx refuses
+     * past its server_bytes and asks again).
+     */
+    size_t                  snapshot_bytes;
 } kvb_engine_limits_t;
 
 
@@ -55,6 +60,12 @@ typedef struct {
     uint64_t                messages;       /* published to nginx */
     uint64_t                snapshots;
     uint64_t                wrong_rank;     /* batches of another rank */
+    uint64_t                disconnects;    /* of its SUB socket */
+    uint64_t                forgotten;      /* lost events: mirror cleared */
+    uint64_t                rebuilds;       /* replays from seq 0 asked */
+    uint64_t                resyncs_deferred;  /* asked while unvouched */
+    uint64_t                resyncs_coalesced; /* asked during a snapshot */
+    uint64_t                snapshots_done;
 } kvb_engine_stats_t;
 
 
@@ -77,7 +88,7 @@ void *kvb_engine_sub(const kvb_engine_t *e);
 void *kvb_engine_replay(const kvb_engine_t *e);
 void kvb_engine_sub_io(kvb_engine_t *e, uint64_t now_ms);
 void kvb_engine_replay_io(kvb_engine_t *e, uint64_t now_ms);
-/* the SUB socket's connect events (NULL without a replay endpoint) */
+/* the SUB socket's connects and disconnects (NULL when collected) */
 void *kvb_engine_monitor(const kvb_engine_t *e);
 void kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms);
 
@@ -85,8 +96,19 @@ void kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms);
 void kvb_engine_frame(kvb_engine_t *e, const void *seq, size_t seq_len,
     const char *payload, size_t len, uint64_t now_ms);
 
-/* nginx asked: a snapshot, from the start */
+/*
+ * nginx asked for a snapshot.  Answered once the engine's stream can be
+ * vouched for (connected, in order, its mirror rebuilt); asked during a
+ * snapshot, one more follows it (the asker may have missed its begin).
+ */
 void kvb_engine_resync(kvb_engine_t *e);
+
+/*
+ * 1 while the bridge vouches for the engine's stream: its SUB socket is
+ * connected, no replay is catching up, the mirror is rebuilt.  Only then
+ * does it heartbeat, so that nginx's heartbeat means the same.
+ */
+int kvb_engine_vouched(const kvb_engine_t *e);
 
 /* the engine's load (and its pool, kv_tokens), from its metrics */
 void kvb_engine_load(kvb_engine_t *e, const kvb_load_t *load,
