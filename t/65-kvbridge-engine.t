@@ -208,7 +208,12 @@ sub bind_engine {
     my ($e) = @_;
     my $pub = $zctx->socket(ZMQ_PUB());
     $pub->set(ZMQ_LINGER(), 'int', 0);
-    $pub->bind("tcp://127.0.0.1:$E{$e}{port}");
+    # again after a close: another process may hold the port a while
+    for my $try (1 .. 10) {
+        last if eval { $pub->bind("tcp://127.0.0.1:$E{$e}{port}"); 1 };
+        die $@ if $try == 10;
+        sleep 0.5;
+    }
     $E{$e}{pub} = $pub;
     $E{$e}{seq} //= 0;
 }
