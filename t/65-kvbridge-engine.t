@@ -177,7 +177,8 @@ ok(wait_until(15, sub {
     $held{$M}{ key_of($k - 1) };
 }), 'after a batch over --max-batch (256k), later batches arrive')
     or diag(substr(bridge_log(), $mark));
-like(substr(bridge_log(), $mark), qr/engine \Q$M\E: its events socket \S+ disconnected/,
+like(substr(bridge_log(), $mark),
+     qr/engine \Q$M\E: its events socket \S+ disconnected/,
      'the bridge logged the disconnect');
 cmp_ok($cleared{$M} // 0, '>=', 1, 'the lost batch counted as a gap: '
        . '"cleared"');
@@ -229,7 +230,10 @@ sub send_batch {
 
 # engine block $h: a block of its own (no parent), ids of its own
 sub ids_of { my ($h) = @_; return [map { 16 * $h + $_ } 1 .. $BT] }
-sub stored { my ($h) = @_; return ['BlockStored', [$h], undef, ids_of($h), $BT] }
+sub stored {
+    my ($h) = @_;
+    return ['BlockStored', [$h], undef, ids_of($h), $BT];
+}
 
 sub key_of {
     my ($h) = @_;
@@ -250,7 +254,10 @@ sub resync {
     my ($s, $t) = @_;
     delete $snap{$s};
     ask($s);
-    return wait_until($t // 10, sub { drain(0.1); $snap{$s} && $snap{$s}{__done} });
+    return wait_until($t // 10, sub {
+        drain(0.1);
+        $snap{$s} && $snap{$s}{__done};
+    });
 }
 
 # the most bytes of @$parts in any second

@@ -33,6 +33,9 @@
 /* a slice sends at most this many parts, however small */
 #define KVB_SLICE_PARTS     64
 
+/* a disconnected SUB socket is connected anew after this (ms) */
+#define KVB_RECONNECT_MS    200
+
 
 struct kvb_engine_s {
     kvb_engine_conf_t       conf;
@@ -55,6 +58,7 @@ struct kvb_engine_s {
     unsigned                connected:1;    /* its SUB, by the monitor */
     unsigned                rebuilding:1;   /* replayed from 0, unsaid */
     unsigned                resync_asked:1; /* answered once vouched */
+    uint64_t                reconnect_at;   /* ms, 0: none due */
 
     unsigned                has_load:1;
     uint32_t                waiting, running;
@@ -92,6 +96,7 @@ static void kvb_engine_snapshot(kvb_engine_t *e);
 static void kvb_engine_forget(kvb_engine_t *e, const char *detail);
 static void kvb_engine_credit(kvb_engine_t *e);
 static void kvb_engine_rebuilt(kvb_engine_t *e);
+static void kvb_engine_reconnect(kvb_engine_t *e);
 static int kvb_engine_watch(kvb_engine_t *e, void *zctx);
 
 
@@ -252,6 +257,7 @@ kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms)
 
             if (event == ZMQ_EVENT_CONNECTED) {
                 e->connected = 1;
+                e->reconnect_at = 0;
 
                 if (kvb_stream_verify(e->stream, now_ms) == 0) {
                     kvb_log(KVB_LOG_INFO, "engine %s: reconnected, "
@@ -276,22 +282,11 @@ kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms)
                                 e->label, e->conf.events);
 
                 /*
-                 * A new session whatever the cause: libzmq gives one
-                 * ended by a protocol error up for good.  What was lost
-                 * meanwhile shows as a gap in seq.
+                 * A new session unless libzmq reconnects first: it gives
+                 * one ended by a protocol error up for good.  Not at once:
+                 * a peer that drops every connection would spin the loop.
                  */
-                if (zmq_disconnect(e->sub, e->conf.events) != 0
-                    && zmq_errno() != ENOENT)
-                {
-                    kvb_log(KVB_LOG_ERR, "engine %s: zmq_disconnect: %s",
-                            e->label, zmq_strerror(zmq_errno()));
-                }
-
-                if (zmq_connect(e->sub, e->conf.events) != 0) {
-                    kvb_log(KVB_LOG_ERR, "engine %s: zmq_connect %s: %s",
-                            e->label, e->conf.events,
-                            zmq_strerror(zmq_errno()));
-                }
+                e->reconnect_at = now_ms + KVB_RECONNECT_MS;
             }
         }
 
@@ -323,6 +318,27 @@ kvb_engine_destroy(kvb_engine_t *e)
     free(e->label);
     free(e->name);
     free(e);
+}
+
+
+/* what was lost meanwhile shows as a gap in seq */
+
+static void
+kvb_engine_reconnect(kvb_engine_t *e)
+{
+    e->reconnect_at = 0;
+
+    if (zmq_disconnect(e->sub, e->conf.events) != 0
+        && zmq_errno() != ENOENT)
+    {
+        kvb_log(KVB_LOG_ERR, "engine %s: zmq_disconnect: %s", e->label,
+                zmq_strerror(zmq_errno()));
+    }
+
+    if (zmq_connect(e->sub, e->conf.events) != 0) {
+        kvb_log(KVB_LOG_ERR, "engine %s: zmq_connect %s: %s", e->label,
+                e->conf.events, zmq_strerror(zmq_errno()));
+    }
 }
 
 
@@ -494,6 +510,10 @@ kvb_engine_deadline(const kvb_engine_t *e)
         d = 0;
     }
 
+    if (e->reconnect_at && e->reconnect_at < d) {
+        d = e->reconnect_at;
+    }
+
     if (e->snapshotting && e->next_slice < d) {
         d = e->next_slice;
     }
@@ -526,6 +546,10 @@ kvb_engine_tick(kvb_engine_t *e, uint64_t now_ms)
                 (unsigned long long) ss->replays_failed,
                 (unsigned long long) ss->duplicates,
                 (unsigned long long) ss->restarts);
+    }
+
+    if (e->reconnect_at && now_ms >= e->reconnect_at) {
+        kvb_engine_reconnect(e);
     }
 
     if (e->rebuilding && kvb_stream_socket(e->stream) == NULL) {
