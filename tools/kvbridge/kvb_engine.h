@@ -7,9 +7,12 @@
  * that binds), or from the bridge's collector (engines that connect to
  * one bound socket, told apart by topic).  Each batch runs through the
  * stream (order, replay), the decoder, the mirror, and out to Redis as
- * one or more messages within the module's caps.  A stream reset and a
- * resync request from nginx are answered with a snapshot of the mirror,
- * paced so that nginx's per-server budget is not exceeded.
+ * one or more messages within the module's caps.  A restart, or events
+ * lost for good, empty the mirror and nginx hears "cleared"; a resync
+ * request from nginx is answered with a snapshot of the mirror once the
+ * stream can be vouched for, everything paced so that nginx's per-server
+ * budget is not exceeded.  Heartbeats go out only while the stream can
+ * be vouched for: connected, in order, the mirror rebuilt.
  */
 
 #ifndef _KVB_ENGINE_H_INCLUDED_
