@@ -10,6 +10,11 @@
 #      paced at that rate (no second of it past 1 MB, nginx's
 #      server_bytes=1m), and a resync asked every second while one runs
 #      (3.8 s) does not restart it: snapshots end;
+#   L  (defect 7) a snapshot of 80,000 blocks while the engine's live
+#      messages take about 340 kB a second: the snapshot gets what they
+#      leave, no second of the two over 1 MB (the rate, a tenth of it
+#      saved up and one part: 715 kB at most; a snapshot paced at the
+#      rate beside them would reach 1.06 MB);
 #   M  (defects 16, 10) one batch over --max-batch: the bridge logs the
 #      disconnect, reconnects, and the next batches arrive, the lost one
 #      taken for a gap ("cleared"); an engine whose PUB socket is closed
@@ -42,7 +47,7 @@ require ZMQ::FFI::Constants;
 ZMQ::FFI::Constants->import(qw(ZMQ_PUB ZMQ_LINGER));
 
 $SIG{ALRM} = sub { die "test timed out\n" };
-alarm 170;
+alarm 240;
 
 my $json = JSON::PP->new->utf8->canonical;
 my $mp = Data::MessagePack->new->prefer_integer(1);
@@ -50,10 +55,11 @@ my $l = KvAware::Launch->new(template => 'kvbridge-engine-XXXXXX',
                              watchdog => 1, diag => \&diag);
 
 my ($redis) = free_ports(1);
-my $zmq = free_run(3);
+my $zmq = free_run(4);
 my %E = (G => { addr => '127.0.0.1:6', port => $zmq },
          S => { addr => '127.0.0.1:7', port => $zmq + 1 },
-         M => { addr => '127.0.0.1:16', port => $zmq + 2 });
+         M => { addr => '127.0.0.1:16', port => $zmq + 2 },
+         L => { addr => '127.0.0.1:17', port => $zmq + 3 });
 
 $l->start_redis($redis);
 my $zctx = ZMQ::FFI->new;
@@ -160,6 +166,49 @@ ok(wait_until(10, sub { drain(0.1); $snap{$S}{__done} }),
    'the one asked during the last ends too');
 is(scalar(grep { $_ ne '__done' } keys %{ $snap{$S} }), 100_000,
    'with the 100,000 blocks');
+
+# --- L: a snapshot paced by what live messages leave ---------------------
+
+my $L = $E{L}{addr};
+for my $b (0 .. 79) {
+    send_batch('L', [map { stored(2_000_000 + $b * 1000 + $_) } 0 .. 999]);
+    drain(0.01);
+}
+sleep 1;
+drain(0.5);
+$log{$L} = [];
+{
+    # 600 blocks stored and the 600 before removed every 0.1 s
+    my ($h, $t0, $asked, @prev) = (3_000_000, time, 0);
+    while (time - $t0 < 30) {
+        my @new = ($h .. $h + 599);
+        $h += 600;
+        send_batch('L', [(map { stored($_) } @new),
+                         @prev ? ['BlockRemoved', \@prev] : ()]);
+        @prev = @new;
+        if (!$asked && time - $t0 > 1) {
+            ask($L);
+            $asked = time;
+        }
+        my $until = time + 0.1;
+        drain($until - time) while time < $until;
+        last if $asked && grep { $_->[2] =~ /^(end|full)$/ } @{ $log{$L} };
+    }
+}
+my @l = @{ $log{$L} };
+my ($lb) = grep { $l[$_][2] =~ /^(begin|full)$/ } 0 .. $#l;
+my ($le) = grep { $l[$_][2] =~ /^(end|full)$/ } 0 .. $#l;
+ok(defined $le, 'a resync while live messages flow: the snapshot ends')
+    or diag(scalar(@l) . ' messages');
+my @during = defined $le ? @l[$lb .. $le] : @l;
+my ($live, $snapb) = (0, 0);
+$_->[2] ? ($snapb += $_->[1]) : ($live += $_->[1]) for @during;
+my $span = @during > 1 ? $during[-1][0] - $during[0][0] : 0;
+$peak = peak_second(\@during);
+cmp_ok($peak, '<=', 1024 * 1024, sprintf('no second of live and snapshot '
+       . 'messages over server_bytes=1m: %d at most; in %.1f s %d kB '
+       . 'live, %d kB of snapshot', $peak, $span, $live / 1024,
+       $snapb / 1024));
 
 # --- M: a batch over --max-batch; a closed PUB ---------------------------
 
@@ -278,6 +327,14 @@ sub peak_second {
 sub drain {
     my ($t) = @_;
     for my $m ($sub->messages($t)) {
+        if ($m->[1] =~ /"server":"\Q$E{L}{addr}\E"/) {
+            # L's are many: timed, not decoded
+            my ($snap) = $m->[1] =~ /"snapshot":"(\w+)"/;
+            push @{ $log{ $E{L}{addr} } }, [time, length($m->[1]),
+                                            $snap // '', 0,
+                                            $m->[1] =~ /"stored"/ ? 1 : 0];
+            next;
+        }
         my $msg = eval { $json->decode($m->[1]) } or next;
         my $s = $msg->{server};
         my $snap = $msg->{snapshot} // '';
