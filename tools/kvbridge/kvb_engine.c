@@ -269,6 +269,10 @@ kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms)
                     e->st.rebuilds++;
                     kvb_log(KVB_LOG_INFO, "engine %s: connected, replaying "
                             "it from its start", e->label);
+
+                } else if (e->st.disconnects) {
+                    kvb_log(KVB_LOG_INFO, "engine %s: reconnected",
+                            e->label);
                 }
 
             } else if (event == ZMQ_EVENT_DISCONNECTED) {
