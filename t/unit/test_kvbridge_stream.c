@@ -415,6 +415,26 @@ main(void)
        "past the hold limit the replay is abandoned: %s", last_reset);
     kvb_stream_destroy(st);
 
+    /* a rebuild: all the engine buffers from seq 0, live ones held */
+    st = fresh(EP, 64);
+    ok(kvb_stream_rebuild(st, 0) == 0 && kvb_stream_socket(st) != NULL,
+       "a rebuild asks for a replay");
+    from = replay_request(id, &id_len);
+    live(st, 3);
+    for (i = 0; i < 3; i++) {
+        replay_send(id, id_len, i, 0);
+    }
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    ok(from == 0 && got_is((uint64_t[]) { 0, 1, 2, 3 }, 4) && resets == 0,
+       "rebuilt from seq 0, then the live batch held meanwhile");
+    ok(kvb_stream_rebuild(st, 0) == -1,
+       "no rebuild once a batch was handed on");
+    kvb_stream_destroy(st);
+    st = fresh(NULL, 64);
+    ok(kvb_stream_rebuild(st, 0) == -1, "no rebuild without a replay socket");
+    kvb_stream_destroy(st);
+
     zmq_close(router);
     zmq_ctx_term(zctx);
 

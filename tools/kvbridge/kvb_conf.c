@@ -87,8 +87,9 @@ static const kvb_arg_t  kvb_args[] = {
     { "replay-timeout", KVB_ARG_MS, F(lim.replay_ms), 10, 600000,
       "MS", "give up a replay after (2000)" },
     { "snapshot-rate", KVB_ARG_SIZE, F(lim.snapshot_bytes), 65536,
-      1024 * 1024 * 1024, "BYTES", "a snapshot's pace a second, below "
-      "nginx's server_bytes (4m)" },
+      1024 * 1024 * 1024, "BYTES", "an engine's messages to nginx a "
+      "second, live ones included: a snapshot gets what they leave; at "
+      "most 3/4 of nginx's server_bytes (6m)" },
     { "metrics-interval", KVB_ARG_MS, F(metrics_ms), 50, 60000,
       "MS", "scrape each engine's metrics this often (500)" },
     { "log-level", KVB_ARG_LOG_LEVEL, 0, 0, 0,
@@ -136,7 +137,8 @@ kvb_conf_defaults(kvb_conf_t *c)
     c->lim.heartbeat_ms = 1000;
     c->lim.replay_ms = 2000;
     c->lim.replay_hold = 4096;
-    c->lim.snapshot_bytes = 4 * 1024 * 1024;
+    /* nginx's server_bytes is 8m: 6m, saved-up credit and a part fit */
+    c->lim.snapshot_bytes = 6 * 1024 * 1024;
 
     c->metrics_ms = 500;
     c->log_level = KVB_LOG_INFO;

@@ -2,6 +2,7 @@
  * kvbridge: one engine, from its socket to nginx (kvb_engine.h).
  */
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +23,18 @@
 /* a hash costs about 19 bytes in a message: 16 hex digits, quotes, comma */
 #define KVB_HASH_BYTES      19
 
-/* the snapshot goes out in slices of a tenth of a second */
-#define KVB_SNAPSHOT_TICK   100
+/*
+ * Pacing towards nginx: a bucket of bytes that fills at --snapshot-rate
+ * and that every message empties, so that whatever window of a second
+ * nginx counts holds at most the rate, this much saved up, and one part
+ * sent on credit.
+ */
+#define KVB_CREDIT_SAVE_MS  100
+/* a slice sends at most this many parts, however small */
+#define KVB_SLICE_PARTS     64
+
+/* a disconnected SUB socket is connected anew after this (ms) */
+#define KVB_RECONNECT_MS    200
 
 
 struct kvb_engine_s {
@@ -41,6 +52,13 @@ struct kvb_engine_s {
 
     uint64_t                seq;            /* the last one published */
     uint64_t                last_pub;       /* ms */
+    int64_t                 credit;         /* bytes nginx may take now */
+    uint64_t                credit_at;      /* ms, when it was filled */
+
+    unsigned                connected:1;    /* its SUB, by the monitor */
+    unsigned                rebuilding:1;   /* replayed from 0, unsaid */
+    unsigned                resync_asked:1; /* answered once vouched */
+    uint64_t                reconnect_at;   /* ms, 0: none due */
 
     unsigned                has_load:1;
     uint32_t                waiting, running;
@@ -49,6 +67,7 @@ struct kvb_engine_s {
     uint64_t                load_at;
 
     unsigned                snapshotting:1;
+    unsigned                snapshot_again:1; /* asked during this one */
     unsigned                snapshot_parts;
     size_t                  cursor;
     uint64_t                next_slice;     /* ms */
@@ -60,6 +79,9 @@ struct kvb_engine_s {
     kvb_log_limit_t         bad_log;        /* batches refused */
     kvb_log_limit_t         skip_log;       /* events skipped */
     kvb_log_limit_t         rank_log;       /* batches of another rank */
+    kvb_log_limit_t         conn_log;       /* disconnects */
+    kvb_log_limit_t         defer_log;      /* resyncs not answered yet */
+    kvb_log_limit_t         starve_log;     /* snapshots waiting */
 };
 
 
@@ -70,6 +92,11 @@ static void kvb_engine_on_reset(void *data, kvb_reset_e why,
 static void kvb_engine_publish(kvb_engine_t *e, kva_batch_t *b);
 static void kvb_engine_send(kvb_engine_t *e, kva_batch_t *m);
 static void kvb_engine_slice(kvb_engine_t *e);
+static void kvb_engine_snapshot(kvb_engine_t *e);
+static void kvb_engine_forget(kvb_engine_t *e, const char *detail);
+static void kvb_engine_credit(kvb_engine_t *e);
+static void kvb_engine_rebuilt(kvb_engine_t *e);
+static void kvb_engine_reconnect(kvb_engine_t *e);
 static int kvb_engine_watch(kvb_engine_t *e, void *zctx);
 
 
@@ -119,6 +146,19 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
         snprintf(err, errlen, "out of memory");
         kvb_engine_destroy(e);
         return NULL;
+    }
+
+    e->now = kvb_now_ms();
+    e->credit_at = e->now;
+
+    /*
+     * What the engine held before the bridge started is in its replay
+     * buffer: the mirror is rebuilt from there before nginx is told
+     * anything, or nginx would hear that an idle engine holds nothing.
+     */
+    if (kvb_stream_rebuild(e->stream, e->now) == 0) {
+        e->rebuilding = 1;
+        e->st.rebuilds++;
     }
 
     if (conf->events == NULL) {
@@ -171,11 +211,15 @@ kvb_engine_watch(kvb_engine_t *e, void *zctx)
 
     snprintf(ep, sizeof(ep), "inproc://kvb-monitor-%p", (void *) e);
 
-    if (e->conf.replay == NULL) {
-        return 0;                       /* nothing to check with */
-    }
-
-    if (zmq_socket_monitor(e->sub, ep, ZMQ_EVENT_CONNECTED) != 0) {
+    /*
+     * Disconnects too: whether anything is connected is what heartbeats
+     * tell nginx, and a peer dropped for a message over ZMQ_MAXMSGSIZE
+     * (a protocol error to libzmq) is never reconnected by libzmq.
+     */
+    if (zmq_socket_monitor(e->sub, ep,
+                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED)
+        != 0)
+    {
         return -1;
     }
 
@@ -209,13 +253,44 @@ kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms)
         if (m.n >= 1 && zmq_msg_size(&m.part[0]) >= 2) {
             memcpy(&event, zmq_msg_data(&m.part[0]), 2);
 
+            e->now = now_ms;
+
             if (event == ZMQ_EVENT_CONNECTED) {
-                e->now = now_ms;
+                e->connected = 1;
+                e->reconnect_at = 0;
 
                 if (kvb_stream_verify(e->stream, now_ms) == 0) {
                     kvb_log(KVB_LOG_INFO, "engine %s: reconnected, "
                             "checking it is the same process", e->label);
+
+                } else if (kvb_stream_rebuild(e->stream, now_ms) == 0) {
+                    /* nothing seen of it yet: all it still buffers */
+                    e->rebuilding = 1;
+                    e->st.rebuilds++;
+                    kvb_log(KVB_LOG_INFO, "engine %s: connected, replaying "
+                            "it from its start", e->label);
+
+                } else if (e->st.disconnects) {
+                    kvb_log(KVB_LOG_INFO, "engine %s: reconnected",
+                            e->label);
                 }
+
+            } else if (event == ZMQ_EVENT_DISCONNECTED) {
+                e->connected = 0;
+                e->st.disconnects++;
+                kvb_log_limited(&e->conn_log, now_ms, KVB_LOG_WARN,
+                                "engine %s: its events socket %s "
+                                "disconnected (the engine stopped, or sent "
+                                "a batch over --max-batch): no heartbeats "
+                                "until it is back, reconnecting",
+                                e->label, e->conf.events);
+
+                /*
+                 * A new session unless libzmq reconnects first: it gives
+                 * one ended by a protocol error up for good.  Not at once:
+                 * a peer that drops every connection would spin the loop.
+                 */
+                e->reconnect_at = now_ms + KVB_RECONNECT_MS;
             }
         }
 
@@ -247,6 +322,27 @@ kvb_engine_destroy(kvb_engine_t *e)
     free(e->label);
     free(e->name);
     free(e);
+}
+
+
+/* what was lost meanwhile shows as a gap in seq */
+
+static void
+kvb_engine_reconnect(kvb_engine_t *e)
+{
+    e->reconnect_at = 0;
+
+    if (zmq_disconnect(e->sub, e->conf.events) != 0
+        && zmq_errno() != ENOENT)
+    {
+        kvb_log(KVB_LOG_ERR, "engine %s: zmq_disconnect: %s", e->label,
+                zmq_strerror(zmq_errno()));
+    }
+
+    if (zmq_connect(e->sub, e->conf.events) != 0) {
+        kvb_log(KVB_LOG_ERR, "engine %s: zmq_connect %s: %s", e->label,
+                e->conf.events, zmq_strerror(zmq_errno()));
+    }
 }
 
 
@@ -340,7 +436,50 @@ kvb_engine_frame(kvb_engine_t *e, const void *seq, size_t seq_len,
 void
 kvb_engine_resync(kvb_engine_t *e)
 {
+    if (!kvb_engine_vouched(e)) {
+        /* nginx keeps routing by what it learned meanwhile */
+        e->resync_asked = 1;
+        e->st.resyncs_deferred++;
+        kvb_log_limited(&e->defer_log, e->now, KVB_LOG_INFO,
+                        "engine %s: a resync waits until its stream is "
+                        "%s", e->label,
+                        (e->sub != NULL && !e->connected) ? "connected"
+                        : e->rebuilding ? "replayed from its start"
+                        : "replayed");
+        return;
+    }
+
+    if (e->snapshotting) {
+        /* not restarted: a snapshot restarted on every ask never ends */
+        if (e->snapshot_parts) {
+            e->snapshot_again = 1;
+        }
+
+        e->st.resyncs_coalesced++;
+        return;
+    }
+
+    kvb_engine_snapshot(e);
+}
+
+
+int
+kvb_engine_vouched(const kvb_engine_t *e)
+{
+    if (e->sub != NULL && !e->connected) {
+        return 0;
+    }
+
+    /* a replay catching up (a gap, a reconnect) or rebuilding the mirror */
+    return !e->rebuilding && kvb_stream_socket(e->stream) == NULL;
+}
+
+
+static void
+kvb_engine_snapshot(kvb_engine_t *e)
+{
     e->snapshotting = 1;
+    e->snapshot_again = 0;
     e->snapshot_parts = 0;
     e->cursor = 0;
     e->next_slice = 0;
@@ -370,6 +509,14 @@ kvb_engine_deadline(const kvb_engine_t *e)
     uint64_t  d;
 
     d = e->last_pub + e->lim.heartbeat_ms;
+
+    if (e->resync_asked && !e->snapshotting && kvb_engine_vouched(e)) {
+        d = 0;
+    }
+
+    if (e->reconnect_at && e->reconnect_at < d) {
+        d = e->reconnect_at;
+    }
 
     if (e->snapshotting && e->next_slice < d) {
         d = e->next_slice;
@@ -405,17 +552,31 @@ kvb_engine_tick(kvb_engine_t *e, uint64_t now_ms)
                 (unsigned long long) ss->restarts);
     }
 
+    if (e->reconnect_at && now_ms >= e->reconnect_at) {
+        kvb_engine_reconnect(e);
+    }
+
+    if (e->rebuilding && kvb_stream_socket(e->stream) == NULL) {
+        kvb_engine_rebuilt(e);
+    }
+
+    if (e->resync_asked && !e->snapshotting && kvb_engine_vouched(e)) {
+        e->resync_asked = 0;
+        kvb_engine_snapshot(e);
+    }
+
     if (e->snapshotting && now_ms >= e->next_slice) {
         kvb_engine_slice(e);
-        e->next_slice = now_ms + KVB_SNAPSHOT_TICK;
     }
 
     if (now_ms >= e->last_pub + e->lim.heartbeat_ms) {
 
-        if (!kvb_redis_up(e->redis)) {
+        if (!kvb_redis_up(e->redis) || !kvb_engine_vouched(e)) {
             /*
-             * a heartbeat lost changes nothing nginx knows: it does not
-             * spend a seq, which would make nginx ask for a resync
+             * A heartbeat lost changes nothing nginx knows: it does not
+             * spend a seq, which would make nginx ask for a resync.  One
+             * withheld lets nginx see that the stream is not alive or
+             * not in order, and route by what it learned meanwhile.
              */
             e->last_pub = now_ms;
             return;
@@ -471,12 +632,13 @@ kvb_engine_on_batch(void *data, uint64_t seq, const char *payload,
     rc = kvb_decode(payload, len, &e->lim.decode, &in, err, sizeof(err));
 
     if (rc != KVB_OK) {
-        /* lost: what it said stays unknown until a snapshot is asked */
+        /* its events are lost: the mirror can no longer be vouched for */
         e->st.bad_batches++;
         kvb_log_limited(&e->bad_log, e->now, KVB_LOG_WARN,
                         "engine %s: batch %llu refused (%s): %s", e->label,
                         (unsigned long long) seq, kvb_strerror(rc), err);
         kvb_batch_free(&in);
+        kvb_engine_forget(e, "a batch refused");
         return;
     }
 
@@ -514,7 +676,8 @@ kvb_engine_on_batch(void *data, uint64_t seq, const char *payload,
 
     kvb_batch_free(&in);
 
-    if (out.nevents) {
+    /* while rebuilding nginx hears nothing: a snapshot follows */
+    if (out.nevents && !e->rebuilding) {
         kvb_engine_publish(e, &out);
     }
 
@@ -534,9 +697,13 @@ kvb_engine_on_reset(void *data, kvb_reset_e why, const char *detail)
                 e->label, detail);
         kvb_mirror_clear(e->mirror);
 
+        if (e->rebuilding) {
+            return;                     /* nginx heard nothing of it yet */
+        }
+
         if (e->snapshotting) {
             /* the snapshot starts again, now of nothing */
-            kvb_engine_resync(e);
+            kvb_engine_snapshot(e);
             return;
         }
 
@@ -549,11 +716,69 @@ kvb_engine_on_reset(void *data, kvb_reset_e why, const char *detail)
         return;
     }
 
-    /* events lost for good: nginx gets what the mirror holds, afresh */
+    kvb_engine_forget(e, detail);
+}
 
-    kvb_log(KVB_LOG_WARN, "engine %s: events lost (%s), sending a snapshot "
-            "of %zu blocks", e->label, detail, kvb_mirror_size(e->mirror));
-    kvb_engine_resync(e);
+
+/*
+ * Events lost for good (no replay endpoint, or a replay that failed, or
+ * a batch refused): a BlockRemoved among them would leave a block in
+ * the mirror for good, and a snapshot of the mirror would announce it
+ * to nginx as precise.  So the mirror is emptied, nginx hears "cleared",
+ * and both are rebuilt from what the engine says next: the blocks the
+ * engine still holds from before are unknown (routed by nginx as any
+ * unknown prefix) rather than blocks it no longer holds announced.
+ */
+
+static void
+kvb_engine_forget(kvb_engine_t *e, const char *detail)
+{
+    size_t       n;
+    kva_ev_t     cleared;
+    kva_batch_t  m;
+
+    n = kvb_mirror_size(e->mirror);
+    kvb_mirror_clear(e->mirror);
+
+    if (e->rebuilding) {
+        /* the replay from the start failed: nginx heard nothing yet */
+        return;
+    }
+
+    e->st.forgotten++;
+    kvb_log(KVB_LOG_WARN, "engine %s: events lost (%s): its %zu blocks "
+            "forgotten, rebuilt from what it says next", e->label, detail,
+            n);
+
+    if (e->snapshotting) {
+        /* parts already sent hold what is forgotten: again, of nothing */
+        kvb_engine_snapshot(e);
+        return;
+    }
+
+    if (n == 0) {
+        return;                         /* nginx holds nothing of it */
+    }
+
+    memset(&m, 0, sizeof(m));
+    memset(&cleared, 0, sizeof(cleared));
+    cleared.type = KVA_EV_CLEARED;
+    m.events = &cleared;
+    m.nevents = 1;
+    kvb_engine_send(e, &m);
+}
+
+
+/* the replay from seq 0 ended: nginx gets the mirror in a snapshot */
+
+static void
+kvb_engine_rebuilt(kvb_engine_t *e)
+{
+    e->rebuilding = 0;
+    kvb_log(KVB_LOG_INFO, "engine %s: %zu blocks from its replay buffer",
+            e->label, kvb_mirror_size(e->mirror));
+
+    e->resync_asked = 1;
 }
 
 
@@ -640,25 +865,60 @@ kvb_engine_send(kvb_engine_t *e, kva_batch_t *m)
     (void) kvb_redis_publish(e->redis, msg, len);
     free(msg);
 
+    kvb_engine_credit(e);
+    e->credit -= (int64_t) len;
+
+    /* a burst of live batches delays a snapshot by a second at most */
+    if (e->credit < -(int64_t) e->lim.snapshot_bytes) {
+        e->credit = -(int64_t) e->lim.snapshot_bytes;
+    }
+
     e->st.messages++;
     e->last_pub = e->now;
 }
 
 
-/* one tenth of a second's share of the snapshot */
+/*
+ * The bucket fills at --snapshot-rate, up to a tenth of a second's worth
+ * saved up: a second of messages then stays within the rate, that much
+ * and one part, whatever window nginx counts it in.
+ */
+
+static void
+kvb_engine_credit(kvb_engine_t *e)
+{
+    int64_t  rate, save;
+
+    rate = (int64_t) e->lim.snapshot_bytes;
+    save = rate * KVB_CREDIT_SAVE_MS / 1000;
+
+    if (e->now > e->credit_at) {
+        e->credit += (int64_t) (e->now - e->credit_at) * rate / 1000;
+        e->credit_at = e->now;
+    }
+
+    if (e->credit > save) {
+        e->credit = save;
+    }
+}
+
+
+/* parts of the snapshot while the bucket has credit; then a wait */
 
 static void
 kvb_engine_slice(kvb_engine_t *e)
 {
-    size_t       n, parts, budget;
+    size_t       n, parts;
+    int64_t      rate;
     kva_ev_t     ev;
     kva_batch_t  m;
 
-    budget = e->lim.snapshot_bytes / (1000 / KVB_SNAPSHOT_TICK)
-             / (KVB_HASH_BYTES * e->lim.max_hashes);
-    budget = budget ? budget : 1;
+    kvb_engine_credit(e);
 
-    for (parts = 0; parts < budget && e->snapshotting; parts++) {
+    for (parts = 0;
+         parts < KVB_SLICE_PARTS && e->snapshotting && e->credit >= 0;
+         parts++)
+    {
         n = kvb_mirror_keys(e->mirror, &e->cursor, e->keys,
                             e->lim.max_hashes);
 
@@ -685,5 +945,33 @@ kvb_engine_slice(kvb_engine_t *e)
 
         e->snapshot_parts++;
         kvb_engine_send(e, &m);
+
+        if (!e->snapshotting) {
+            e->st.snapshots_done++;
+
+            if (e->snapshot_again) {
+                /* asked meanwhile by one that may have missed its begin */
+                kvb_engine_snapshot(e);
+            }
+        }
     }
+
+    if (!e->snapshotting) {
+        return;
+    }
+
+    if (parts == 0) {
+        kvb_log_limited(&e->starve_log, e->now, KVB_LOG_WARN,
+                        "engine %s: its snapshot waits, live messages "
+                        "take --snapshot-rate (%zu bytes a second)",
+                        e->label, e->lim.snapshot_bytes);
+    }
+
+    /* when the bucket is back to empty, not in debt */
+
+    rate = (int64_t) e->lim.snapshot_bytes;
+    e->next_slice = e->now
+                    + (e->credit < 0 ? (uint64_t) (-e->credit * 1000 / rate)
+                                       + 1
+                                     : 0);
 }

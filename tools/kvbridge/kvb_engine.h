@@ -7,9 +7,12 @@
  * that binds), or from the bridge's collector (engines that connect to
  * one bound socket, told apart by topic).  Each batch runs through the
  * stream (order, replay), the decoder, the mirror, and out to Redis as
- * one or more messages within the module's caps.  A stream reset and a
- * resync request from nginx are answered with a snapshot of the mirror,
- * paced so that nginx's per-server budget is not exceeded.
+ * one or more messages within the module's caps.  A restart, or events
+ * lost for good, empty the mirror and nginx hears "cleared"; a resync
+ * request from nginx is answered with a snapshot of the mirror once the
+ * stream can be vouched for, everything paced so that nginx's per-server
+ * budget is not exceeded.  Heartbeats go out only while the stream can
+ * be vouched for: connected, in order, the mirror rebuilt.
  */
 
 #ifndef _KVB_ENGINE_H_INCLUDED_
@@ -45,7 +48,12 @@ typedef struct {
     unsigned                heartbeat_ms;
     unsigned                replay_ms;
     size_t                  replay_hold;
-    size_t                  snapshot_bytes; /* a second, to nginx */
+    /*
+     * What one engine's messages to nginx may take a second, live ones
+     * included: a snapshot gets what live traffic leaves (nginx refuses
+     * past its server_bytes and asks again).
+     */
+    size_t                  snapshot_bytes;
 } kvb_engine_limits_t;
 
 
@@ -57,6 +65,12 @@ typedef struct {
     uint64_t                messages;       /* published to nginx */
     uint64_t                snapshots;
     uint64_t                wrong_rank;     /* batches of another rank */
+    uint64_t                disconnects;    /* of its SUB socket */
+    uint64_t                forgotten;      /* lost events: mirror cleared */
+    uint64_t                rebuilds;       /* replays from seq 0 asked */
+    uint64_t                resyncs_deferred;  /* asked while unvouched */
+    uint64_t                resyncs_coalesced; /* asked during a snapshot */
+    uint64_t                snapshots_done;
 } kvb_engine_stats_t;
 
 
@@ -79,7 +93,7 @@ void *kvb_engine_sub(const kvb_engine_t *e);
 void *kvb_engine_replay(const kvb_engine_t *e);
 void kvb_engine_sub_io(kvb_engine_t *e, uint64_t now_ms);
 void kvb_engine_replay_io(kvb_engine_t *e, uint64_t now_ms);
-/* the SUB socket's connect events (NULL without a replay endpoint) */
+/* the SUB socket's connects and disconnects (NULL when collected) */
 void *kvb_engine_monitor(const kvb_engine_t *e);
 void kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms);
 
@@ -87,8 +101,19 @@ void kvb_engine_monitor_io(kvb_engine_t *e, uint64_t now_ms);
 void kvb_engine_frame(kvb_engine_t *e, const void *seq, size_t seq_len,
     const char *payload, size_t len, uint64_t now_ms);
 
-/* nginx asked: a snapshot, from the start */
+/*
+ * nginx asked for a snapshot.  Answered once the engine's stream can be
+ * vouched for (connected, in order, its mirror rebuilt); asked during a
+ * snapshot, one more follows it (the asker may have missed its begin).
+ */
 void kvb_engine_resync(kvb_engine_t *e);
+
+/*
+ * 1 while the bridge vouches for the engine's stream: its SUB socket is
+ * connected, no replay is catching up, the mirror is rebuilt.  Only then
+ * does it heartbeat, so that nginx's heartbeat means the same.
+ */
+int kvb_engine_vouched(const kvb_engine_t *e);
 
 /* the engine's load (and its pool, kv_tokens), from its metrics */
 void kvb_engine_load(kvb_engine_t *e, const kvb_load_t *load,

@@ -385,6 +385,21 @@ kvb_stream_verify(kvb_stream_t *st, uint64_t now_ms)
 }
 
 
+int
+kvb_stream_rebuild(kvb_stream_t *st, uint64_t now_ms)
+{
+    if (st->replay_ep == NULL || st->replaying || st->have_last) {
+        return -1;
+    }
+
+    /* live batches that come meanwhile are held, as for a gap */
+    st->started = 1;
+    st->next = 0;
+
+    return kvb_stream_replay(st, 0, now_ms);
+}
+
+
 /*
  * The first message of a verifying replay: 0 when it is the batch
  * delivered last, unchanged (the replay goes on); -1 when the engine is

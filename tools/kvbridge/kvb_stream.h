@@ -93,6 +93,15 @@ void kvb_stream_io(kvb_stream_t *st, uint64_t now_ms);
  */
 int kvb_stream_verify(kvb_stream_t *st, uint64_t now_ms);
 
+/*
+ * Nothing delivered yet (the bridge just started, or the engine restarted
+ * while the bridge was cut off): asks the replay socket for everything
+ * the engine still buffers, from seq 0, so that the owner's view is
+ * rebuilt before the engine next publishes.  0 when asked; -1 without a
+ * replay endpoint, with a replay running, or once a batch was delivered.
+ */
+int kvb_stream_rebuild(kvb_stream_t *st, uint64_t now_ms);
+
 /* when kvb_stream_tick() must run without I/O (UINT64_MAX: never) */
 uint64_t kvb_stream_deadline(const kvb_stream_t *st);
 void kvb_stream_tick(kvb_stream_t *st, uint64_t now_ms);
