@@ -344,13 +344,15 @@ main(void)
        "the next frame continues from it: a restart, on from there");
     kvb_stream_destroy(st);
 
-    /* no replay endpoint: a gap resets at once */
+    /* no replay endpoint: a gap resets once the next frame follows it */
     st = fresh(NULL, 64);
     live(st, 0);
     live(st, 5);
-    ok(resets == 1 && ngot == 2 && got[1] == 5
+    ok(resets == 0 && ngot == 1, "without a replay endpoint a gap waits");
+    live(st, 6);
+    ok(resets == 1 && ngot == 3 && got[1] == 5 && got[2] == 6
        && strstr(last_reset, "no replay") != NULL,
-       "without a replay endpoint a gap resets: %s", last_reset);
+       "then resets: %s", last_reset);
     kvb_stream_destroy(st);
 
     /* joining late: replayed from 0 */
@@ -521,12 +523,29 @@ main(void)
        "a stray seq 2^63, then the engine's next: no gap, no reset");
     kvb_stream_destroy(st);
 
-    /* a plausible forward gap without replay is still a gap at once */
+    /*
+     * One frame just ahead (next + 1), or with the engine's next seq
+     * itself, is not a restart either: the first is dropped when the
+     * engine's next comes, the second takes the engine's place and the
+     * engine's own batch of that seq is dropped as a duplicate.
+     */
     st = fresh(NULL, 64);
-    live(st, 0);
-    live(st, 50);
-    ok(resets == 1 && ngot == 2 && got[1] == 50,
-       "a gap of 49 without replay: a reset at once");
+    for (i = 0; i < 10; i++) {
+        live(st, i);
+    }
+    live_as(st, 11, 'x');
+    live(st, 10);
+    live(st, 11);
+    live(st, 12);
+    ok(resets == 0 && ngot == 13 && got[11] == 11 && got[12] == 12,
+       "a stray seq 11 before the engine's 10, 11, 12: no reset");
+    live_as(st, 13, 'b');
+    live(st, 13);
+    live(st, 14);
+    ok(resets == 0 && ngot == 15 && got[14] == 14
+       && kvb_stream_stats(st)->duplicates == 1,
+       "a stray with the engine's next seq: the engine's own dropped, "
+       "no reset");
     kvb_stream_destroy(st);
 
     /*

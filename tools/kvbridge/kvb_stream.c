@@ -192,13 +192,9 @@ static void
 kvb_stream_take(kvb_stream_t *st, uint64_t seq, const char *payload,
     size_t len)
 {
-    uint64_t  ref;
-
     if (st->replaying || st->draining) {
-        ref = (st->nheld > st->drained) ? st->held[st->nheld - 1].seq + 1
-                                        : st->next;
 
-        if (!kvb_stream_plausible(st, ref, seq)) {
+        if (!kvb_stream_plausible(st, st->next, seq)) {
             /* a restart shows again once the replay is over */
             st->st.suspects++;
             st->st.strays++;
@@ -392,6 +388,18 @@ kvb_stream_live(kvb_stream_t *st, uint64_t seq, const char *payload,
         return;
     }
 
+    if (seq + 1 == st->next && st->have_last) {
+        /*
+         * The seq just handed on, again: live batches never repeat, and a
+         * new process would have to be at exactly that seq.  A stray took
+         * the engine's seq first: dropping this one keeps the stream.
+         */
+        st->st.duplicates++;
+        st->st.suspects++;
+        st->st.strays++;
+        return;
+    }
+
     if (st->have_cand && seq == st->cand.seq + 1) {
         /* the suspect kept aside is continued: it was real */
         c = st->cand;
@@ -405,7 +413,8 @@ kvb_stream_live(kvb_stream_t *st, uint64_t seq, const char *payload,
         return;
     }
 
-    if (kvb_stream_plausible(st, st->next, seq)) {
+    if (st->replay_ep != NULL && kvb_stream_plausible(st, st->next, seq)) {
+        /* a gap: the replay tells what is missing, and if seq is real */
         kvb_stream_drop_cand(st);
         kvb_stream_jump(st, seq, payload, len);
         return;
@@ -480,6 +489,7 @@ kvb_stream_suspect(kvb_stream_t *st, uint64_t seq, const char *payload,
     kvb_stream_drop_cand(st);
 
     if (st->replay_ep != NULL && st->have_last && st->next > 0
+        && !kvb_stream_plausible(st, st->next, seq)
         && kvb_stream_replay_gap(st) == 0)
     {
         /* the frame itself is dropped: if it is real, the replay has it */
@@ -695,6 +705,8 @@ static int
 kvb_stream_hold(kvb_stream_t *st, uint64_t seq, const char *payload,
     size_t len)
 {
+    char        *copy;
+    size_t       i;
     kvb_held_t  *h;
 
     if (st->nheld == st->hold_max
@@ -703,13 +715,24 @@ kvb_stream_hold(kvb_stream_t *st, uint64_t seq, const char *payload,
         return -1;
     }
 
-    h = &st->held[st->nheld];
-    h->payload = malloc(len ? len : 1);
-    if (h->payload == NULL) {
+    copy = malloc(len ? len : 1);
+    if (copy == NULL) {
         return -1;
     }
 
-    memcpy(h->payload, payload, len);
+    memcpy(copy, payload, len);
+
+    /*
+     * in seq order, a stray among them or not: the engine's batches come
+     * in order, almost always at the end
+     */
+
+    for (i = st->nheld; i > st->drained && st->held[i - 1].seq > seq; i--) {
+        st->held[i] = st->held[i - 1];
+    }
+
+    h = &st->held[i];
+    h->payload = copy;
     h->seq = seq;
     h->len = len;
     st->nheld++;
@@ -724,30 +747,24 @@ kvb_stream_hold(kvb_stream_t *st, uint64_t seq, const char *payload,
 static void
 kvb_stream_ended(kvb_stream_t *st)
 {
-    kvb_held_t  *h;
-
     kvb_stream_close(st);
 
-    if (st->nheld > st->drained) {
-        h = &st->held[st->drained];
+    /*
+     * A held batch past the replay's end was published before the replay
+     * was asked for, yet the engine did not replay it: unless the batch
+     * after it is held too, it is not the engine's (kvb_stream_drain())
+     */
 
-        if (h->seq > st->next && kvb_stream_plausible(st, st->next, h->seq))
-        {
-            kvb_stream_give_up(st, "replay ended before the live batches");
-            return;
-        }
-
-        st->draining = 1;
-    }
-
+    st->draining = (st->nheld > st->drained);
     st->st.replays_ok++;
 }
 
 
 /*
- * Hands on the held batches, as many as the budget allows (b NULL: all):
- * what the replay already gave is dropped, a gap among them is a reset
- * (one more replay is not worth it), a suspect is dropped.
+ * Hands on the held batches, in seq order, as many as the budget allows
+ * (b NULL: all): what the replay already gave is dropped; a gap among
+ * them is a reset (one more replay is not worth it) if the batch after
+ * the gap is continued by the next one held, else it is a stray's.
  */
 
 static void
@@ -770,17 +787,20 @@ kvb_stream_drain(kvb_stream_t *st, kvb_budget_t *b)
         } else if (h->seq == st->next) {
             kvb_stream_deliver(st, h->seq, h->payload, h->len);
 
-        } else if (!kvb_stream_plausible(st, st->next, h->seq)) {
-            st->st.suspects++;
-            st->st.strays++;
+        } else if (st->after_reset) {
+            kvb_stream_deliver(st, h->seq, h->payload, h->len);
+
+        } else if (st->nheld > st->drained
+                   && st->held[st->drained].seq == h->seq + 1
+                   && kvb_stream_plausible(st, st->next, h->seq))
+        {
+            st->st.resets++;
+            st->h.reset(st->h.data, KVB_RESET_GAP, "live batches lost");
+            kvb_stream_deliver(st, h->seq, h->payload, h->len);
 
         } else {
-            if (!st->after_reset) {
-                st->st.resets++;
-                st->h.reset(st->h.data, KVB_RESET_GAP, "live batches lost");
-            }
-
-            kvb_stream_deliver(st, h->seq, h->payload, h->len);
+            st->st.suspects++;
+            st->st.strays++;
         }
 
         free(h->payload);

@@ -38,16 +38,23 @@
  *     asked for the last batch delivered: the same batch back means the
  *     engine is the one already followed (the suspect was a stray);
  *     another batch, or none, is a restart, and the new process is
- *     replayed from its start, which brings the suspect's seq if real;
- *   - without one, the suspect is kept aside: the frame right after it
- *     continuing from it (seq + 1) confirms it, and it is then a restart
- *     (back) or a gap (ahead); the established sequence going on, or
- *     another suspect, drops it.
+ *     replayed from its start, which brings the suspect's seq if real.
+ *     A plausible gap is replayed as above; a held batch the replay did
+ *     not reach is kept only if the one after it is held too;
+ *   - without one, any seq but the next one (a gap too) is kept aside:
+ *     the frame right after it continuing from it (seq + 1) confirms it,
+ *     and it is then a restart (back) or a gap (ahead); the established
+ *     sequence going on, or another suspect, drops it;
+ *   - the seq just handed on, again, is dropped: live batches never
+ *     repeat, and a new process would have to be at exactly that seq.
  *
- * Frames from the established sequence flow meanwhile.  During a replay a
+ * Frames from the established sequence flow meanwhile; during a replay a
  * suspect live frame is dropped (a real restart shows again afterwards).
- * The cost: a restarted engine without a replay endpoint is seen at its
- * second batch, and one stray frame is never a restart.
+ * The cost: without a replay endpoint a restart or a gap is seen one
+ * batch late.  What this does not stop: a peer that sends two frames
+ * that continue each other, or the engine's next seq before the engine
+ * does (its batch then takes the engine's place, without a reset); only
+ * keeping such peers off the collector does.
  *
  * No call holds the caller long: kvb_stream_io() reads at most
  * KVB_STREAM_IO_MSGS messages, KVB_STREAM_IO_BYTES bytes and
