@@ -73,6 +73,10 @@ FUZZ_CFLAGS          += -Itools/kvbridge
 FUZZ_SRCS_kvb_decode := $(KVBRIDGE_DECODE)
 FUZZ_LIBS_kvb_decode := -lmsgpackc
 
+# the stream against a real ZeroMQ ROUTER on inproc
+FUZZ_SRCS_kvb_stream := tools/kvbridge/kvb_stream.c tools/kvbridge/kvb_zmsg.c
+FUZZ_LIBS_kvb_stream := -lzmq
+
 # the load scraper: its parser and chunked decoder are pure, its client
 # needs only a loopback server, which the test forks
 KVBRIDGE_METRICS := tools/kvbridge/kvb_metrics.c tools/kvbridge/kvb_chunked.c \
