@@ -92,6 +92,10 @@ FUZZ_LIBS_kvb_decode := -lmsgpackc
 FUZZ_SRCS_kvb_mirror := $(KVBRIDGE_MIRROR)
 FUZZ_LIBS_kvb_mirror := -lmsgpackc
 
+# the stream against a real ZeroMQ ROUTER on inproc
+FUZZ_SRCS_kvb_stream := tools/kvbridge/kvb_stream.c tools/kvbridge/kvb_zmsg.c
+FUZZ_LIBS_kvb_stream := -lzmq
+
 # the load scraper: its parser and chunked decoder are pure, its client
 # needs only a loopback server, which the test forks
 KVBRIDGE_METRICS := tools/kvbridge/kvb_metrics.c tools/kvbridge/kvb_chunked.c \

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
@@ -25,6 +27,7 @@ static uint64_t  got[256];
 static size_t    ngot;
 static int       resets, restarts;
 static char      last_reset[128];
+static unsigned  batch_us;      /* what handing a batch on costs */
 
 
 static void
@@ -44,6 +47,10 @@ on_batch(void *data, uint64_t seq, const char *payload, size_t len)
 
     if (ngot < 256) {
         got[ngot++] = seq;
+    }
+
+    if (batch_us) {
+        usleep(batch_us);
     }
 }
 
@@ -77,6 +84,30 @@ live(kvb_stream_t *st, uint64_t seq)
     be64(seq, s);
     snprintf(payload, sizeof(payload), "b%llu", (unsigned long long) seq);
     kvb_stream_frame(st, s, 8, payload, strlen(payload), 0);
+}
+
+
+static void
+live_as(kvb_stream_t *st, uint64_t seq, char process)
+{
+    char           payload[32];
+    unsigned char  s[8];
+
+    be64(seq, s);
+    snprintf(payload, sizeof(payload), "%c%llu", process,
+             (unsigned long long) seq);
+    kvb_stream_frame(st, s, 8, payload, strlen(payload), 0);
+}
+
+
+static uint64_t
+now_us(void)
+{
+    struct timespec  ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+
+    return (uint64_t) ts.tv_sec * 1000000 + (uint64_t) ts.tv_nsec / 1000;
 }
 
 
@@ -271,31 +302,57 @@ main(void)
        && got[ngot - 1] == 20 && kvb_stream_socket(st) == NULL,
        "a replay that never ends times out and resets");
 
-    /* the engine restarts: seq back to 0 */
+    /*
+     * The engine restarts: seq back to 0.  A suspect: the replay is asked
+     * for the last batch seen (20), the new process has none, so it is a
+     * restart and the new process is replayed from its start; its live
+     * seq 1, meanwhile, is dropped (the replay has it).
+     */
     live(st, 0);
+    ok(restarts == 0 && got[ngot - 1] == 20, "seq 0 again: not yet taken");
+    from = replay_request(id, &id_len);
     live(st, 1);
-    ok(restarts == 1 && got[ngot - 2] == 0 && got[ngot - 1] == 1,
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    ok(from == 20 && restarts == 1
+       && strstr(last_reset, "seq 20 no longer replayed") != NULL,
+       "the replay has no seq 20: a restart (%s)", last_reset);
+    from = replay_request(id, &id_len);
+    replay_send(id, id_len, 0, 0);
+    replay_send(id, id_len, 1, 0);
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    ok(from == 0 && got[ngot - 2] == 0 && got[ngot - 1] == 1
+       && kvb_stream_socket(st) == NULL,
        "seq 0 again: a restart, and the new stream goes on");
 
     kvb_stream_destroy(st);
 
-    /* restarted, its seq 0 missed: any seq going back is a restart */
+    /*
+     * Restarted, its seq 0 missed, no replay endpoint: a seq going back
+     * is a restart once the next frame continues from it.
+     */
     st = fresh(NULL, 64);
     for (i = 0; i < 40; i++) {
         live(st, i);
     }
     live(st, 3);
-    ok(restarts == 1 && got[ngot - 1] == 3 && ngot == 41,
-       "a seq below the expected one: a restart, on from there");
+    ok(restarts == 0 && ngot == 40, "a seq below the expected one: kept");
+    live(st, 4);
+    ok(restarts == 1 && got[ngot - 2] == 3 && got[ngot - 1] == 4
+       && ngot == 42,
+       "the next frame continues from it: a restart, on from there");
     kvb_stream_destroy(st);
 
-    /* no replay endpoint: a gap resets at once */
+    /* no replay endpoint: a gap resets once the next frame follows it */
     st = fresh(NULL, 64);
     live(st, 0);
     live(st, 5);
-    ok(resets == 1 && ngot == 2 && got[1] == 5
+    ok(resets == 0 && ngot == 1, "without a replay endpoint a gap waits");
+    live(st, 6);
+    ok(resets == 1 && ngot == 3 && got[1] == 5 && got[2] == 6
        && strstr(last_reset, "no replay") != NULL,
-       "without a replay endpoint a gap resets: %s", last_reset);
+       "then resets: %s", last_reset);
     kvb_stream_destroy(st);
 
     /* joining late: replayed from 0 */
@@ -434,6 +491,185 @@ main(void)
     st = fresh(NULL, 64);
     ok(kvb_stream_rebuild(st, 0) == -1, "no rebuild without a replay socket");
     kvb_stream_destroy(st);
+
+    /*
+     * Issue 18, defect 8: one stray frame on the engine's topic (anyone
+     * on the collector port can send one) is not a restart.  Without a
+     * replay endpoint it is kept aside and dropped when the established
+     * sequence goes on; with one, the replay says the engine is the one
+     * followed.
+     */
+    st = fresh(NULL, 64);
+    for (i = 0; i < 10; i++) {
+        live(st, i);
+    }
+    live_as(st, 0, 'x');
+    live(st, 10);
+    live_as(st, 1ULL << 63, 'x');
+    live(st, 11);
+    live_as(st, 5, 'x');
+    live_as(st, 900000, 'x');
+    live(st, 12);
+    ok(resets == 0 && restarts == 0 && ngot == 13 && got[12] == 12
+       && kvb_stream_stats(st)->suspects == 4
+       && kvb_stream_stats(st)->strays == 4,
+       "stray seqs 0, 2^63, 5 and 900000 among 0..12: no reset, nothing "
+       "of theirs handed on");
+    kvb_stream_destroy(st);
+
+    st = fresh(EP, 64);
+    for (i = 0; i < 10; i++) {
+        live(st, i);
+    }
+    live_as(st, 0, 'x');
+    from = replay_request(id, &id_len);
+    live(st, 10);
+    live_as(st, 1, 'x');
+    live(st, 11);
+    replay_send(id, id_len, 9, 0);
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    ok(from == 9 && resets == 0 && ngot == 12 && got[11] == 11
+       && kvb_stream_stats(st)->strays == 2,
+       "a stray seq 0 with a replay endpoint: seq 9 replayed unchanged, "
+       "the engine's 10 and 11 held and handed on, no reset");
+    live_as(st, 1ULL << 63, 'x');
+    from = replay_request(id, &id_len);
+    replay_send(id, id_len, 11, 0);
+    replay_send(id, id_len, -1, 0);
+    pump(st);
+    live(st, 12);
+    ok(from == 11 && resets == 0 && ngot == 13 && got[12] == 12,
+       "a stray seq 2^63, then the engine's next: no gap, no reset");
+    kvb_stream_destroy(st);
+
+    /*
+     * One frame just ahead (next + 1), or with the engine's next seq
+     * itself, is not a restart either: the first is dropped when the
+     * engine's next comes, the second takes the engine's place and the
+     * engine's own batch of that seq is dropped as a duplicate.
+     */
+    st = fresh(NULL, 64);
+    for (i = 0; i < 10; i++) {
+        live(st, i);
+    }
+    live_as(st, 11, 'x');
+    live(st, 10);
+    live(st, 11);
+    live(st, 12);
+    ok(resets == 0 && ngot == 13 && got[11] == 11 && got[12] == 12,
+       "a stray seq 11 before the engine's 10, 11, 12: no reset");
+    live_as(st, 13, 'b');
+    live(st, 13);
+    live(st, 14);
+    ok(resets == 0 && ngot == 15 && got[14] == 14
+       && kvb_stream_stats(st)->duplicates == 1,
+       "a stray with the engine's next seq: the engine's own dropped, "
+       "no reset");
+    kvb_stream_destroy(st);
+
+    /*
+     * Issue 18, defect 3: a replay that floods.  One kvb_stream_io() call
+     * takes at most KVB_STREAM_IO_MSGS messages, and with batches that
+     * take 1 ms each to hand on, KVB_STREAM_IO_US of time (plus one
+     * batch); the replay's timeout is checked between messages.
+     */
+    {
+        uint64_t        t0, t;
+        int             calls;
+        zmq_pollitem_t  it;
+
+        st = fresh(EP, 64);
+        live(st, 0);
+        live(st, 3000);
+        from = replay_request(id, &id_len);
+        for (i = 0; i < 2000; i++) {
+            replay_send(id, id_len, i, 0);
+        }
+
+        it.socket = kvb_stream_socket(st);
+        it.fd = 0;
+        it.events = ZMQ_POLLIN;
+        it.revents = 0;
+        zmq_poll(&it, 1, 1000);
+        usleep(100000);             /* all of them on this side */
+        ngot = 0;
+        kvb_stream_io(st, 0);
+        ok(ngot > 0 && ngot <= KVB_STREAM_IO_MSGS
+           && kvb_stream_stats(st)->io_yields == 1,
+           "a flood of 2000: one call hands on %zu", ngot);
+
+        batch_us = 1000;
+        ngot = 0;
+        t0 = now_us();
+        kvb_stream_io(st, 0);
+        t = now_us() - t0;
+        ok(ngot >= 1 && ngot <= 8 && t < KVB_STREAM_IO_US + 100000,
+           "batches of 1 ms: one call hands on %zu in %llu us", ngot,
+           (unsigned long long) t);
+
+        /* the replay's time runs out inside a call, not between turns */
+        calls = resets;
+        kvb_stream_io(st, 299);
+        ok(resets == calls + 1 && strstr(last_reset, "timed out") != NULL
+           && kvb_stream_socket(st) == NULL,
+           "a replay past its timeout fails inside the call: %s",
+           last_reset);
+        batch_us = 0;
+        kvb_stream_destroy(st);
+    }
+
+    /* held batches are handed on under the budget too, from the tick */
+    {
+        size_t  before;
+
+        st = fresh(EP, 2048);
+        live(st, 0);
+        for (i = 2; i < 1500; i++) {
+            live(st, i);
+        }
+        from = replay_request(id, &id_len);
+        replay_send(id, id_len, 0, 0);
+        replay_send(id, id_len, 1, 0);
+        replay_send(id, id_len, -1, 0);
+        pump(st);
+        before = (size_t) kvb_stream_stats(st)->batches;
+        ok(from == 0 && before < 1500 && kvb_stream_deadline(st) == 0,
+           "1498 held batches: %zu handed on in the first call, the "
+           "rest is due now", before);
+        for (i = 0; i < 100 && kvb_stream_deadline(st) == 0; i++) {
+            kvb_stream_tick(st, 0);
+        }
+        ok(kvb_stream_stats(st)->batches == 1500 && resets == 0
+           && kvb_stream_deadline(st) == UINT64_MAX,
+           "then all of them, in order, over %u ticks", i);
+        kvb_stream_destroy(st);
+    }
+
+    /* a replay message past --max-batch never reaches the stream */
+    {
+        char           big[4096];
+        unsigned char  s[8];
+
+        st = fresh(EP, 64);
+        kvb_stream_set_max_batch(st, 1024);
+        live(st, 0);
+        live(st, 5);
+        from = replay_request(id, &id_len);
+        memset(big, 'b', sizeof(big));
+        be64(0, s);
+        zmq_send(router, id, id_len, ZMQ_SNDMORE);
+        zmq_send(router, "", 0, ZMQ_SNDMORE);
+        zmq_send(router, s, 8, ZMQ_SNDMORE);
+        zmq_send(router, big, sizeof(big), 0);
+        pump(st);
+        kvb_stream_tick(st, 1000);
+        ok(from == 0 && ngot == 2 && got[1] == 5
+           && strstr(last_reset, "timed out") != NULL,
+           "a 4 KB reply with --max-batch 1k: dropped, the replay fails "
+           "(%s)", last_reset);
+        kvb_stream_destroy(st);
+    }
 
     zmq_close(router);
     zmq_ctx_term(zctx);

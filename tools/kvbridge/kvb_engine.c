@@ -139,6 +139,10 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
         strcpy(e->label, conf->name);
     }
 
+    if (e->stream != NULL) {
+        kvb_stream_set_max_batch(e->stream, lim->decode.max_bytes);
+    }
+
     if (e->name == NULL || e->label == NULL || e->model == NULL
         || e->topic == NULL
         || e->keys == NULL || e->mirror == NULL || e->stream == NULL)
@@ -544,12 +548,15 @@ kvb_engine_tick(kvb_engine_t *e, uint64_t now_ms)
     if (ss->replays_ok + ss->replays_failed != e->replays_seen) {
         e->replays_seen = ss->replays_ok + ss->replays_failed;
         kvb_log(KVB_LOG_INFO, "engine %s: gaps %llu, replayed %llu, "
-                "lost %llu, duplicates %llu, restarts %llu", e->label,
+                "lost %llu, duplicates %llu, restarts %llu, strays %llu, "
+                "longest replay read %llu us", e->label,
                 (unsigned long long) ss->gaps,
                 (unsigned long long) ss->replays_ok,
                 (unsigned long long) ss->replays_failed,
                 (unsigned long long) ss->duplicates,
-                (unsigned long long) ss->restarts);
+                (unsigned long long) ss->restarts,
+                (unsigned long long) ss->strays,
+                (unsigned long long) ss->io_max_us);
     }
 
     if (e->reconnect_at && now_ms >= e->reconnect_at) {

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <xxhash.h>
 #include <zmq.h>
@@ -18,6 +19,9 @@
 
 #define KVB_SEQ_END         UINT64_MAX      /* -1: the replay's end */
 
+/* past this, time since the stream moved adds nothing to a plausible jump */
+#define KVB_JUMP_MS_MAX     (1000ULL * 86400 * 365)
+
 
 typedef struct {
     uint64_t                seq;
@@ -26,42 +30,72 @@ typedef struct {
 } kvb_held_t;
 
 
+/* what one call may still do */
+typedef struct {
+    uint64_t                start_us;
+    unsigned                msgs;
+    size_t                  bytes;
+} kvb_budget_t;
+
+
 struct kvb_stream_s {
     void                   *zctx;
     char                   *replay_ep;
     void                   *dealer;
     unsigned                timeout_ms;
+    size_t                  max_msg;
     kvb_stream_handler_t    h;
 
     unsigned                started:1;
     unsigned                replaying:1;
     unsigned                verifying:1;    /* next - 1 is replayed first */
     unsigned                have_last:1;
+    unsigned                draining:1;     /* held batches to hand on */
+    unsigned                after_reset:1;  /* the next jump is expected */
+    unsigned                checking:1;     /* a verify for a suspect */
+    unsigned                have_cand:1;    /* a suspect kept aside */
     uint64_t                next;           /* the seq expected */
     uint64_t                last_digest;    /* of next - 1's payload */
     uint64_t                deadline;
+    uint64_t                now;            /* the caller's clock */
+    uint64_t                moved;          /* when next last moved */
 
-    kvb_held_t             *held;
-    size_t                  nheld, hold_max, held_bytes;
+    kvb_held_t             *held;           /* [drained, nheld) to go */
+    size_t                  nheld, drained, hold_max, held_bytes;
+    kvb_held_t              cand;
 
     kvb_stream_stats_t      st;
 };
 
 
+static void kvb_stream_take(kvb_stream_t *st, uint64_t seq,
+    const char *payload, size_t len);
 static void kvb_stream_live(kvb_stream_t *st, uint64_t seq,
-    const char *payload, size_t len, uint64_t now_ms);
+    const char *payload, size_t len);
+static void kvb_stream_jump(kvb_stream_t *st, uint64_t seq,
+    const char *payload, size_t len);
+static void kvb_stream_suspect(kvb_stream_t *st, uint64_t seq,
+    const char *payload, size_t len);
+static int kvb_stream_plausible(const kvb_stream_t *st, uint64_t from,
+    uint64_t seq);
+static void kvb_stream_drop_cand(kvb_stream_t *st);
 static void kvb_stream_deliver(kvb_stream_t *st, uint64_t seq,
     const char *payload, size_t len);
-static int kvb_stream_replay(kvb_stream_t *st, uint64_t from,
-    uint64_t now_ms);
-static int kvb_stream_replay_gap(kvb_stream_t *st, uint64_t now_ms);
+static void kvb_stream_reply(kvb_stream_t *st, kvb_zmsg_t *m);
+static int kvb_stream_replay(kvb_stream_t *st, uint64_t from);
+static int kvb_stream_replay_gap(kvb_stream_t *st);
 static int kvb_stream_check(kvb_stream_t *st, uint64_t seq,
-    const char *payload, size_t len, uint64_t now_ms);
+    const char *payload, size_t len);
 static int kvb_stream_hold(kvb_stream_t *st, uint64_t seq,
     const char *payload, size_t len);
-static void kvb_stream_drain(kvb_stream_t *st);
+static void kvb_stream_ended(kvb_stream_t *st);
+static void kvb_stream_drain(kvb_stream_t *st, kvb_budget_t *b);
 static void kvb_stream_give_up(kvb_stream_t *st, const char *detail);
 static void kvb_stream_close(kvb_stream_t *st);
+static void kvb_budget_start(kvb_budget_t *b);
+static int kvb_budget_left(const kvb_budget_t *b);
+static uint64_t kvb_budget_used_us(const kvb_budget_t *b);
+static uint64_t kvb_now_us(void);
 static uint64_t kvb_be64(const unsigned char *p);
 
 
@@ -109,13 +143,21 @@ kvb_stream_destroy(kvb_stream_t *st)
 
     kvb_stream_close(st);
 
-    while (st->nheld) {
+    while (st->nheld > st->drained) {
         free(st->held[--st->nheld].payload);
     }
 
+    free(st->cand.payload);
     free(st->held);
     free(st->replay_ep);
     free(st);
+}
+
+
+void
+kvb_stream_set_max_batch(kvb_stream_t *st, size_t max_bytes)
+{
+    st->max_msg = max_bytes;
 }
 
 
@@ -132,16 +174,47 @@ kvb_stream_frame(kvb_stream_t *st, const void *seq, size_t seq_len,
 
     s = kvb_be64(seq);
 
-    if (st->replaying) {
-        if (kvb_stream_hold(st, s, payload, len) == 0) {
+    if (s == KVB_SEQ_END) {
+        /* a replay's end marker has no place in the live stream */
+        st->st.bad_frames++;
+        return;
+    }
+
+    st->now = now_ms;
+
+    kvb_stream_take(st, s, payload, len);
+}
+
+
+/* a live batch: held behind a replay or held batches, or handed on */
+
+static void
+kvb_stream_take(kvb_stream_t *st, uint64_t seq, const char *payload,
+    size_t len)
+{
+    if (st->replaying || st->draining) {
+
+        if (!kvb_stream_plausible(st, st->next, seq)) {
+            /* a restart shows again once the replay is over */
+            st->st.suspects++;
+            st->st.strays++;
             return;
         }
 
-        /* too much to hold: the replay is too slow to be worth it */
-        kvb_stream_give_up(st, "live batches past the hold limit");
+        if (kvb_stream_hold(st, seq, payload, len) == 0) {
+            return;
+        }
+
+        if (st->replaying) {
+            /* too much to hold: the replay is too slow to be worth it */
+            kvb_stream_give_up(st, "live batches past the hold limit");
+        }
+
+        /* what is held goes first, whatever it costs (bounded in bytes) */
+        kvb_stream_drain(st, NULL);
     }
 
-    kvb_stream_live(st, s, payload, len, now_ms);
+    kvb_stream_live(st, seq, payload, len);
 }
 
 
@@ -155,52 +228,98 @@ kvb_stream_socket(const kvb_stream_t *st)
 void
 kvb_stream_io(kvb_stream_t *st, uint64_t now_ms)
 {
-    char        detail[96];
-    size_t      n;
-    uint64_t    seq;
-    kvb_zmsg_t  m;
+    size_t        i;
+    uint64_t      used;
+    kvb_zmsg_t    m;
+    kvb_budget_t  b;
+
+    kvb_budget_start(&b);
+    st->now = now_ms;
+
+    while (st->replaying) {
+
+        if (!kvb_budget_left(&b)) {
+            /* the rest waits for the next turn: others go first */
+            st->st.io_yields++;
+            break;
+        }
+
+        if (now_ms + kvb_budget_used_us(&b) / 1000 >= st->deadline) {
+            kvb_stream_give_up(st, "replay timed out");
+            break;
+        }
+
+        if (!kvb_zmsg_recv(st->dealer, &m, 4)) {
+            break;
+        }
+
+        b.msgs++;
+
+        for (i = 0; i < m.n; i++) {
+            b.bytes += zmq_msg_size(&m.part[i]);
+        }
+
+        st->now = now_ms + kvb_budget_used_us(&b) / 1000;
+        kvb_stream_reply(st, &m);
+        kvb_zmsg_close(&m);
+    }
+
+    if (st->draining) {
+        kvb_stream_drain(st, &b);
+    }
+
+    used = kvb_budget_used_us(&b);
+
+    if (used > st->st.io_max_us) {
+        st->st.io_max_us = used;
+    }
+}
+
+
+/* one message from the replay socket */
+
+static void
+kvb_stream_reply(kvb_stream_t *st, kvb_zmsg_t *m)
+{
+    char      detail[96];
+    size_t    n, len;
+    uint64_t  seq;
+    char     *payload;
 
     /* ["", [topic,] seq, payload]: newer vLLM adds the topic */
 
-    while (st->replaying && kvb_zmsg_recv(st->dealer, &m, 4)) {
-        n = m.n;
+    n = m->n;
 
-        if (m.too_long || n < 3 || zmq_msg_size(&m.part[0]) != 0
-            || zmq_msg_size(&m.part[n - 2]) != 8)
-        {
-            st->st.bad_frames++;
+    if (m->too_long || n < 3 || zmq_msg_size(&m->part[0]) != 0
+        || zmq_msg_size(&m->part[n - 2]) != 8)
+    {
+        st->st.bad_frames++;
+        return;
+    }
 
-        } else {
-            seq = kvb_be64(zmq_msg_data(&m.part[n - 2]));
+    seq = kvb_be64(zmq_msg_data(&m->part[n - 2]));
+    payload = zmq_msg_data(&m->part[n - 1]);
+    len = zmq_msg_size(&m->part[n - 1]);
 
-            if (st->verifying
-                && kvb_stream_check(st, seq, zmq_msg_data(&m.part[n - 1]),
-                                    zmq_msg_size(&m.part[n - 1]), now_ms)
-                   != 0)
-            {
-                /* a restart: a replay from 0 asked instead, or given up */
+    if (st->verifying && kvb_stream_check(st, seq, payload, len) != 0) {
+        /* a restart: a replay from 0 asked instead, or given up */
+        return;
+    }
 
-            } else if (seq == KVB_SEQ_END) {
-                kvb_stream_close(st);
-                kvb_stream_drain(st);
+    if (seq == KVB_SEQ_END) {
+        kvb_stream_ended(st);
 
-            } else if (seq < st->next) {
-                st->st.duplicates++;
+    } else if (seq < st->next) {
+        st->st.duplicates++;
 
-            } else if (seq == st->next) {
-                kvb_stream_deliver(st, seq, zmq_msg_data(&m.part[n - 1]),
-                                   zmq_msg_size(&m.part[n - 1]));
+    } else if (seq == st->next) {
+        kvb_stream_deliver(st, seq, payload, len);
 
-            } else {
-                snprintf(detail, sizeof(detail),
-                         "replay skipped seq %llu to %llu",
-                         (unsigned long long) st->next,
-                         (unsigned long long) seq - 1);
-                kvb_stream_give_up(st, detail);
-            }
-        }
-
-        kvb_zmsg_close(&m);
+    } else {
+        snprintf(detail, sizeof(detail), "replay skipped seq %llu to %llu",
+                 (unsigned long long) st->next,
+                 (unsigned long long) seq - 1);
+        kvb_stream_give_up(st, detail);
     }
 }
 
@@ -208,6 +327,10 @@ kvb_stream_io(kvb_stream_t *st, uint64_t now_ms)
 uint64_t
 kvb_stream_deadline(const kvb_stream_t *st)
 {
+    if (st->draining) {
+        return 0;
+    }
+
     return st->replaying ? st->deadline : UINT64_MAX;
 }
 
@@ -215,8 +338,17 @@ kvb_stream_deadline(const kvb_stream_t *st)
 void
 kvb_stream_tick(kvb_stream_t *st, uint64_t now_ms)
 {
+    kvb_budget_t  b;
+
+    st->now = now_ms;
+
     if (st->replaying && now_ms >= st->deadline) {
         kvb_stream_give_up(st, "replay timed out");
+    }
+
+    if (st->draining) {
+        kvb_budget_start(&b);
+        kvb_stream_drain(st, &b);
     }
 }
 
@@ -230,11 +362,14 @@ kvb_stream_stats(const kvb_stream_t *st)
 
 static void
 kvb_stream_live(kvb_stream_t *st, uint64_t seq, const char *payload,
-    size_t len, uint64_t now_ms)
+    size_t len)
 {
+    kvb_held_t  c;
+
     if (!st->started) {
         st->started = 1;
         st->next = 0;
+        st->moved = st->now;
 
         if (seq == 0 || st->replay_ep == NULL) {
             /* from its start, or as much of it as can be had */
@@ -242,25 +377,75 @@ kvb_stream_live(kvb_stream_t *st, uint64_t seq, const char *payload,
             kvb_stream_deliver(st, seq, payload, len);
             return;
         }
+
+        kvb_stream_jump(st, seq, payload, len);
+        return;
     }
 
     if (seq == st->next) {
+        kvb_stream_drop_cand(st);
         kvb_stream_deliver(st, seq, payload, len);
         return;
     }
 
+    if (seq + 1 == st->next && st->have_last) {
+        /*
+         * The seq just handed on, again: live batches never repeat, and a
+         * new process would have to be at exactly that seq.  A stray took
+         * the engine's seq first: dropping this one keeps the stream.
+         */
+        st->st.duplicates++;
+        st->st.suspects++;
+        st->st.strays++;
+        return;
+    }
+
+    if (st->have_cand && seq == st->cand.seq + 1) {
+        /* the suspect kept aside is continued: it was real */
+        c = st->cand;
+        st->have_cand = 0;
+        st->cand.payload = NULL;
+        kvb_stream_jump(st, c.seq, c.payload, c.len);
+        free(c.payload);
+
+        /* seq follows it: handed on, or held behind a replay */
+        kvb_stream_take(st, seq, payload, len);
+        return;
+    }
+
+    if (st->replay_ep != NULL && kvb_stream_plausible(st, st->next, seq)) {
+        /* a gap: the replay tells what is missing, and if seq is real */
+        kvb_stream_drop_cand(st);
+        kvb_stream_jump(st, seq, payload, len);
+        return;
+    }
+
+    kvb_stream_suspect(st, seq, payload, len);
+}
+
+
+/*
+ * A seq that is not the next one, taken as what it says: back is a new
+ * engine process, ahead is a gap, replayed if it can be.
+ */
+
+static void
+kvb_stream_jump(kvb_stream_t *st, uint64_t seq, const char *payload,
+    size_t len)
+{
     if (seq < st->next) {
         /*
          * Live batches never repeat: a replay's overlap is sorted out
-         * while they are held.  A seq below the expected one is a new
-         * engine process (its seq 0 may have been missed while the SUB
-         * socket reconnected), or a second publisher on the same topic.
+         * while they are held.  A seq below the expected one, confirmed,
+         * is a new engine process (its seq 0 may have been missed while
+         * the socket reconnected).
          */
 
         st->st.restarts++;
         st->st.resets++;
         st->h.reset(st->h.data, KVB_RESET_RESTART, "seq went back");
         st->next = 0;
+        st->have_last = 0;
 
         if (seq == 0 || st->replay_ep == NULL) {
             st->next = seq;
@@ -273,7 +458,7 @@ kvb_stream_live(kvb_stream_t *st, uint64_t seq, const char *payload,
 
     st->st.gaps++;
 
-    if (st->replay_ep != NULL && kvb_stream_replay_gap(st, now_ms) == 0
+    if (st->replay_ep != NULL && kvb_stream_replay_gap(st) == 0
         && kvb_stream_hold(st, seq, payload, len) == 0)
     {
         return;
@@ -291,11 +476,79 @@ kvb_stream_live(kvb_stream_t *st, uint64_t seq, const char *payload,
 }
 
 
+/*
+ * A seq back or far ahead of the established sequence (kvb_stream.h):
+ * the replay tells whose it is, else the frame after it does.
+ */
+
+static void
+kvb_stream_suspect(kvb_stream_t *st, uint64_t seq, const char *payload,
+    size_t len)
+{
+    st->st.suspects++;
+    kvb_stream_drop_cand(st);
+
+    if (st->replay_ep != NULL && st->have_last && st->next > 0
+        && !kvb_stream_plausible(st, st->next, seq)
+        && kvb_stream_replay_gap(st) == 0)
+    {
+        /* the frame itself is dropped: if it is real, the replay has it */
+        st->checking = 1;
+        return;
+    }
+
+    st->cand.payload = malloc(len ? len : 1);
+    if (st->cand.payload == NULL) {
+        st->st.strays++;
+        return;
+    }
+
+    memcpy(st->cand.payload, payload, len);
+    st->cand.seq = seq;
+    st->cand.len = len;
+    st->have_cand = 1;
+}
+
+
+/* seq can follow from, given the time since the stream last moved */
+
+static int
+kvb_stream_plausible(const kvb_stream_t *st, uint64_t from, uint64_t seq)
+{
+    uint64_t  ms, ahead;
+
+    if (seq < from || seq == KVB_SEQ_END) {
+        return 0;
+    }
+
+    ms = (st->now > st->moved) ? st->now - st->moved : 0;
+    ms = (ms < KVB_JUMP_MS_MAX) ? ms : KVB_JUMP_MS_MAX;
+    ahead = KVB_STREAM_JUMP_BASE + ms * KVB_STREAM_JUMP_RATE / 1000;
+
+    return seq - from <= ahead;
+}
+
+
+static void
+kvb_stream_drop_cand(kvb_stream_t *st)
+{
+    if (st->have_cand) {
+        st->st.strays++;
+        st->have_cand = 0;
+    }
+
+    free(st->cand.payload);
+    st->cand.payload = NULL;
+}
+
+
 static void
 kvb_stream_deliver(kvb_stream_t *st, uint64_t seq, const char *payload,
     size_t len)
 {
     st->next = seq + 1;
+    st->moved = st->now;
+    st->after_reset = 0;
     st->last_digest = XXH3_64bits(payload, len);
     st->have_last = 1;
     st->st.batches++;
@@ -304,9 +557,10 @@ kvb_stream_deliver(kvb_stream_t *st, uint64_t seq, const char *payload,
 
 
 static int
-kvb_stream_replay(kvb_stream_t *st, uint64_t from, uint64_t now_ms)
+kvb_stream_replay(kvb_stream_t *st, uint64_t from)
 {
     int            zero, hwm;
+    int64_t        max;
     unsigned char  req[8];
     unsigned       i;
 
@@ -320,10 +574,21 @@ kvb_stream_replay(kvb_stream_t *st, uint64_t from, uint64_t now_ms)
         return -1;
     }
 
+    /*
+     * What a replay may queue here is bounded: a flood stops at the
+     * high-water mark (the engine's ROUTER drops past it, and the replay
+     * skips a seq), a message past --max-batch ends the connection.
+     */
+
     zero = 0;
-    hwm = 0;    /* no limit on our side: the engine's ROUTER drops anyway */
+    hwm = KVB_STREAM_REPLAY_HWM;
     zmq_setsockopt(st->dealer, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(st->dealer, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+
+    if (st->max_msg) {
+        max = (int64_t) st->max_msg + 64;
+        zmq_setsockopt(st->dealer, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+    }
 
     for (i = 0; i < 8; i++) {
         req[i] = (unsigned char) (from >> (56 - 8 * i));
@@ -339,7 +604,8 @@ kvb_stream_replay(kvb_stream_t *st, uint64_t from, uint64_t now_ms)
 
     st->replaying = 1;
     st->verifying = 0;
-    st->deadline = now_ms + st->timeout_ms;
+    st->checking = 0;
+    st->deadline = st->now + st->timeout_ms;
 
     return 0;
 }
@@ -354,13 +620,13 @@ kvb_stream_replay(kvb_stream_t *st, uint64_t from, uint64_t now_ms)
  */
 
 static int
-kvb_stream_replay_gap(kvb_stream_t *st, uint64_t now_ms)
+kvb_stream_replay_gap(kvb_stream_t *st)
 {
     if (!st->have_last || st->next == 0) {
-        return kvb_stream_replay(st, st->next, now_ms);
+        return kvb_stream_replay(st, st->next);
     }
 
-    if (kvb_stream_replay(st, st->next - 1, now_ms) != 0) {
+    if (kvb_stream_replay(st, st->next - 1) != 0) {
         return -1;
     }
 
@@ -379,9 +645,10 @@ kvb_stream_verify(kvb_stream_t *st, uint64_t now_ms)
         return -1;
     }
 
+    st->now = now_ms;
     st->st.verifies++;
 
-    return kvb_stream_replay_gap(st, now_ms);
+    return kvb_stream_replay_gap(st);
 }
 
 
@@ -409,7 +676,7 @@ kvb_stream_rebuild(kvb_stream_t *st, uint64_t now_ms)
 
 static int
 kvb_stream_check(kvb_stream_t *st, uint64_t seq, const char *payload,
-    size_t len, uint64_t now_ms)
+    size_t len)
 {
     char  detail[96];
 
@@ -418,6 +685,11 @@ kvb_stream_check(kvb_stream_t *st, uint64_t seq, const char *payload,
     if (seq == st->next - 1) {
         if (XXH3_64bits(payload, len) == st->last_digest) {
             /* the same process: the batch is known, the rest follows */
+            if (st->checking) {
+                st->st.strays++;
+                st->checking = 0;
+            }
+
             return 0;
         }
 
@@ -436,7 +708,7 @@ kvb_stream_check(kvb_stream_t *st, uint64_t seq, const char *payload,
     st->next = 0;
     st->have_last = 0;
 
-    if (kvb_stream_replay(st, 0, now_ms) != 0) {
+    if (kvb_stream_replay(st, 0) != 0) {
         kvb_stream_give_up(st, "cannot replay the new process");
     }
 
@@ -448,6 +720,8 @@ static int
 kvb_stream_hold(kvb_stream_t *st, uint64_t seq, const char *payload,
     size_t len)
 {
+    char        *copy;
+    size_t       i;
     kvb_held_t  *h;
 
     if (st->nheld == st->hold_max
@@ -456,13 +730,24 @@ kvb_stream_hold(kvb_stream_t *st, uint64_t seq, const char *payload,
         return -1;
     }
 
-    h = &st->held[st->nheld];
-    h->payload = malloc(len ? len : 1);
-    if (h->payload == NULL) {
+    copy = malloc(len ? len : 1);
+    if (copy == NULL) {
         return -1;
     }
 
-    memcpy(h->payload, payload, len);
+    memcpy(copy, payload, len);
+
+    /*
+     * in seq order, a stray among them or not: the engine's batches come
+     * in order, almost always at the end
+     */
+
+    for (i = st->nheld; i > st->drained && st->held[i - 1].seq > seq; i--) {
+        st->held[i] = st->held[i - 1];
+    }
+
+    h = &st->held[i];
+    h->payload = copy;
     h->seq = seq;
     h->len = len;
     st->nheld++;
@@ -472,23 +757,44 @@ kvb_stream_hold(kvb_stream_t *st, uint64_t seq, const char *payload,
 }
 
 
-/* the replay is over: the held batches follow on, or the gap stays */
+/* the replay's end: the held batches follow on, or the gap stays */
 
 static void
-kvb_stream_drain(kvb_stream_t *st)
+kvb_stream_ended(kvb_stream_t *st)
 {
-    size_t       i;
+    kvb_stream_close(st);
+
+    /*
+     * A held batch past the replay's end was published before the replay
+     * was asked for, yet the engine did not replay it: unless the batch
+     * after it is held too, it is not the engine's (kvb_stream_drain())
+     */
+
+    st->draining = (st->nheld > st->drained);
+    st->st.replays_ok++;
+}
+
+
+/*
+ * Hands on the held batches, in seq order, as many as the budget allows
+ * (b NULL: all): what the replay already gave is dropped; a gap among
+ * them is a reset (one more replay is not worth it) if the batch after
+ * the gap is continued by the next one held, else it is a stray's.
+ */
+
+static void
+kvb_stream_drain(kvb_stream_t *st, kvb_budget_t *b)
+{
     kvb_held_t  *h;
 
-    if (st->nheld && st->held[0].seq > st->next) {
-        kvb_stream_give_up(st, "replay ended before the live batches");
-        return;
-    }
+    while (st->nheld > st->drained && (b == NULL || kvb_budget_left(b))) {
+        h = &st->held[st->drained++];
+        st->held_bytes -= h->len;
 
-    st->st.replays_ok++;
-
-    for (i = 0; i < st->nheld; i++) {
-        h = &st->held[i];
+        if (b != NULL) {
+            b->msgs++;
+            b->bytes += h->len;
+        }
 
         if (h->seq < st->next) {
             st->st.duplicates++;
@@ -496,45 +802,50 @@ kvb_stream_drain(kvb_stream_t *st)
         } else if (h->seq == st->next) {
             kvb_stream_deliver(st, h->seq, h->payload, h->len);
 
-        } else {
-            /* a gap among the held: one more replay is not worth it */
+        } else if (st->after_reset) {
+            kvb_stream_deliver(st, h->seq, h->payload, h->len);
+
+        } else if (st->nheld > st->drained
+                   && st->held[st->drained].seq == h->seq + 1
+                   && kvb_stream_plausible(st, st->next, h->seq))
+        {
             st->st.resets++;
             st->h.reset(st->h.data, KVB_RESET_GAP, "live batches lost");
             kvb_stream_deliver(st, h->seq, h->payload, h->len);
+
+        } else {
+            st->st.suspects++;
+            st->st.strays++;
         }
 
         free(h->payload);
+        h->payload = NULL;
     }
 
-    st->nheld = 0;
-    st->held_bytes = 0;
+    if (st->nheld == st->drained) {
+        st->nheld = 0;
+        st->drained = 0;
+        st->held_bytes = 0;
+        st->draining = 0;
+
+    } else if (b != NULL) {
+        st->st.io_yields++;
+    }
 }
 
+
+/* the replay failed: a gap for good, the held batches go on after it */
 
 static void
 kvb_stream_give_up(kvb_stream_t *st, const char *detail)
 {
-    size_t       i;
-    kvb_held_t  *h;
-
     st->st.replays_failed++;
     st->st.resets++;
     kvb_stream_close(st);
 
     st->h.reset(st->h.data, KVB_RESET_GAP, detail);
-
-    for (i = 0; i < st->nheld; i++) {
-        h = &st->held[i];
-
-        if (h->seq >= st->next) {
-            kvb_stream_deliver(st, h->seq, h->payload, h->len);
-        }
-
-        free(h->payload);
-    }
-
-    st->nheld = 0;
-    st->held_bytes = 0;
+    st->after_reset = 1;
+    st->draining = (st->nheld > st->drained);
 }
 
 
@@ -547,6 +858,43 @@ kvb_stream_close(kvb_stream_t *st)
     }
 
     st->replaying = 0;
+    st->verifying = 0;
+    st->checking = 0;
+}
+
+
+static void
+kvb_budget_start(kvb_budget_t *b)
+{
+    b->start_us = kvb_now_us();
+    b->msgs = 0;
+    b->bytes = 0;
+}
+
+
+static int
+kvb_budget_left(const kvb_budget_t *b)
+{
+    return b->msgs < KVB_STREAM_IO_MSGS && b->bytes < KVB_STREAM_IO_BYTES
+           && kvb_budget_used_us(b) < KVB_STREAM_IO_US;
+}
+
+
+static uint64_t
+kvb_budget_used_us(const kvb_budget_t *b)
+{
+    return kvb_now_us() - b->start_us;
+}
+
+
+static uint64_t
+kvb_now_us(void)
+{
+    struct timespec  ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+
+    return (uint64_t) ts.tv_sec * 1000000 + (uint64_t) ts.tv_nsec / 1000;
 }
 
 

@@ -27,6 +27,44 @@
  * The first batch after the bridge starts is a gap from 0 when its seq is
  * not 0: an engine that ran before the bridge is replayed from its start
  * if it still buffers it.
+ *
+ * A frame is not proof of anything: anyone who reaches the collector can
+ * send one on an engine's topic.  So a seq that goes back, or one further
+ * ahead than the engine can have published since the stream last moved
+ * (KVB_STREAM_JUMP_BASE batches plus KVB_STREAM_JUMP_RATE a second), is
+ * a suspect, acted on only once confirmed:
+ *
+ *   - with a replay endpoint, the suspect is dropped and the replay is
+ *     asked for the last batch delivered: the same batch back means the
+ *     engine is the one already followed (the suspect was a stray);
+ *     another batch, or none, is a restart, and the new process is
+ *     replayed from its start, which brings the suspect's seq if real.
+ *     A plausible gap is replayed as above; a held batch the replay did
+ *     not reach is kept only if the one after it is held too;
+ *   - without one, any seq but the next one (a gap too) is kept aside:
+ *     the frame right after it continuing from it (seq + 1) confirms it,
+ *     and it is then a restart (back) or a gap (ahead); the established
+ *     sequence going on, or another suspect, drops it;
+ *   - the seq just handed on, again, is dropped: live batches never
+ *     repeat, and a new process would have to be at exactly that seq.
+ *
+ * Frames from the established sequence flow meanwhile; during a replay a
+ * suspect live frame is dropped (a real restart shows again afterwards).
+ * The cost: without a replay endpoint a restart or a gap is seen one
+ * batch late.  What this does not stop: a peer that sends two frames
+ * that continue each other, or the engine's next seq before the engine
+ * does (its batch then takes the engine's place, without a reset); only
+ * keeping such peers off the collector does.
+ *
+ * No call holds the caller long: kvb_stream_io() reads at most
+ * KVB_STREAM_IO_MSGS messages, KVB_STREAM_IO_BYTES bytes and
+ * KVB_STREAM_IO_US of time (whichever comes first, batches handed on
+ * included), and the replay timeout is checked between messages, not
+ * only between turns.  Held batches are handed on under the same budget
+ * from kvb_stream_tick() (kvb_stream_deadline() says "now" until they
+ * are).  The replay socket queues at most KVB_STREAM_REPLAY_HWM messages
+ * of at most the size kvb_stream_set_max_batch() sets: past that a
+ * flooding replay loses messages, skips a seq and fails as a gap.
  */
 
 #ifndef _KVB_STREAM_H_INCLUDED_
@@ -64,7 +102,20 @@ typedef struct {
     uint64_t                resets;
     uint64_t                bad_frames;
     uint64_t                verifies;       /* on reconnects */
+    uint64_t                suspects;       /* seq back or far ahead */
+    uint64_t                strays;         /* suspects never confirmed */
+    uint64_t                io_yields;      /* calls ended by the budget */
+    uint64_t                io_max_us;      /* the longest call */
 } kvb_stream_stats_t;
+
+
+/* one call's budget, and what a suspect seq is (see above) */
+#define KVB_STREAM_IO_MSGS      256
+#define KVB_STREAM_IO_BYTES     (1024 * 1024)
+#define KVB_STREAM_IO_US        5000
+#define KVB_STREAM_REPLAY_HWM   1000
+#define KVB_STREAM_JUMP_BASE    100000
+#define KVB_STREAM_JUMP_RATE    10000
 
 
 typedef struct kvb_stream_s  kvb_stream_t;
@@ -77,6 +128,12 @@ typedef struct kvb_stream_s  kvb_stream_t;
 kvb_stream_t *kvb_stream_create(void *zctx, const char *replay,
     unsigned timeout_ms, size_t hold_max, const kvb_stream_handler_t *h);
 void kvb_stream_destroy(kvb_stream_t *st);
+
+/*
+ * The largest message a replay may send (the engine's --max-batch):
+ * ZeroMQ drops the connection past it, and the replay fails.  0: none.
+ */
+void kvb_stream_set_max_batch(kvb_stream_t *st, size_t max_bytes);
 
 /* a live frame pair from the SUB socket: seq (8 bytes), payload */
 void kvb_stream_frame(kvb_stream_t *st, const void *seq, size_t seq_len,
@@ -102,7 +159,7 @@ int kvb_stream_verify(kvb_stream_t *st, uint64_t now_ms);
  */
 int kvb_stream_rebuild(kvb_stream_t *st, uint64_t now_ms);
 
-/* when kvb_stream_tick() must run without I/O (UINT64_MAX: never) */
+/* when kvb_stream_tick() must run without I/O (UINT64_MAX: never, 0: now) */
 uint64_t kvb_stream_deadline(const kvb_stream_t *st);
 void kvb_stream_tick(kvb_stream_t *st, uint64_t now_ms);
 
