@@ -660,10 +660,12 @@ kvb_stream_rebuild(kvb_stream_t *st, uint64_t now_ms)
     }
 
     /* live batches that come meanwhile are held, as for a gap */
+    st->now = now_ms;
     st->started = 1;
     st->next = 0;
+    st->moved = now_ms;
 
-    return kvb_stream_replay(st, 0, now_ms);
+    return kvb_stream_replay(st, 0);
 }
 
 
