@@ -104,6 +104,10 @@ ok(wait_until(10, sub {
                 { engine => $ENGINE }) // '?'));
 cmp_ok(value($m2, 'kvbridge_engine_mirror_blocks', { engine => $ENGINE }),
        '>', 0, 'the mirror holds blocks');
+is(value($m2, 'kvbridge_engine_stream_vouched', { engine => $ENGINE }), 1,
+   'the stream of an engine that publishes is vouched for');
+is(value($m2, 'kvbridge_engine_stream_vouched', { engine => $DEAD }), 0,
+   'and that of an engine never connected is not');
 my $age = value($m2, 'kvbridge_engine_last_event_age_seconds',
                 { engine => $ENGINE });
 ok($age >= 0 && $age < 10, "the last event is $age s old");

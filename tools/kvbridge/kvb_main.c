@@ -969,6 +969,7 @@ kvb_metrics_render(void *data, kvb_buf_t *b)
         g->prom.malformed = g->malformed;
         g->prom.replaying = kvb_engine_replay(g->engine) != NULL;
         g->prom.blocks = kvb_engine_blocks(g->engine);
+        g->prom.vouched = kvb_engine_vouched(g->engine) ? 1 : 0;
         g->prom.last_event_age = g->last_event
                                  ? (double) (now - g->last_event) / 1000
                                  : -1;

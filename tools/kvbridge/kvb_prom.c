@@ -66,6 +66,19 @@ static const kvb_prom_series_t  kvb_prom_engine[] = {
     KVB_C(ENGINE, kvb_engine_stats_t, wrong_rank, "wrong_rank_batches",
           "Batches of another data-parallel rank"),
 
+    KVB_C(ENGINE, kvb_engine_stats_t, disconnects, "disconnects",
+          "Times the engine's event socket was disconnected"),
+    KVB_C(ENGINE, kvb_engine_stats_t, forgotten, "forgotten",
+          "Times events were lost for good: mirror cleared, nginx told"),
+    KVB_C(ENGINE, kvb_engine_stats_t, rebuilds, "rebuilds",
+          "Replays from seq 0 asked to rebuild the mirror"),
+    KVB_C(ENGINE, kvb_engine_stats_t, resyncs_deferred, "resyncs_deferred",
+          "Resyncs asked while the bridge could not vouch for the stream"),
+    KVB_C(ENGINE, kvb_engine_stats_t, resyncs_coalesced, "resyncs_coalesced",
+          "Resyncs asked while a snapshot was being sent"),
+    KVB_C(ENGINE, kvb_engine_stats_t, snapshots_done, "snapshots_done",
+          "Snapshots sent to the end"),
+
     KVB_C(STREAM, kvb_stream_stats_t, duplicates, "duplicate_batches",
           "Batches seen twice and dropped"),
     KVB_C(STREAM, kvb_stream_stats_t, gaps, "gaps",
@@ -122,6 +135,9 @@ static const kvb_prom_series_t  kvb_prom_engine[] = {
 
     KVB_G(BRIDGE, kvb_prom_bridge_t, blocks, "mirror_blocks",
           "Blocks the mirror holds"),
+    KVB_G(BRIDGE, kvb_prom_bridge_t, vouched, "stream_vouched",
+          "1 while the stream is connected, in order and its mirror "
+          "rebuilt (heartbeats go out)"),
     KVB_G(BRIDGE, kvb_prom_bridge_t, replaying, "replaying",
           "1 while a replay runs (live batches are held)"),
     KVB_G(BRIDGE, kvb_prom_bridge_t, scrape_failing, "scrape_failing",

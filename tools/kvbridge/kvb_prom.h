@@ -34,6 +34,7 @@ typedef struct {
     uint64_t                replaying;      /* 1 while a replay runs */
     uint64_t                blocks;         /* in the mirror */
     uint64_t                scrape_failing; /* the last scrape failed */
+    uint64_t                vouched;    /* stream alive, in order, rebuilt */
 } kvb_prom_bridge_t;
 
 
