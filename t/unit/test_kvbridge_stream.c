@@ -355,6 +355,23 @@ main(void)
        "then resets: %s", last_reset);
     kvb_stream_destroy(st);
 
+    /*
+     * The engine's own socket, no replay endpoint: nobody else can send
+     * on it, so a gap resets at once and a seq going back restarts at
+     * once; an engine idle after a loss has its last batch published.
+     */
+    st = fresh(NULL, 64);
+    kvb_stream_set_own_socket(st, 1);
+    live(st, 0);
+    live(st, 5);
+    ok(resets == 1 && ngot == 2 && got[1] == 5
+       && strstr(last_reset, "no replay") != NULL,
+       "own socket: a gap resets at once: %s", last_reset);
+    live(st, 2);
+    ok(restarts == 1 && ngot == 3 && got[2] == 2,
+       "own socket: a seq going back is a restart at once");
+    kvb_stream_destroy(st);
+
     /* joining late: replayed from 0 */
     st = fresh(EP, 64);
     live(st, 3);

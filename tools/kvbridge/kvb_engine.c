@@ -141,6 +141,7 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
 
     if (e->stream != NULL) {
         kvb_stream_set_max_batch(e->stream, lim->decode.max_bytes);
+        kvb_stream_set_own_socket(e->stream, conf->events != NULL);
     }
 
     if (e->name == NULL || e->label == NULL || e->model == NULL

@@ -95,6 +95,12 @@ static const kvb_prom_series_t  kvb_prom_engine[] = {
           "Frames with a malformed seq"),
     KVB_C(STREAM, kvb_stream_stats_t, verifies, "verifies",
           "Reconnects checked against a replay"),
+    KVB_C(STREAM, kvb_stream_stats_t, suspects, "suspect_seqs",
+          "Seqs that went back or jumped too far: acted on once confirmed"),
+    KVB_C(STREAM, kvb_stream_stats_t, strays, "stray_frames",
+          "Suspect frames never confirmed: dropped as strays"),
+    KVB_C(STREAM, kvb_stream_stats_t, io_yields, "replay_reads_yielded",
+          "Replay reads ended by the turn's budget, the rest left queued"),
 
     KVB_C(MIRROR, kvb_mirror_stats_t, stored, "mirror_stored",
           "Blocks stored in the mirror"),

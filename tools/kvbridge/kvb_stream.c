@@ -54,6 +54,7 @@ struct kvb_stream_s {
     unsigned                after_reset:1;  /* the next jump is expected */
     unsigned                checking:1;     /* a verify for a suspect */
     unsigned                have_cand:1;    /* a suspect kept aside */
+    unsigned                own:1;          /* the engine's own socket */
     uint64_t                next;           /* the seq expected */
     uint64_t                last_digest;    /* of next - 1's payload */
     uint64_t                deadline;
@@ -158,6 +159,13 @@ void
 kvb_stream_set_max_batch(kvb_stream_t *st, size_t max_bytes)
 {
     st->max_msg = max_bytes;
+}
+
+
+void
+kvb_stream_set_own_socket(kvb_stream_t *st, int own)
+{
+    st->own = own ? 1 : 0;
 }
 
 
@@ -415,6 +423,18 @@ kvb_stream_live(kvb_stream_t *st, uint64_t seq, const char *payload,
 
     if (st->replay_ep != NULL && kvb_stream_plausible(st, st->next, seq)) {
         /* a gap: the replay tells what is missing, and if seq is real */
+        kvb_stream_drop_cand(st);
+        kvb_stream_jump(st, seq, payload, len);
+        return;
+    }
+
+    if (st->own && st->replay_ep == NULL) {
+        /*
+         * Frames from a socket of the bridge's own, connected to the
+         * engine's endpoint, are the engine's: with nothing to check them
+         * against, waiting for the next frame would only leave an engine
+         * that goes idle after a loss with its last batch unpublished.
+         */
         kvb_stream_drop_cand(st);
         kvb_stream_jump(st, seq, payload, len);
         return;

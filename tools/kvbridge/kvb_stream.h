@@ -41,17 +41,22 @@
  *     replayed from its start, which brings the suspect's seq if real.
  *     A plausible gap is replayed as above; a held batch the replay did
  *     not reach is kept only if the one after it is held too;
- *   - without one, any seq but the next one (a gap too) is kept aside:
+ *   - without one, on the collector, any seq but the next one (a gap
+ *     too) is kept aside:
  *     the frame right after it continuing from it (seq + 1) confirms it,
  *     and it is then a restart (back) or a gap (ahead); the established
  *     sequence going on, or another suspect, drops it;
+ *   - without one, on a socket the bridge connected to the engine's own
+ *     endpoint (kvb_stream_set_own_socket()), where nobody else can send,
+ *     a gap or a seq going back is acted on at once: waiting would leave
+ *     an engine that goes idle after a loss with its last batch unsent;
  *   - the seq just handed on, again, is dropped: live batches never
  *     repeat, and a new process would have to be at exactly that seq.
  *
  * Frames from the established sequence flow meanwhile; during a replay a
  * suspect live frame is dropped (a real restart shows again afterwards).
- * The cost: without a replay endpoint a restart or a gap is seen one
- * batch late.  What this does not stop: a peer that sends two frames
+ * The cost: without a replay endpoint a collected engine's restart or
+ * gap is seen one batch late.  What this does not stop: a peer that sends two frames
  * that continue each other, or the engine's next seq before the engine
  * does (its batch then takes the engine's place, without a reset); only
  * keeping such peers off the collector does.
@@ -134,6 +139,13 @@ void kvb_stream_destroy(kvb_stream_t *st);
  * ZeroMQ drops the connection past it, and the replay fails.  0: none.
  */
 void kvb_stream_set_max_batch(kvb_stream_t *st, size_t max_bytes);
+
+/*
+ * The frames come from a socket the bridge connected to the engine's own
+ * endpoint (not the collector, where anyone may send on a topic): without
+ * a replay endpoint a gap or a seq going back is then acted on at once.
+ */
+void kvb_stream_set_own_socket(kvb_stream_t *st, int own);
 
 /* a live frame pair from the SUB socket: seq (8 bytes), payload */
 void kvb_stream_frame(kvb_stream_t *st, const void *seq, size_t seq_len,
