@@ -126,7 +126,8 @@ main(int argc, char **argv)
     rconf.user = kvb_conf.redis_user;
     rconf.password = kvb_conf.redis_password;
     rconf.channel = kvb_conf.channel;
-    rconf.max_pending = 65536;
+    rconf.max_pending_bytes = kvb_conf.redis_max_pending;
+    rconf.timeout_ms = kvb_conf.redis_timeout_ms;
     rh.resync = kvb_on_resync;
     rh.data = NULL;
 
