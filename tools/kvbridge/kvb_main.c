@@ -398,6 +398,8 @@ kvb_scrape_setup(size_t e, char *err, size_t errlen)
     kvb_scrapes[e] = kvb_scrape_create(url, kvb_conf.metrics_ms,
                                        KVB_SCRAPE_TIMEOUT_MS, err, errlen);
 
+    kvb_scrape_label(kvb_scrapes[e], kvb_conf.engines[e].engine.name);
+
     return kvb_scrapes[e] != NULL ? 0 : -1;
 }
 
