@@ -140,6 +140,12 @@ publish_for(2, 100);
 ok(wait_until(10, sub { drain(0.1); @{ $seen{seqs} // [] } >= 150 }),
    'Redis hears the engine\'s batches through the bridge');
 drain(1.5);                                     # all of it
+
+# idle past the timeout: the links are kept alive, not taken for hung
+drain(6);
+unlike(slurp($l->prefix . '/logs/kvbridge.log') // '', qr/down:/,
+       'a Redis that answers is not taken for hung, the subscriber idle');
+drain(0.5);
 my $base = rss_kb();
 my $last_seq = $seen{seqs}[-1];
 diag("bridge RSS before the stop: $base kB");

@@ -10,8 +10,9 @@
  * for a reply: Redis answers a PUBLISH or a PING within milliseconds, so
  * one waited on past the timeout is hung, and is dropped (with an RST,
  * so that the kernel does not keep sending stale messages) and made
- * again.  A link waiting on nothing is PINGed, so that a hang is seen
- * even when nothing is published.
+ * again.  A link waiting on nothing is asked something (the publisher a
+ * PING, the subscriber its SUBSCRIBE again), so that a hang is seen even
+ * when nothing is published and nobody asks for a resync.
  */
 
 #include <malloc.h>
@@ -494,8 +495,8 @@ kvb_link_up(kvb_link_t *l, uint64_t now_ms)
 
 /*
  * Any reply tells Redis is alive.  The publishing link's replies come in
- * the order of its commands; the subscriber's PONGs may come after a
- * message that hiredis gave the PING's callback: any reply answers all.
+ * the order of its commands; the subscriber's confirmation may come after
+ * a message: any reply it gets answers all it asked.
  */
 
 static void
@@ -548,8 +549,13 @@ kvb_link_check(kvb_link_t *l, uint64_t now_ms)
         return;
     }
 
+    /*
+     * hiredis (0.14) gives a subscriber's PONG to no callback: it asks
+     * again for the channel it has, which Redis confirms, a no-op
+     */
     rc = l->subscriber
-         ? redisAsyncCommand(l->ac, kvb_on_message, l, "PING")
+         ? redisAsyncCommand(l->ac, kvb_on_message, l, "SUBSCRIBE %s",
+                             r->resync_channel)
          : redisAsyncCommand(l->ac, kvb_on_pong, l, "PING");
 
     if (rc != REDIS_OK) {
@@ -705,7 +711,7 @@ kvb_on_message(redisAsyncContext *ac, void *reply, void *data)
     }
 
     if (l->up) {
-        /* a message, a PONG: the link lives */
+        /* a message, a confirmation: the link lives */
         kvb_link_heard(l, kvb_now_ms());
     }
 
@@ -721,6 +727,11 @@ kvb_on_message(redisAsyncContext *ac, void *reply, void *data)
     }
 
     if (strcmp(kind->str, "subscribe") == 0) {
+        if (l->up) {
+            /* the keepalive's answer */
+            return;
+        }
+
         kvb_link_up(l, kvb_now_ms());
         kvb_log(KVB_LOG_INFO, "redis %s:%d: answering resyncs on %s",
                 l->r->conf.host, l->r->conf.port, l->r->resync_channel);
