@@ -47,6 +47,10 @@ my $BT       = 16;
 my $GROWTH_KB = 32 * 1024;
 my $AFTER_KB  = 16 * 1024;  # over the baseline, once Redis is back
 
+# under AddressSanitizer freed memory waits in its quarantine (256 MB)
+# and RSS tells nothing of the bridge's own: those bounds are not checked
+my $ASAN = (slurp($BRIDGE) // '') =~ /AddressSanitizer/;
+
 my $json = JSON::PP->new->utf8;
 my $mp = Data::MessagePack->new->prefer_integer(1);
 my $l = KvAware::Launch->new(template => 'kvbridge-hung-XXXXXX',
@@ -166,9 +170,12 @@ diag(sprintf('%d batches in %.1f s while Redis was stopped; bridge RSS '
              . 'peak %d kB (+%d kB)', $sent, time - $t_stop, $peak,
              $peak - $base));
 
-cmp_ok($peak - $base, '<', $GROWTH_KB,
-       'while Redis is stopped the bridge grows less than '
-       . ($GROWTH_KB / 1024) . ' MB (--redis-max-pending 16m)');
+SKIP: {
+    skip 'RSS under AddressSanitizer', 1 if $ASAN;
+    cmp_ok($peak - $base, '<', $GROWTH_KB,
+           'while Redis is stopped the bridge grows less than '
+           . ($GROWTH_KB / 1024) . ' MB (--redis-max-pending 16m)');
+}
 like($stopped_log, qr/redis 127\.0\.0\.1:\d+ \(publish\) down: no reply in 5000 ms, hung/,
      'the hung publishing link is dropped within the timeout')
     or diag($stopped_log);
@@ -213,8 +220,11 @@ is(scalar(keys %{ $seen{snap} // {} }), $BLOCKS,
 
 my $after_kb = rss_kb();
 diag("bridge RSS after the resume: $after_kb kB");
-cmp_ok($after_kb - $base, '<', $AFTER_KB,
-       'the memory held for the hung link is given back');
+SKIP: {
+    skip 'RSS under AddressSanitizer', 1 if $ASAN;
+    cmp_ok($after_kb - $base, '<', $AFTER_KB,
+           'the memory held for the hung link is given back');
+}
 
 ok(kill(0, $bpid), 'the bridge is still running');
 
