@@ -8,20 +8,23 @@
 #   - what waits for an answer is bounded in bytes (--redis-max-pending,
 #     16m): the bridge's RSS stays within a stated bound during the stop
 #     and comes back down after;
-#   - what could not be sent spent its seq: the first message after the
-#     resume shows the gap (nginx asks for a resync), and a resync is
-#     answered with a snapshot of what the engine holds.
-# Real redis-server and kvbridge; the engine is this test, publishing
-# vLLM's wire format (msgpack batches on ZeroMQ) at a steady rate.
+#   - what could not be sent spent its seq: the messages after the resume
+#     show the gap, nginx asks for a resync, and is answered with a
+#     snapshot of what the engine holds: nginx holds it, fresh.
+# Real redis-server, kvbridge and nginx (when the module is built); the
+# engine is this test, publishing vLLM's wire format (msgpack batches on
+# ZeroMQ) at a steady rate; a Redis subscriber of this test's hears what
+# nginx hears.
 
 use strict;
 use warnings;
 
+use HTTP::Tiny;
 use JSON::PP;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
-use KvAware::Launch qw(free_ports free_run wait_until slurp);
+use KvAware::Launch qw(free_ports free_run wait_until slurp module_path);
 use Test::KvAware::Redis;
 
 my $BRIDGE = KvAware::Launch::kvbridge_binary();
@@ -56,7 +59,9 @@ my $mp = Data::MessagePack->new->prefer_integer(1);
 my $l = KvAware::Launch->new(template => 'kvbridge-hung-XXXXXX',
                              watchdog => 1, diag => \&diag);
 
-my ($redis) = free_ports(1);
+my ($redis, $port) = free_ports(2);
+my $NGINX = -f module_path();
+my $http = HTTP::Tiny->new(timeout => 10);
 my $zmq = free_run(1);
 my $SERVER = '127.0.0.1:9';
 
@@ -71,6 +76,32 @@ my $sub = Test::KvAware::Redis->new($redis)->subscribe('kv_aware:events');
 $l->start_kvbridge('--redis', "127.0.0.1:$redis",
                    '--engine', "$SERVER model=m events=tcp://127.0.0.1:$zmq");
 my $bpid = $l->pid('kvbridge');
+
+# nginx, subscribed to the same Redis, for the engine's server
+if ($NGINX) {
+    $l->write_nginx_conf(workers => 1, http => <<EOF);
+    upstream llm {
+        kv_aware keys=tokens block_tokens=$BT;
+        kv_aware_events redis=127.0.0.1:$redis heartbeat=3s;
+        server $SERVER;
+    }
+
+    server {
+        listen 127.0.0.1:$port;
+        location = /status { kv_aware_status; }
+    }
+EOF
+    my ($ok, $err) = $l->start_nginx(workers => 1);
+    ok($ok, 'nginx starts') or BAIL_OUT($err);
+}
+
+# nginx's view of the engine: (its events part, its server)
+sub nginx_view {
+    my $r = $http->get("http://127.0.0.1:$port/status");
+    my $st = $r->{success} && eval { $json->decode($r->{content}) };
+    my $up = $st ? $st->{upstreams}{llm} : undef;
+    return $up ? ($up->{events}, $up->{servers}[0]) : ();
+}
 
 # batches: set k stored, then removed; the last set F stays
 my $seq = 0;
@@ -152,6 +183,16 @@ unlike(slurp($l->prefix . '/logs/kvbridge.log') // '', qr/down:/,
 drain(0.5);
 my $base = rss_kb();
 my $last_seq = $seen{seqs}[-1];
+my %nginx_before;
+if ($NGINX) {
+    my ($ev, $srv);
+    ok(wait_until(10, sub {
+        ($ev, $srv) = nginx_view();
+        $srv && $srv->{state} eq 'fresh' && $srv->{seq} >= $last_seq;
+    }), 'nginx follows the engine, fresh');
+    %nginx_before = (resyncs => $ev->{resyncs} // 0,
+                     gaps => $srv->{events}{gaps} // 0);
+}
 diag("bridge RSS before the stop: $base kB");
 
 # --- Redis stopped: the bridge must not grow with what it cannot send --
@@ -217,6 +258,25 @@ ok(wait_until(10, sub { drain(0.1); $seen{snap_done} }),
    'a resync is answered with a snapshot');
 is(scalar(keys %{ $seen{snap} // {} }), $BLOCKS,
    "the snapshot holds what the engine holds ($BLOCKS blocks)");
+
+SKIP: {
+    skip 'the module is not built: no nginx', 1 unless $NGINX;
+    my ($ev, $srv);
+    ok(wait_until(20, sub {
+        publish_for(0.2, 10);
+        ($ev, $srv) = nginx_view();
+        $srv && $srv->{state} eq 'fresh'
+            && $srv->{entries}{event} == $BLOCKS
+            && ($ev->{resyncs} // 0) > $nginx_before{resyncs};
+    }), 'nginx saw the gap, asked for a resync and holds the engine\'s '
+        . "$BLOCKS blocks, fresh") or diag(explain([$ev, $srv]));
+    diag(sprintf('nginx: %d resyncs asked (%d before), gaps %d (%d '
+                 . 'before), %d event entries, %s',
+                 $ev->{resyncs} // 0, $nginx_before{resyncs},
+                 $srv->{events}{gaps} // 0, $nginx_before{gaps},
+                 $srv->{entries}{event} // 0, $srv->{state} // '?'))
+        if $srv;
+}
 
 my $after_kb = rss_kb();
 diag("bridge RSS after the resume: $after_kb kB");
