@@ -15,11 +15,15 @@
  * when nothing is published and nobody asks for a resync.
  */
 
-#include <malloc.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+
+/* stdlib.h has told whether this is glibc, whose malloc_trim() we use */
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
@@ -38,7 +42,7 @@
 /* a PUBLISH's bytes besides its message: the command, the channel's
    length and the RESP framing, as hiredis' buffer holds them */
 #define KVB_REDIS_PUB_OVERHEAD  48
-/* a link dropped with this much pending gives the memory back */
+/* having held this much, the link gives the memory back once drained */
 #define KVB_REDIS_TRIM_BYTES    (1024 * 1024)
 
 
@@ -70,6 +74,7 @@ struct kvb_redis_s {
     kvb_link_t              sub;
     size_t                  overhead;   /* a PUBLISH's bytes but its message */
     unsigned                ping_ms;
+    unsigned                trim:1;     /* held a lot since the last trim */
     kvb_redis_stats_t       st;
     kvb_log_limit_t         drop_log;
     kvb_log_limit_t         error_log;
@@ -79,6 +84,7 @@ struct kvb_redis_s {
 static void kvb_link_connect(kvb_link_t *l, uint64_t now_ms);
 static void kvb_link_down(kvb_link_t *l, const char *why, uint64_t now_ms);
 static void kvb_link_free(kvb_link_t *l);
+static void kvb_redis_trim(kvb_redis_t *r);
 static void kvb_link_state(kvb_link_t *l, kvb_redis_state_e state);
 static void kvb_link_up(kvb_link_t *l, uint64_t now_ms);
 static void kvb_link_heard(kvb_link_t *l, uint64_t now_ms);
@@ -158,7 +164,9 @@ kvb_redis_destroy(kvb_redis_t *r)
 
 /*
  * What a message costs until Redis answers it rides along as the
- * callback's data, so that the answer gives back exactly that.
+ * callback's data, so that the answer gives back exactly that.  One
+ * message bigger than the cap still goes when nothing waits: a snapshot's
+ * part must never be refused for good.
  */
 
 int
@@ -171,7 +179,8 @@ kvb_redis_publish(kvb_redis_t *r, const char *msg, size_t len)
     cost = len + r->overhead;
 
     if (!r->pub.up
-        || r->st.pending_bytes + cost > r->conf.max_pending_bytes)
+        || (r->st.pending_bytes != 0
+            && r->st.pending_bytes + cost > r->conf.max_pending_bytes))
     {
         r->st.dropped++;
         r->st.dropped_bytes += len;
@@ -199,6 +208,10 @@ kvb_redis_publish(kvb_redis_t *r, const char *msg, size_t len)
     r->st.pending++;
     r->st.pending_bytes += cost;
     r->st.published++;
+
+    if (r->st.pending_bytes >= KVB_REDIS_TRIM_BYTES) {
+        r->trim = 1;
+    }
 
     return 0;
 }
@@ -426,7 +439,6 @@ kvb_link_down(kvb_link_t *l, const char *why, uint64_t now_ms)
 static void
 kvb_link_free(kvb_link_t *l)
 {
-    size_t              held;
     kvb_redis_t        *r;
     redisAsyncContext  *ac;
 
@@ -442,23 +454,10 @@ kvb_link_free(kvb_link_t *l)
 
     if (!l->subscriber) {
         /* the replies that will not come */
-        held = r->st.pending_bytes;
         r->st.lost += r->st.pending;
         r->st.pending = 0;
         r->st.pending_bytes = 0;
-
-#ifdef __GLIBC__
-        /*
-         * hiredis' output buffer was freed, but glibc keeps the top of
-         * the heap, or the arena it grew: what a hung Redis made us hold
-         * is given back now, not at the next growth
-         */
-        if (held >= KVB_REDIS_TRIM_BYTES) {
-            (void) malloc_trim(0);
-        }
-#else
-        (void) held;
-#endif
+        kvb_redis_trim(r);
     }
 
     l->up = 0;
@@ -466,6 +465,28 @@ kvb_link_free(kvb_link_t *l)
     l->writing = 0;
     l->outstanding = 0;
     kvb_link_state(l, KVB_REDIS_DOWN);
+}
+
+
+/*
+ * hiredis' output buffer is freed once written or with its context, but
+ * glibc keeps the top of its heap, or an arena it grew: what a slow or
+ * hung Redis made us hold is given back once nothing waits any more, not
+ * at the next growth.
+ */
+
+static void
+kvb_redis_trim(kvb_redis_t *r)
+{
+    if (!r->trim || r->st.pending_bytes != 0) {
+        return;
+    }
+
+    r->trim = 0;
+
+#ifdef __GLIBC__
+    (void) malloc_trim(0);
+#endif
 }
 
 
@@ -676,6 +697,7 @@ kvb_on_published(redisAsyncContext *ac, void *reply, void *data)
 
     r->st.pending_bytes -= (r->st.pending_bytes >= cost)
                            ? cost : r->st.pending_bytes;
+    kvb_redis_trim(r);
 
     if (rep->type == REDIS_REPLY_ERROR) {
         /* an ACL without PUBLISH, a Redis out of memory: nginx resyncs */
