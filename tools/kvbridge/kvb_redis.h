@@ -14,9 +14,10 @@
  * quiet) is told by the loop's clock: a link waiting longer than
  * timeout_ms for any reply is dropped and made again, and an idle one is
  * PINGed so that it is never waiting unseen.  What is sent and not yet
- * answered is bounded in bytes (max_pending_bytes): past it a message is
- * dropped, and counted, rather than queued; the bytes hiredis held for a
- * dropped link go back to the system.
+ * answered is bounded in bytes (max_pending_bytes, or one message when
+ * that is bigger): past it a message is dropped, and counted, rather than
+ * queued; the bytes hiredis held go back to the system once nothing
+ * waits, or with the link dropped.
  */
 
 #ifndef _KVB_REDIS_H_INCLUDED_
