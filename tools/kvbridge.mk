@@ -99,7 +99,7 @@ FUZZ_LIBS_kvb_stream := -lzmq
 # the load scraper: its parser and chunked decoder are pure, its client
 # needs only a loopback server, which the test forks
 KVBRIDGE_METRICS := tools/kvbridge/kvb_metrics.c tools/kvbridge/kvb_chunked.c \
-                    tools/kvbridge/kvb_scrape.c
+                    tools/kvbridge/kvb_scrape.c tools/kvbridge/kvb_log.c
 
 UNIT_TESTS += $(BUILD)/unit/test_kvbridge_metrics \
               $(BUILD)/unit/test_kvbridge_chunked \
@@ -132,3 +132,8 @@ $(BUILD)/unit/test_kvbridge_scrape: t/unit/test_kvbridge_scrape.c \
 # zmq.h gives the client its poll constants only: no -lzmq
 FUZZ_SRCS_kvb_metrics := $(KVBRIDGE_METRICS)
 FUZZ_LIBS_kvb_metrics := -lm
+
+# the scraper's HTTP client past recv(): status line, headers, chunks,
+# encodings refused, truncation (kvb_scrape_feed())
+FUZZ_SRCS_kvb_scrape := $(KVBRIDGE_METRICS)
+FUZZ_LIBS_kvb_scrape := -lm

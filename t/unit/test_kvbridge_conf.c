@@ -364,10 +364,163 @@ test_example(void)
 }
 
 
+/*
+ * Sizes and numbers: a value too big for its option is refused with the
+ * option's range, whatever the multiplication or the type would make of
+ * it ("17592186044417m" once wrapped to 1m), and so is a sign.
+ */
+
+static void
+test_numbers(void)
+{
+    unsigned    i, good;
+    kvb_conf_t  c;
+
+    static const struct {
+        const char  *opt;
+        const char  *value;
+        const char  *why;       /* NULL: accepted */
+        size_t       want;
+    } cases[] = {
+        { "--max-batch", "17592186044417m", "expected 1024 to", 0 },
+        { "--max-batch", "18014398509481985k", "expected 1024 to", 0 },
+        { "--max-batch", "18446744073709551617", "expected 1024 to", 0 },
+        { "--max-batch", "99999999999999999999999m", "expected 1024 to", 0 },
+        { "--max-batch", "1099511627776", "expected 1024 to", 0 },
+        { "--max-batch", "-1", "expected a size", 0 },
+        { "--max-batch", " 4m", "expected a size", 0 },
+        { "--max-batch", "+4m", "expected a size", 0 },
+        { "--max-batch", "4g", "expected a size", 0 },
+        { "--max-batch", "4m", NULL, 4 * 1024 * 1024 },
+        { "--max-batch", "256m", NULL, 256 * 1024 * 1024 },
+        { "--max-batch", "262145k", "expected 1024 to", 0 },
+        { "--snapshot-rate", "17592186044416m", "expected 65536 to", 0 },
+        { "--redis-max-pending", "17592186044417m", "expected 65536 to", 0 },
+        { "--redis-max-pending", "32m", NULL, 32 * 1024 * 1024 },
+        { "--max-hashes", "18446744073709551617", "expected 16 to", 0 },
+        { "--max-hashes", "-5", "expected a number", 0 },
+        { "--max-blocks", "4294967313", "expected 16 to", 0 },
+        { "--heartbeat", "4294967396", "expected 100 to", 0 },
+        { "--heartbeat", "18446744073709551616", "expected 100 to", 0 },
+        { "--redis-timeout", "4294967396", "expected 100 to", 0 },
+        { "--redis-timeout", "2000", NULL, 2000 }
+    };
+
+    good = 0;
+
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int          rc;
+        size_t       got;
+        const char  *argv[] = { "kvbridge", cases[i].opt, cases[i].value,
+                                "--engine", "h:1 model=m events=tcp://h:9",
+                                NULL };
+
+        rc = conf(&c, argv);
+
+        if (cases[i].why != NULL) {
+            if (rc == -1 && strstr(err, cases[i].why) != NULL) {
+                good++;
+                continue;
+            }
+
+            printf("# %s %s: rc %d \"%s\"\n", cases[i].opt, cases[i].value,
+                   rc, err);
+            continue;
+        }
+
+        got = strcmp(cases[i].opt, "--max-batch") == 0
+              ? c.lim.decode.max_bytes
+              : strcmp(cases[i].opt, "--redis-max-pending") == 0
+              ? c.redis_max_pending : c.redis_timeout_ms;
+
+        if (rc == 0 && got == cases[i].want) {
+            good++;
+
+        } else {
+            printf("# %s %s: rc %d, %zu \"%s\"\n", cases[i].opt,
+                   cases[i].value, rc, got, err);
+        }
+    }
+
+    ok(good == i, "%u of %u sizes and numbers: overflows refused with the "
+       "range, good values taken", good, i);
+
+    kvb_conf_defaults(&c);
+    ok(c.redis_max_pending == 16 * 1024 * 1024 && c.redis_timeout_ms == 5000,
+       "Redis: 16m pending and a 5 s reply deadline by default");
+}
+
+
+/*
+ * Two collected engines on one topic and rank: the collector would give
+ * every batch to the first, the second would never hear a thing.
+ */
+
+static void
+test_topics(void)
+{
+    unsigned    i, good;
+    kvb_conf_t  c;
+
+    static const struct {
+        const char  *a;
+        const char  *b;
+        const char  *why;       /* NULL: accepted */
+    } cases[] = {
+        { "h:1 model=m topic=t", "h:2 model=m topic=t",
+          "both collected on topic \"t\"" },
+        { "h:1 model=m topic=t rank=1", "h:2 model=m topic=t rank=1",
+          "topic \"t\" rank 1" },
+        { "h:1 model=m topic=t data_parallel=2", "h:2 model=m topic=t",
+          "both collected on topic \"t\"" },
+        { "h:1 model=m topic=t", "h:2 model=m topic=t data_parallel=2",
+          "both collected on topic \"t\"" },
+        { "h:1 model=m topic=t data_parallel=2",
+          "h:2 model=m topic=t data_parallel=2", "topic \"t\" rank 0" },
+        { "h:1 model=m topic=t", "h:2 model=m topic=u", NULL },
+        { "h:1 model=m topic=t rank=0", "h:2 model=m topic=t rank=1", NULL },
+        { "h:1 model=m topic=t data_parallel=4", "h:2 model=m topic=u "
+          "data_parallel=4", NULL },
+        /* not collected: their own sockets, the topic filters only */
+        { "h:1 model=m topic=t events=tcp://h:9",
+          "h:2 model=m topic=t events=tcp://h:10", NULL },
+        { "h:1 model=m topic=t events=tcp://h:9", "h:2 model=m topic=t",
+          NULL }
+    };
+
+    good = 0;
+
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int          rc;
+        const char  *argv[] = { "kvbridge", "--collect", "tcp://*:5557",
+                                "--engine", cases[i].a,
+                                "--engine", cases[i].b, NULL };
+
+        rc = conf(&c, argv);
+
+        if (cases[i].why == NULL ? rc == 0
+            : rc == -1 && strstr(err, cases[i].why) != NULL
+              && strstr(err, "give each its own topic=") != NULL)
+        {
+            good++;
+
+        } else {
+            printf("# \"%s\" and \"%s\": rc %d \"%s\"\n", cases[i].a,
+                   cases[i].b, rc, err);
+        }
+    }
+
+    ok(good == i, "%u of %u pairs of collected engines: one topic and rank "
+       "refused, told apart accepted", good, i);
+}
+
+
 int
 main(void)
 {
     test_ranks();
+    test_numbers();
+    test_topics();
     test_example();
     test_mistakes();
     test_endpoint();

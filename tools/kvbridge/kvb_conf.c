@@ -7,7 +7,9 @@
  */
 
 #include <errno.h>
+#include <limits.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,9 @@
 
 
 #define KVB_VERSION  "0.2.0"
+
+/* no size option goes near it; what is above is refused by its range */
+#define KVB_SIZE_LIMIT  (1ULL << 40)
 
 
 typedef enum {
@@ -59,6 +64,13 @@ static const kvb_arg_t  kvb_args[] = {
       "SECRET", "Redis AUTH (or KVBRIDGE_REDIS_PASSWORD)" },
     { "channel", KVB_ARG_STR, F(channel), 0, 0,
       "NAME", "the module's events channel (kv_aware:events)" },
+    { "redis-max-pending", KVB_ARG_SIZE, F(redis_max_pending), 65536,
+      1024 * 1024 * 1024, "BYTES", "messages sent to Redis and not yet "
+      "answered, at most; past it they are dropped and nginx resyncs "
+      "(16m)" },
+    { "redis-timeout", KVB_ARG_MS, F(redis_timeout_ms), 100, 600000,
+      "MS", "a Redis that answers nothing for this long is hung: the "
+      "link is dropped and made again (5000)" },
     { "engine", KVB_ARG_ENGINE, 0, 0, 0,
       "SPEC", "an engine: \"ADDRESS model=NAME events=ENDPOINT "
       "[replay=ENDPOINT] [topic=T] [metrics=URL] [data_parallel=N | "
@@ -113,9 +125,12 @@ static int kvb_engine_spec(kvb_conf_t *c, const char *v, char *err,
     size_t errlen);
 static int kvb_engine_ranks(kvb_conf_t *c, unsigned n, char *err,
     size_t errlen);
+static int kvb_conf_same_topic(kvb_conf_t *c, size_t i, char *err,
+    size_t errlen);
 static int kvb_parse_rank(const char *v, unsigned min, unsigned max,
     unsigned *n);
 static int kvb_parse_size(const char *v, size_t *n);
+static int kvb_parse_number(const char *v, size_t *n);
 
 
 void
@@ -127,6 +142,8 @@ kvb_conf_defaults(kvb_conf_t *c)
     c->redis_port = 6379;
     c->redis_password = getenv("KVBRIDGE_REDIS_PASSWORD");
     c->channel = "kv_aware:events";
+    c->redis_max_pending = 16 * 1024 * 1024;
+    c->redis_timeout_ms = 5000;
 
     c->lim.decode.max_bytes = 4 * 1024 * 1024;
     c->lim.decode.max_events = 65536;
@@ -341,6 +358,58 @@ kvb_conf_check(kvb_conf_t *c, char *err, size_t errlen)
                 return -1;
             }
         }
+
+        if (kvb_conf_same_topic(c, i, err, errlen) != 0) {
+            return -1;
+        }
+    }
+
+    return 0;
+}
+
+
+/*
+ * The collector tells engines apart by topic, then by a batch's rank: an
+ * engine whose topic and rank an earlier one has would never get a batch
+ * (an engine without a rank takes all of its topic's).  The ranks of one
+ * server share its topic, each its own rank.
+ */
+
+static int
+kvb_conf_same_topic(kvb_conf_t *c, size_t i, char *err, size_t errlen)
+{
+    size_t                    j;
+    const kvb_engine_conf_t  *a, *b;
+
+    b = &c->engines[i].engine;
+
+    if (c->collect == NULL || b->events != NULL) {
+        return 0;
+    }
+
+    for (j = 0; j < i; j++) {
+        a = &c->engines[j].engine;
+
+        if (a->events != NULL || strcmp(a->topic, b->topic) != 0
+            || (a->ranked && b->ranked && a->rank != b->rank))
+        {
+            continue;
+        }
+
+        if (a->ranked && b->ranked) {
+            snprintf(err, errlen, "engines \"%s\" and \"%s\" are both "
+                     "collected on topic \"%s\" rank %u: the second would "
+                     "never get a batch; give each its own topic=",
+                     a->name, b->name, b->topic, b->rank);
+
+        } else {
+            snprintf(err, errlen, "engines \"%s\" and \"%s\" are both "
+                     "collected on topic \"%s\": one would never get a "
+                     "batch; give each its own topic=",
+                     a->name, b->name, b->topic);
+        }
+
+        return -1;
     }
 
     return 0;
@@ -357,7 +426,7 @@ kvb_conf_usage(void)
            "usage: kvbridge [options]\n\n", KVB_VERSION);
 
     for (i = 0; i < sizeof(kvb_args) / sizeof(kvb_args[0]); i++) {
-        printf("  --%-16s %-10s %s\n", kvb_args[i].name, kvb_args[i].value,
+        printf("  --%-18s %-10s %s\n", kvb_args[i].name, kvb_args[i].value,
                kvb_args[i].help);
     }
 
@@ -396,17 +465,15 @@ kvb_arg_set(kvb_conf_t *c, const kvb_arg_t *a, const char *v, char *err,
     case KVB_ARG_SIZE:
     case KVB_ARG_COUNT:
     case KVB_ARG_MS:
+        /* a value too big for any range is SIZE_MAX: refused below */
+
         if (a->kind == KVB_ARG_SIZE) {
             if (kvb_parse_size(v, &n) != 0) {
                 goto invalid;
             }
 
-        } else {
-            errno = 0;
-            n = strtoul(v, &end, 10);
-            if (errno || end == v || *end || v[0] == '-') {
-                goto invalid;
-            }
+        } else if (kvb_parse_number(v, &n) != 0) {
+            goto invalid;
         }
 
         if (n < a->min || n > a->max) {
@@ -730,33 +797,75 @@ kvb_parse_rank(const char *v, unsigned min, unsigned max, unsigned *n)
 }
 
 
+/*
+ * Digits, then k or m: a size.  Past what size_t holds (or 1 TB) it is
+ * SIZE_MAX, so that the option's range refuses it with its bounds; a
+ * multiplication that wrapped once took "17592186044417m" for 1m.
+ */
+
 static int
 kvb_parse_size(const char *v, size_t *n)
 {
     char                *end;
+    unsigned             shift;
     unsigned long long   x;
+
+    if (v[0] < '0' || v[0] > '9') {
+        return -1;
+    }
 
     errno = 0;
     x = strtoull(v, &end, 10);
 
-    if (errno || end == v || v[0] == '-') {
+    if (end == v || (errno != 0 && errno != ERANGE)) {
         return -1;
     }
 
+    if (errno == ERANGE) {
+        x = ULLONG_MAX;
+    }
+
+    shift = 0;
+
     if (*end == 'k' || *end == 'K') {
-        x *= 1024;
+        shift = 10;
         end++;
 
     } else if (*end == 'm' || *end == 'M') {
-        x *= 1024 * 1024;
+        shift = 20;
         end++;
     }
 
-    if (*end != '\0' || x > (1ULL << 40)) {
+    if (*end != '\0') {
         return -1;
     }
 
-    *n = (size_t) x;
+    *n = (x > (KVB_SIZE_LIMIT >> shift)) ? SIZE_MAX : (size_t) (x << shift);
+
+    return 0;
+}
+
+
+/* digits only (no sign, no space); too big for size_t: SIZE_MAX */
+
+static int
+kvb_parse_number(const char *v, size_t *n)
+{
+    char                *end;
+    unsigned long long   x;
+
+    if (v[0] < '0' || v[0] > '9') {
+        return -1;
+    }
+
+    errno = 0;
+    x = strtoull(v, &end, 10);
+
+    if (end == v || *end != '\0' || (errno != 0 && errno != ERANGE)) {
+        return -1;
+    }
+
+    *n = (errno == ERANGE || x > SIZE_MAX) ? SIZE_MAX : (size_t) x;
 
     return 0;
 }

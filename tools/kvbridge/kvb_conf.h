@@ -40,6 +40,8 @@ typedef struct {
     const char             *redis_user;
     const char             *redis_password;
     const char             *channel;
+    size_t                  redis_max_pending;  /* bytes not yet answered */
+    unsigned                redis_timeout_ms;   /* a reply within this */
     const char             *collect;    /* a bound SUB for engines that
                                            connect, told apart by topic */
     const char             *collect_allow;  /* peers' IPs, or NULL */

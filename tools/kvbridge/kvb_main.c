@@ -163,7 +163,8 @@ main(int argc, char **argv)
     rconf.user = kvb_conf.redis_user;
     rconf.password = kvb_conf.redis_password;
     rconf.channel = kvb_conf.channel;
-    rconf.max_pending = 65536;
+    rconf.max_pending_bytes = kvb_conf.redis_max_pending;
+    rconf.timeout_ms = kvb_conf.redis_timeout_ms;
     rh.resync = kvb_on_resync;
     rh.data = NULL;
 
@@ -669,6 +670,8 @@ kvb_scrape_setup(kvb_eng_t *g, char *err, size_t errlen)
 
     g->scrape = kvb_scrape_create(url, kvb_conf.metrics_ms,
                                   KVB_SCRAPE_TIMEOUT_MS, err, errlen);
+
+    kvb_scrape_label(g->scrape, g->spec->engine.name);
 
     return g->scrape != NULL ? 0 : -1;
 }

@@ -5,10 +5,25 @@
  * watching the socket through hooks; here the hooks only set flags that
  * kvb_redis_watch() turns into zmq_poll() items, so hiredis runs on the
  * bridge's one loop with no adapter library.
+ *
+ * Each link knows, on the loop's clock, since when it has been waiting
+ * for a reply: Redis answers a PUBLISH or a PING within milliseconds, so
+ * one waited on past the timeout is hung, and is dropped (with an RST,
+ * so that the kernel does not keep sending stale messages) and made
+ * again.  A link waiting on nothing is asked something (the publisher a
+ * PING, the subscriber its SUBSCRIBE again), so that a hang is seen even
+ * when nothing is published and nobody asks for a resync.
  */
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+
+/* stdlib.h has told whether this is glibc, whose malloc_trim() we use */
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
@@ -21,6 +36,14 @@
 #define KVB_REDIS_CONNECT_MS    2000
 #define KVB_REDIS_BACKOFF_MIN   100
 #define KVB_REDIS_BACKOFF_MAX   2000
+#define KVB_REDIS_TIMEOUT       5000
+/* an idle link is PINGed this often (at most half the timeout) */
+#define KVB_REDIS_PING_MS       1000
+/* a PUBLISH's bytes besides its message: the command, the channel's
+   length and the RESP framing, as hiredis' buffer holds them */
+#define KVB_REDIS_PUB_OVERHEAD  48
+/* having held this much, the link gives the memory back once drained */
+#define KVB_REDIS_TRIM_BYTES    (1024 * 1024)
 
 
 typedef struct kvb_link_s  kvb_link_t;
@@ -35,6 +58,11 @@ struct kvb_link_s {
     unsigned                subscriber:1;
     uint64_t                deadline;   /* connect timeout, or retry */
     unsigned                backoff;
+
+    /* once up: commands sent and not answered, since when, last reply */
+    uint64_t                outstanding;
+    uint64_t                wait_from;
+    uint64_t                heard;
 };
 
 
@@ -44,19 +72,31 @@ struct kvb_redis_s {
     char                   *resync_channel;
     kvb_link_t              pub;
     kvb_link_t              sub;
-    size_t                  pending;
+    size_t                  overhead;   /* a PUBLISH's bytes but its message */
+    unsigned                ping_ms;
+    unsigned                trim:1;     /* held a lot since the last trim */
     kvb_redis_stats_t       st;
     kvb_log_limit_t         drop_log;
+    kvb_log_limit_t         error_log;
 };
 
 
 static void kvb_link_connect(kvb_link_t *l, uint64_t now_ms);
 static void kvb_link_down(kvb_link_t *l, const char *why, uint64_t now_ms);
 static void kvb_link_free(kvb_link_t *l);
+static void kvb_redis_trim(kvb_redis_t *r);
+static void kvb_link_state(kvb_link_t *l, kvb_redis_state_e state);
+static void kvb_link_up(kvb_link_t *l, uint64_t now_ms);
+static void kvb_link_heard(kvb_link_t *l, uint64_t now_ms);
+static void kvb_link_sent(kvb_link_t *l, uint64_t now_ms);
+static void kvb_link_check(kvb_link_t *l, uint64_t now_ms);
+static void kvb_link_abort(kvb_link_t *l, const char *why, uint64_t now_ms);
+static uint64_t kvb_link_deadline(const kvb_link_t *l);
 static void kvb_on_connect(const redisAsyncContext *ac, int status);
 static void kvb_on_disconnect(const redisAsyncContext *ac, int status);
 static void kvb_on_auth(redisAsyncContext *ac, void *reply, void *data);
 static void kvb_on_published(redisAsyncContext *ac, void *reply, void *data);
+static void kvb_on_pong(redisAsyncContext *ac, void *reply, void *data);
 static void kvb_on_message(redisAsyncContext *ac, void *reply, void *data);
 static void kvb_add_read(void *data);
 static void kvb_del_read(void *data);
@@ -88,6 +128,15 @@ kvb_redis_create(const kvb_redis_conf_t *conf, const kvb_redis_handler_t *h)
 
     r->conf = *conf;
     r->h = *h;
+
+    if (r->conf.timeout_ms == 0) {
+        r->conf.timeout_ms = KVB_REDIS_TIMEOUT;
+    }
+
+    r->ping_ms = r->conf.timeout_ms / 2;
+    r->ping_ms = (r->ping_ms > KVB_REDIS_PING_MS) ? KVB_REDIS_PING_MS
+                                                  : r->ping_ms;
+    r->overhead = KVB_REDIS_PUB_OVERHEAD + n;
     r->pub.r = r;
     r->pub.name = "publish";
     r->sub.r = r;
@@ -113,28 +162,56 @@ kvb_redis_destroy(kvb_redis_t *r)
 }
 
 
+/*
+ * What a message costs until Redis answers it rides along as the
+ * callback's data, so that the answer gives back exactly that.  One
+ * message bigger than the cap still goes when nothing waits: a snapshot's
+ * part must never be refused for good.
+ */
+
 int
 kvb_redis_publish(kvb_redis_t *r, const char *msg, size_t len)
 {
-    if (!r->pub.up || r->pending >= r->conf.max_pending) {
+    size_t    cost;
+    uint64_t  now;
+
+    now = kvb_now_ms();
+    cost = len + r->overhead;
+
+    if (!r->pub.up
+        || (r->st.pending_bytes != 0
+            && r->st.pending_bytes + cost > r->conf.max_pending_bytes))
+    {
         r->st.dropped++;
-        kvb_log_limited(&r->drop_log, kvb_now_ms(), KVB_LOG_WARN,
-                        "redis %s:%d %s: message dropped",
+        r->st.dropped_bytes += len;
+        kvb_log_limited(&r->drop_log, now, KVB_LOG_WARN,
+                        "redis %s:%d %s: message dropped (%llu bytes "
+                        "waiting for an answer, at most %zu)",
                         r->conf.host, r->conf.port,
-                        r->pub.up ? "behind" : "down");
+                        r->pub.up ? "behind" : "down",
+                        (unsigned long long) r->st.pending_bytes,
+                        r->conf.max_pending_bytes);
         return -1;
     }
 
-    if (redisAsyncCommand(r->pub.ac, kvb_on_published, r, "PUBLISH %s %b",
+    if (redisAsyncCommand(r->pub.ac, kvb_on_published,
+                          (void *) (uintptr_t) cost, "PUBLISH %s %b",
                           r->conf.channel, msg, len)
         != REDIS_OK)
     {
         r->st.dropped++;
+        r->st.dropped_bytes += len;
         return -1;
     }
 
-    r->pending++;
+    kvb_link_sent(&r->pub, now);
+    r->st.pending++;
+    r->st.pending_bytes += cost;
     r->st.published++;
+
+    if (r->st.pending_bytes >= KVB_REDIS_TRIM_BYTES) {
+        r->trim = 1;
+    }
 
     return 0;
 }
@@ -213,19 +290,12 @@ kvb_redis_io(kvb_redis_t *r, const zmq_pollitem_t *items, int n)
 uint64_t
 kvb_redis_deadline(const kvb_redis_t *r)
 {
-    uint64_t  d;
+    uint64_t  d, s;
 
-    d = UINT64_MAX;
+    d = kvb_link_deadline(&r->pub);
+    s = kvb_link_deadline(&r->sub);
 
-    if (!r->pub.up && r->pub.deadline < d) {
-        d = r->pub.deadline;
-    }
-
-    if (!r->sub.up && r->sub.deadline < d) {
-        d = r->sub.deadline;
-    }
-
-    return d;
+    return (s < d) ? s : d;
 }
 
 
@@ -241,12 +311,18 @@ kvb_redis_tick(kvb_redis_t *r, uint64_t now_ms)
     for (i = 0; i < 2; i++) {
         l = links[i];
 
-        if (l->up || now_ms < l->deadline) {
+        if (l->up) {
+            kvb_link_check(l, now_ms);
+            continue;
+        }
+
+        if (now_ms < l->deadline) {
             continue;
         }
 
         if (l->ac != NULL) {
-            kvb_link_down(l, "connect timed out", now_ms);
+            /* connected (a stopped Redis' kernel accepts), no answer */
+            kvb_link_abort(l, "connect timed out", now_ms);
             continue;
         }
 
@@ -259,6 +335,20 @@ const kvb_redis_stats_t *
 kvb_redis_stats(const kvb_redis_t *r)
 {
     return &r->st;
+}
+
+
+const char *
+kvb_redis_state_name(kvb_redis_state_e state)
+{
+    switch (state) {
+    case KVB_REDIS_UP:
+        return "up";
+    case KVB_REDIS_CONNECTING:
+        return "connecting";
+    default:
+        return "down";
+    }
 }
 
 
@@ -300,6 +390,7 @@ kvb_link_connect(kvb_link_t *l, uint64_t now_ms)
     l->writing = 1;
     l->deadline = now_ms + KVB_REDIS_CONNECT_MS;
     l->r->st.reconnects++;
+    kvb_link_state(l, KVB_REDIS_CONNECTING);
 
     if (l->r->conf.password != NULL) {
         if (l->r->conf.user != NULL) {
@@ -339,11 +430,19 @@ kvb_link_down(kvb_link_t *l, const char *why, uint64_t now_ms)
 }
 
 
+/*
+ * The messages sent and not answered are lost, or at least unconfirmed:
+ * each took a seq, so nginx sees the gap at the next message that gets
+ * through and asks for a resync.
+ */
+
 static void
 kvb_link_free(kvb_link_t *l)
 {
+    kvb_redis_t        *r;
     redisAsyncContext  *ac;
 
+    r = l->r;
     ac = l->ac;
 
     if (ac != NULL) {
@@ -355,12 +454,171 @@ kvb_link_free(kvb_link_t *l)
 
     if (!l->subscriber) {
         /* the replies that will not come */
-        l->r->pending = 0;
+        r->st.lost += r->st.pending;
+        r->st.pending = 0;
+        r->st.pending_bytes = 0;
+        kvb_redis_trim(r);
     }
 
     l->up = 0;
     l->reading = 0;
     l->writing = 0;
+    l->outstanding = 0;
+    kvb_link_state(l, KVB_REDIS_DOWN);
+}
+
+
+/*
+ * hiredis' output buffer is freed once written or with its context, but
+ * glibc keeps the top of its heap, or an arena it grew: what a slow or
+ * hung Redis made us hold is given back once nothing waits any more, not
+ * at the next growth.
+ */
+
+static void
+kvb_redis_trim(kvb_redis_t *r)
+{
+    if (!r->trim || r->st.pending_bytes != 0) {
+        return;
+    }
+
+    r->trim = 0;
+
+#ifdef __GLIBC__
+    (void) malloc_trim(0);
+#endif
+}
+
+
+static void
+kvb_link_state(kvb_link_t *l, kvb_redis_state_e state)
+{
+    if (l->subscriber) {
+        l->r->st.subscribe_state = state;
+
+    } else {
+        l->r->st.publish_state = state;
+    }
+}
+
+
+static void
+kvb_link_up(kvb_link_t *l, uint64_t now_ms)
+{
+    l->up = 1;
+    l->backoff = 0;
+    l->outstanding = 0;
+    l->wait_from = now_ms;
+    l->heard = now_ms;
+    kvb_link_state(l, KVB_REDIS_UP);
+}
+
+
+/*
+ * Any reply tells Redis is alive.  The publishing link's replies come in
+ * the order of its commands; the subscriber's confirmation may come after
+ * a message: any reply it gets answers all it asked.
+ */
+
+static void
+kvb_link_heard(kvb_link_t *l, uint64_t now_ms)
+{
+    l->heard = now_ms;
+    l->wait_from = now_ms;
+
+    if (l->subscriber) {
+        l->outstanding = 0;
+
+    } else if (l->outstanding) {
+        l->outstanding--;
+    }
+}
+
+
+static void
+kvb_link_sent(kvb_link_t *l, uint64_t now_ms)
+{
+    if (l->outstanding++ == 0) {
+        l->wait_from = now_ms;
+    }
+}
+
+
+/* an up link: hung if a reply is overdue; PINGed when idle */
+
+static void
+kvb_link_check(kvb_link_t *l, uint64_t now_ms)
+{
+    int           rc;
+    char          why[64];
+    kvb_redis_t  *r;
+
+    r = l->r;
+
+    if (l->outstanding) {
+        if (now_ms >= l->wait_from + r->conf.timeout_ms) {
+            r->st.timeouts++;
+            snprintf(why, sizeof(why), "no reply in %u ms, hung",
+                     r->conf.timeout_ms);
+            kvb_link_abort(l, why, now_ms);
+        }
+
+        return;
+    }
+
+    if (now_ms < l->heard + r->ping_ms) {
+        return;
+    }
+
+    /*
+     * hiredis (0.14) gives a subscriber's PONG to no callback: it asks
+     * again for the channel it has, which Redis confirms, a no-op
+     */
+    rc = l->subscriber
+         ? redisAsyncCommand(l->ac, kvb_on_message, l, "SUBSCRIBE %s",
+                             r->resync_channel)
+         : redisAsyncCommand(l->ac, kvb_on_pong, l, "PING");
+
+    if (rc != REDIS_OK) {
+        kvb_link_abort(l, "cannot PING", now_ms);
+        return;
+    }
+
+    kvb_link_sent(l, now_ms);
+}
+
+
+/*
+ * Dropped on our side: the socket is reset, so that what the kernel
+ * still holds to send is not delivered to a Redis that resumes, long
+ * after the messages that came since.
+ */
+
+static void
+kvb_link_abort(kvb_link_t *l, const char *why, uint64_t now_ms)
+{
+    struct linger  lg;
+
+    if (l->ac != NULL && l->ac->c.fd != -1) {
+        lg.l_onoff = 1;
+        lg.l_linger = 0;
+        (void) setsockopt(l->ac->c.fd, SOL_SOCKET, SO_LINGER, &lg,
+                          sizeof(lg));
+    }
+
+    kvb_link_down(l, why, now_ms);
+}
+
+
+static uint64_t
+kvb_link_deadline(const kvb_link_t *l)
+{
+    if (!l->up) {
+        return l->deadline;
+    }
+
+    return l->outstanding ? l->wait_from + l->r->conf.timeout_ms
+                          : l->heard + l->r->ping_ms;
 }
 
 
@@ -408,8 +666,7 @@ kvb_on_auth(redisAsyncContext *ac, void *reply, void *data)
     if (!l->subscriber && rep->type == REDIS_REPLY_STATUS
         && strcmp(rep->str, "PONG") == 0)
     {
-        l->up = 1;
-        l->backoff = 0;
+        kvb_link_up(l, kvb_now_ms());
         kvb_log(KVB_LOG_INFO, "redis %s:%d: publishing on %s",
                 l->r->conf.host, l->r->conf.port, l->r->conf.channel);
     }
@@ -419,10 +676,45 @@ kvb_on_auth(redisAsyncContext *ac, void *reply, void *data)
 static void
 kvb_on_published(redisAsyncContext *ac, void *reply, void *data)
 {
-    kvb_redis_t  *r = data;
+    size_t        cost = (uintptr_t) data;
+    uint64_t      now;
+    kvb_link_t   *l = ac->data;
+    kvb_redis_t  *r;
+    redisReply   *rep = reply;
 
-    if (r->pending) {
-        r->pending--;
+    /* NULL: the context is being freed; kvb_link_free() counts the rest */
+    if (rep == NULL) {
+        return;
+    }
+
+    r = l->r;
+    now = kvb_now_ms();
+    kvb_link_heard(l, now);
+
+    if (r->st.pending) {
+        r->st.pending--;
+    }
+
+    r->st.pending_bytes -= (r->st.pending_bytes >= cost)
+                           ? cost : r->st.pending_bytes;
+    kvb_redis_trim(r);
+
+    if (rep->type == REDIS_REPLY_ERROR) {
+        /* an ACL without PUBLISH, a Redis out of memory: nginx resyncs */
+        r->st.publish_errors++;
+        kvb_log_limited(&r->error_log, now, KVB_LOG_WARN,
+                        "redis %s:%d: PUBLISH on %s refused: %s",
+                        r->conf.host, r->conf.port, r->conf.channel,
+                        rep->str);
+    }
+}
+
+
+static void
+kvb_on_pong(redisAsyncContext *ac, void *reply, void *data)
+{
+    if (reply != NULL) {
+        kvb_link_heard(data, kvb_now_ms());
     }
 }
 
@@ -436,7 +728,16 @@ kvb_on_message(redisAsyncContext *ac, void *reply, void *data)
     kvb_link_t   *l = data;
     redisReply   *rep = reply, *kind, *msg;
 
-    if (rep == NULL || rep->type != REDIS_REPLY_ARRAY || rep->elements < 3) {
+    if (rep == NULL) {
+        return;
+    }
+
+    if (l->up) {
+        /* a message, a confirmation: the link lives */
+        kvb_link_heard(l, kvb_now_ms());
+    }
+
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 3) {
         return;
     }
 
@@ -448,8 +749,12 @@ kvb_on_message(redisAsyncContext *ac, void *reply, void *data)
     }
 
     if (strcmp(kind->str, "subscribe") == 0) {
-        l->up = 1;
-        l->backoff = 0;
+        if (l->up) {
+            /* the keepalive's answer */
+            return;
+        }
+
+        kvb_link_up(l, kvb_now_ms());
         kvb_log(KVB_LOG_INFO, "redis %s:%d: answering resyncs on %s",
                 l->r->conf.host, l->r->conf.port, l->r->resync_channel);
         return;

@@ -9,6 +9,15 @@
  * high-water mark).  A link that drops is reconnected with a backoff; what
  * was to be published meanwhile is dropped, and the seq it would have
  * taken makes nginx ask for a resync once Redis is back.
+ *
+ * A Redis that stops answering (stopped, swapping, a link that went
+ * quiet) is told by the loop's clock: a link waiting longer than
+ * timeout_ms for any reply is dropped and made again, and an idle one is
+ * PINGed so that it is never waiting unseen.  What is sent and not yet
+ * answered is bounded in bytes (max_pending_bytes, or one message when
+ * that is bigger): past it a message is dropped, and counted, rather than
+ * queued; the bytes hiredis held go back to the system once nothing
+ * waits, or with the link dropped.
  */
 
 #ifndef _KVB_REDIS_H_INCLUDED_
@@ -35,16 +44,35 @@ typedef struct {
     const char             *user;       /* NULL: AUTH with password alone */
     const char             *password;   /* NULL: no AUTH */
     const char             *channel;    /* the events channel */
-    size_t                  max_pending; /* PUBLISHes not yet answered */
+    size_t                  max_pending_bytes;  /* sent, not answered */
+    unsigned                timeout_ms;         /* 0: 5000 */
 } kvb_redis_conf_t;
+
+
+typedef enum {
+    KVB_REDIS_DOWN = 0,         /* waiting to connect again */
+    KVB_REDIS_CONNECTING,       /* connected, not yet answered */
+    KVB_REDIS_UP
+} kvb_redis_state_e;
 
 
 typedef struct {
     uint64_t                published;
     uint64_t                dropped;    /* Redis down or behind */
+    uint64_t                dropped_bytes;
+    uint64_t                lost;       /* sent, then the link dropped
+                                           before Redis answered */
+    uint64_t                publish_errors; /* Redis answered an error */
+    uint64_t                timeouts;   /* links dropped for no reply */
     uint64_t                resyncs;    /* requests heard */
     uint64_t                bad_requests;
     uint64_t                reconnects;
+
+    /* gauges: now */
+    uint64_t                pending;        /* PUBLISHes not answered */
+    uint64_t                pending_bytes;
+    kvb_redis_state_e       publish_state;
+    kvb_redis_state_e       subscribe_state;
 } kvb_redis_stats_t;
 
 
@@ -70,6 +98,8 @@ uint64_t kvb_redis_deadline(const kvb_redis_t *r);
 void kvb_redis_tick(kvb_redis_t *r, uint64_t now_ms);
 
 const kvb_redis_stats_t *kvb_redis_stats(const kvb_redis_t *r);
+/* "down", "connecting", "up" */
+const char *kvb_redis_state_name(kvb_redis_state_e state);
 
 
 #endif /* _KVB_REDIS_H_INCLUDED_ */

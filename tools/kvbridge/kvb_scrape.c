@@ -15,6 +15,7 @@
 
 #include <zmq.h>
 
+#include "kvb_log.h"
 #include "kvb_scrape.h"
 
 
@@ -66,8 +67,22 @@ struct kvb_scrape_s {
 
     uint64_t                 ok;
     uint64_t                 failed;
+    uint64_t                 failures[KVB_SCRAPE_ERR_KINDS];
+    uint64_t                 failed_since;  /* since the last good one */
     unsigned                 last_failed:1;
+    unsigned                 last_kind;
+    unsigned                 last_status;
+    kvb_scrape_err_e         head_kind;     /* why kvb_scrape_head() */
     char                     error[160];
+
+    char                    *url;
+    const char              *label;
+    kvb_log_limit_t          fail_log[KVB_SCRAPE_ERR_KINDS];
+};
+
+static const char  *kvb_scrape_err_names[] = {
+    "connect", "timeout", "status", "encoding", "parse", "closed", "size",
+    "other"
 };
 
 static int kvb_url_parse(kvb_scrape_t *s, const char *url, char *err,
@@ -81,9 +96,12 @@ static int kvb_scrape_received(kvb_scrape_t *s, size_t n, uint64_t now);
 static int kvb_scrape_body(kvb_scrape_t *s, size_t from, size_t n,
     uint64_t now);
 static int kvb_scrape_head(kvb_scrape_t *s, size_t head_len);
+static int kvb_scrape_room(kvb_scrape_t *s, uint64_t now);
+static void kvb_scrape_closed(kvb_scrape_t *s, uint64_t now);
 static void kvb_scrape_done(kvb_scrape_t *s, uint64_t now);
 static void kvb_scrape_fail(kvb_scrape_t *s, uint64_t now,
-    const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+    kvb_scrape_err_e kind, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static void kvb_scrape_end(kvb_scrape_t *s, uint64_t now);
 static int kvb_token_eq(const char *p, size_t len, const char *lower);
 
@@ -108,12 +126,21 @@ kvb_scrape_create(const char *url, unsigned interval_ms, unsigned timeout_ms,
     s->fd = -1;
     s->interval_ms = interval_ms;
     s->timeout_ms = timeout_ms;
+    s->label = "";
+
+    s->url = strdup(url);
+    if (s->url == NULL) {
+        snprintf(err, errlen, "out of memory");
+        free(s);
+        return NULL;
+    }
 
     /* the first scrape is due at once */
     s->next_ms = 0;
 
     if (kvb_url_parse(s, url, err, errlen) != 0) {
         free(s->req);
+        free(s->url);
         free(s);
         return NULL;
     }
@@ -135,7 +162,17 @@ kvb_scrape_destroy(kvb_scrape_t *s)
 
     free(s->req);
     free(s->buf);
+    free(s->url);
     free(s);
+}
+
+
+void
+kvb_scrape_label(kvb_scrape_t *s, const char *engine)
+{
+    if (s != NULL) {
+        s->label = engine ? engine : "";
+    }
 }
 
 
@@ -373,8 +410,76 @@ kvb_scrape_stats(const kvb_scrape_t *s, kvb_scrape_stats_t *st)
 {
     st->ok = s->ok;
     st->failed = s->failed;
+    memcpy(st->failures, s->failures, sizeof(st->failures));
     st->last_error = s->error;
     st->last_failed = s->last_failed;
+    st->last_kind = s->last_kind;
+    st->last_status = s->last_status;
+}
+
+
+const char *
+kvb_scrape_err_name(unsigned kind)
+{
+    return kind < KVB_SCRAPE_ERR_KINDS ? kvb_scrape_err_names[kind]
+                                       : "other";
+}
+
+
+void
+kvb_scrape_feed_start(kvb_scrape_t *s, uint64_t now_ms)
+{
+    if (s->state != KVB_SCRAPE_IDLE) {
+        kvb_scrape_end(s, now_ms);
+    }
+
+    s->started_ms = now_ms;
+    s->len = 0;
+    s->raw = 0;
+    s->scanned = 0;
+    s->have_head = 0;
+    s->req_sent = s->req_len;
+    kvb_chunked_init(&s->chunked);
+
+    s->state = KVB_SCRAPE_READING;
+}
+
+
+int
+kvb_scrape_feed(kvb_scrape_t *s, const char *p, size_t n, uint64_t now_ms)
+{
+    size_t  take;
+
+    while (n && s->state == KVB_SCRAPE_READING) {
+        if (kvb_scrape_room(s, now_ms) != 0) {
+            return 0;
+        }
+
+        take = s->cap - s->len;
+        if (take == 0) {
+            return -1;
+        }
+
+        take = (take < n) ? take : n;
+        memcpy(s->buf + s->len, p, take);
+        p += take;
+        n -= take;
+
+        if (kvb_scrape_received(s, take, now_ms) != 0) {
+            return 0;
+        }
+    }
+
+    return s->state == KVB_SCRAPE_READING;
+}
+
+
+void
+kvb_scrape_feed_eof(kvb_scrape_t *s, uint64_t now_ms)
+{
+    if (s->state == KVB_SCRAPE_READING) {
+        kvb_scrape_closed(s, now_ms);
+    }
 }
 
 
@@ -392,7 +497,8 @@ kvb_scrape_start(kvb_scrape_t *s, uint64_t now)
     s->fd = socket(s->addr.ss_family,
                    SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s->fd == -1) {
-        kvb_scrape_fail(s, now, "socket(): %s", strerror(errno));
+        kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_OTHER, "socket(): %s",
+                        strerror(errno));
         return;
     }
 
@@ -402,7 +508,8 @@ kvb_scrape_start(kvb_scrape_t *s, uint64_t now)
     }
 
     if (errno != EINPROGRESS) {
-        kvb_scrape_fail(s, now, "connect(): %s", strerror(errno));
+        kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_CONNECT, "connect(): %s",
+                        strerror(errno));
         return;
     }
 
@@ -416,7 +523,8 @@ kvb_scrape_expire(kvb_scrape_t *s, uint64_t now)
     if (s->state != KVB_SCRAPE_IDLE
         && now >= s->started_ms + s->timeout_ms)
     {
-        kvb_scrape_fail(s, now, "timed out after %u ms %s", s->timeout_ms,
+        kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_TIMEOUT,
+                        "timed out after %u ms %s", s->timeout_ms,
                         s->state == KVB_SCRAPE_CONNECTING ? "connecting"
                         : s->state == KVB_SCRAPE_WRITING ? "sending"
                         : s->have_head ? "reading the body"
@@ -443,7 +551,8 @@ kvb_scrape_connected(kvb_scrape_t *s, uint64_t now)
     }
 
     if (e != 0) {
-        kvb_scrape_fail(s, now, "connect(): %s", strerror(e));
+        kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_CONNECT, "connect(): %s",
+                        strerror(e));
         return;
     }
 
@@ -472,7 +581,10 @@ kvb_scrape_write(kvb_scrape_t *s, uint64_t now)
                 return;
             }
 
-            kvb_scrape_fail(s, now, "send(): %s", strerror(errno));
+            kvb_scrape_fail(s, now,
+                            errno == ECONNRESET || errno == EPIPE
+                            ? KVB_SCRAPE_ERR_CONNECT : KVB_SCRAPE_ERR_OTHER,
+                            "send(): %s", strerror(errno));
             return;
         }
 
@@ -486,30 +598,14 @@ kvb_scrape_write(kvb_scrape_t *s, uint64_t now)
 static void
 kvb_scrape_read(kvb_scrape_t *s, uint64_t now)
 {
-    char     *nb;
-    size_t    cap;
     ssize_t   n;
     unsigned  i;
 
     /* a bound on one call, so that a fast sender cannot hold the loop */
     for (i = 0; i < 64; i++) {
 
-        if (s->cap - s->len < 16384 && s->cap < KVB_SCRAPE_BODY_MAX
-                                                + KVB_SCRAPE_HEADER_MAX)
-        {
-            cap = s->cap ? s->cap * 2 : 65536;
-            if (cap > KVB_SCRAPE_BODY_MAX + KVB_SCRAPE_HEADER_MAX) {
-                cap = KVB_SCRAPE_BODY_MAX + KVB_SCRAPE_HEADER_MAX;
-            }
-
-            nb = realloc(s->buf, cap);
-            if (nb == NULL) {
-                kvb_scrape_fail(s, now, "out of memory");
-                return;
-            }
-
-            s->buf = nb;
-            s->cap = cap;
+        if (kvb_scrape_room(s, now) != 0) {
+            return;
         }
 
         /*
@@ -527,18 +623,7 @@ kvb_scrape_read(kvb_scrape_t *s, uint64_t now)
         }
 
         if (n == 0) {
-            if (!s->have_head) {
-                kvb_scrape_fail(s, now, "connection closed before the "
-                                "response headers (%zu bytes)", s->len);
-
-            } else if (s->body == KVB_BODY_CLOSE) {
-                kvb_scrape_done(s, now);
-
-            } else {
-                kvb_scrape_fail(s, now, "connection closed inside the body "
-                                "(%zu bytes)", s->len);
-            }
-
+            kvb_scrape_closed(s, now);
             return;
         }
 
@@ -547,10 +632,64 @@ kvb_scrape_read(kvb_scrape_t *s, uint64_t now)
         }
 
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
-            kvb_scrape_fail(s, now, "recv(): %s", strerror(errno));
+            kvb_scrape_fail(s, now,
+                            errno == ECONNRESET ? KVB_SCRAPE_ERR_CLOSED
+                                                : KVB_SCRAPE_ERR_OTHER,
+                            "recv(): %s", strerror(errno));
         }
 
         return;
+    }
+}
+
+
+/* at least 16 KB free in buf, or all it may ever hold; -1: failed */
+
+static int
+kvb_scrape_room(kvb_scrape_t *s, uint64_t now)
+{
+    char    *nb;
+    size_t   cap;
+
+    if (s->cap - s->len >= 16384
+        || s->cap >= KVB_SCRAPE_BODY_MAX + KVB_SCRAPE_HEADER_MAX)
+    {
+        return 0;
+    }
+
+    cap = s->cap ? s->cap * 2 : 65536;
+    if (cap > KVB_SCRAPE_BODY_MAX + KVB_SCRAPE_HEADER_MAX) {
+        cap = KVB_SCRAPE_BODY_MAX + KVB_SCRAPE_HEADER_MAX;
+    }
+
+    nb = realloc(s->buf, cap);
+    if (nb == NULL) {
+        kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_OTHER, "out of memory");
+        return -1;
+    }
+
+    s->buf = nb;
+    s->cap = cap;
+
+    return 0;
+}
+
+
+/* the server closed: the end of a body without a length, else truncated */
+
+static void
+kvb_scrape_closed(kvb_scrape_t *s, uint64_t now)
+{
+    if (!s->have_head) {
+        kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_CLOSED, "connection closed "
+                        "before the response headers (%zu bytes)", s->len);
+
+    } else if (s->body == KVB_BODY_CLOSE) {
+        kvb_scrape_done(s, now);
+
+    } else {
+        kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_CLOSED, "connection closed "
+                        "inside the body (%zu bytes)", s->len);
     }
 }
 
@@ -567,7 +706,7 @@ kvb_scrape_received(kvb_scrape_t *s, size_t n, uint64_t now)
 
     /* chunk extensions and trailers decode to nothing; bound them too */
     if (s->raw > 2 * (size_t) KVB_SCRAPE_BODY_MAX) {
-        kvb_scrape_fail(s, now, "response over %u bytes",
+        kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_SIZE, "response over %u bytes",
                         2 * KVB_SCRAPE_BODY_MAX);
         return -1;
     }
@@ -602,7 +741,8 @@ kvb_scrape_received(kvb_scrape_t *s, size_t n, uint64_t now)
 
     if (head_len == 0) {
         if (s->len > KVB_SCRAPE_HEADER_MAX) {
-            kvb_scrape_fail(s, now, "response headers over %u bytes",
+            kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_SIZE,
+                            "response headers over %u bytes",
                             KVB_SCRAPE_HEADER_MAX);
             return -1;
         }
@@ -610,8 +750,16 @@ kvb_scrape_received(kvb_scrape_t *s, size_t n, uint64_t now)
         return 0;
     }
 
+    /* the same cap whether the end came in this read or a later one */
+    if (head_len > KVB_SCRAPE_HEADER_MAX) {
+        kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_SIZE,
+                        "response headers over %u bytes",
+                        KVB_SCRAPE_HEADER_MAX);
+        return -1;
+    }
+
     if (kvb_scrape_head(s, head_len) != 0) {
-        kvb_scrape_fail(s, now, "%s", s->error);
+        kvb_scrape_fail(s, now, s->head_kind, "%s", s->error);
         return -1;
     }
 
@@ -640,7 +788,8 @@ kvb_scrape_body(kvb_scrape_t *s, size_t from, size_t n, uint64_t now)
         s->len = from + out;
 
         if (rc == KVB_CHUNKED_ERROR) {
-            kvb_scrape_fail(s, now, "bad chunked encoding");
+            kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_PARSE,
+                            "bad chunked encoding");
             return -1;
         }
 
@@ -673,7 +822,8 @@ kvb_scrape_body(kvb_scrape_t *s, size_t from, size_t n, uint64_t now)
     }
 
     if (s->len > KVB_SCRAPE_BODY_MAX) {
-        kvb_scrape_fail(s, now, "response body over %u bytes",
+        kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_SIZE,
+                        "response body over %u bytes",
                         KVB_SCRAPE_BODY_MAX);
         return -1;
     }
@@ -701,13 +851,16 @@ kvb_scrape_head(kvb_scrape_t *s, size_t head_len)
         || p[11] < '0' || p[11] > '9')
     {
         snprintf(s->error, sizeof(s->error), "not an HTTP/1.x response");
+        s->head_kind = KVB_SCRAPE_ERR_PARSE;
         return -1;
     }
 
     status = (p[9] - '0') * 100 + (p[10] - '0') * 10 + (p[11] - '0');
+    s->last_status = (unsigned) status;
 
     if (status != 200) {
         snprintf(s->error, sizeof(s->error), "HTTP status %d", status);
+        s->head_kind = KVB_SCRAPE_ERR_STATUS;
         return -1;
     }
 
@@ -746,6 +899,7 @@ kvb_scrape_head(kvb_scrape_t *s, size_t head_len)
                 snprintf(s->error, sizeof(s->error),
                          "unsupported Transfer-Encoding \"%.*s\"",
                          (int) (ve - v > 40 ? 40 : ve - v), v);
+                s->head_kind = KVB_SCRAPE_ERR_ENCODING;
                 return -1;
             }
 
@@ -756,6 +910,7 @@ kvb_scrape_head(kvb_scrape_t *s, size_t head_len)
                 snprintf(s->error, sizeof(s->error),
                          "unsupported Content-Encoding \"%.*s\"",
                          (int) (ve - v > 40 ? 40 : ve - v), v);
+                s->head_kind = KVB_SCRAPE_ERR_ENCODING;
                 return -1;
             }
 
@@ -777,10 +932,12 @@ kvb_scrape_head(kvb_scrape_t *s, size_t head_len)
                     snprintf(s->error, sizeof(s->error),
                              "response body over %u bytes (Content-Length)",
                              KVB_SCRAPE_BODY_MAX);
+                    s->head_kind = KVB_SCRAPE_ERR_SIZE;
 
                 } else {
                     snprintf(s->error, sizeof(s->error),
                              "bad Content-Length");
+                    s->head_kind = KVB_SCRAPE_ERR_PARSE;
                 }
 
                 return -1;
@@ -796,6 +953,7 @@ kvb_scrape_head(kvb_scrape_t *s, size_t head_len)
             snprintf(s->error, sizeof(s->error),
                      "response body over %u bytes (Content-Length)",
                      KVB_SCRAPE_BODY_MAX);
+            s->head_kind = KVB_SCRAPE_ERR_SIZE;
             return -1;
         }
 
@@ -816,8 +974,8 @@ kvb_scrape_done(kvb_scrape_t *s, uint64_t now)
                                 KVB_METRICS_RANKS)
         != 0)
     {
-        kvb_scrape_fail(s, now, "no vLLM or SGLang load metric in %zu bytes",
-                        s->len);
+        kvb_scrape_fail(s, now, KVB_SCRAPE_ERR_PARSE,
+                        "no vLLM or SGLang load metric in %zu bytes", s->len);
         return;
     }
 
@@ -827,12 +985,20 @@ kvb_scrape_done(kvb_scrape_t *s, uint64_t now)
     s->ok++;
     s->last_failed = 0;
 
+    if (s->failed_since) {
+        kvb_log(KVB_LOG_INFO, "engine %s: metrics %s: scraped again, after "
+                "%llu failures", s->label, s->url,
+                (unsigned long long) s->failed_since);
+        s->failed_since = 0;
+    }
+
     kvb_scrape_end(s, now);
 }
 
 
 static void
-kvb_scrape_fail(kvb_scrape_t *s, uint64_t now, const char *fmt, ...)
+kvb_scrape_fail(kvb_scrape_t *s, uint64_t now, kvb_scrape_err_e kind,
+    const char *fmt, ...)
 {
     char     msg[sizeof(s->error)];
     va_list  args;
@@ -845,7 +1011,19 @@ kvb_scrape_fail(kvb_scrape_t *s, uint64_t now, const char *fmt, ...)
     memcpy(s->error, msg, sizeof(msg));
 
     s->failed++;
+    s->failures[kind]++;
+    s->failed_since++;
     s->last_failed = 1;
+    s->last_kind = kind;
+
+    /*
+     * Each kind on its own limiter: a refused connection logged does not
+     * hide that the next engine restart answers 404.  Until the scrapes
+     * work again the engine's load goes out stale, then not at all.
+     */
+    kvb_log_limited(&s->fail_log[kind], now, KVB_LOG_WARN,
+                    "engine %s: metrics %s: scrape failed (%s): %s",
+                    s->label, s->url, kvb_scrape_err_names[kind], s->error);
 
     kvb_scrape_end(s, now);
 }
