@@ -75,7 +75,10 @@ is("@bad", '', 'every family has its HELP');
 for my $f (qw(engine_batches engine_gaps engine_replays_ok
               engine_replays_given_up engine_restarts engine_mirror_blocks
               engine_scrape_failures engine_last_event_age_seconds
-              redis_up redis_published redis_dropped loop_turn_seconds
+              redis_up redis_published redis_dropped redis_pending_bytes
+              redis_pending_messages redis_timeouts redis_link_up
+              engine_scrape_failures_by_kind engine_stream_vouched
+              loop_turn_seconds
               source_seconds source_max_seconds))
 {
     ok($m1->{fam}{"kvbridge_$f"}, "kvbridge_$f is there");
@@ -125,6 +128,17 @@ cmp_ok(value($m2, 'kvbridge_engine_scrape_failures_total',
        'a /metrics that never answers counts failures');
 is(value($m2, 'kvbridge_engine_scrape_failing', { engine => $DEAD }), 1,
    'and says it is failing');
+my $kinds = 0;
+$kinds += value($m2, 'kvbridge_engine_scrape_failures_by_kind_total',
+                { engine => $DEAD, kind => $_ }) // 0
+    for qw(connect timeout status encoding parse closed size other);
+is($kinds, value($m2, 'kvbridge_engine_scrape_failures_total',
+                 { engine => $DEAD }),
+   "the failures by kind add up to them ($kinds)");
+is(value($m2, 'kvbridge_redis_link_up', { link => 'publish' }), 1,
+   'the publishing link is up');
+is(value($m2, 'kvbridge_redis_link_up', { link => 'subscribe' }), 1,
+   'the resync link is up');
 
 # --- 3. the listener: one answer, bounded requests, never blocked --------
 

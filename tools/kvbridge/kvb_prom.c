@@ -169,6 +169,18 @@ static const kvb_prom_redis_t  kvb_prom_redis[] = {
            "Resync requests that did not parse"),
     KVB_RS(reconnects, "reconnects_total", "counter",
            "Reconnects of the Redis links"),
+    KVB_RS(dropped_bytes, "dropped_bytes_total", "counter",
+           "Bytes of the messages dropped"),
+    KVB_RS(lost, "lost_total", "counter",
+           "Messages sent, then the link dropped before Redis answered"),
+    KVB_RS(publish_errors, "publish_errors_total", "counter",
+           "PUBLISHes Redis answered with an error"),
+    KVB_RS(timeouts, "timeouts_total", "counter",
+           "Links dropped for no reply in --redis-timeout (a hung Redis)"),
+    KVB_RS(pending, "pending_messages", "gauge",
+           "PUBLISHes sent and not yet answered"),
+    KVB_RS(pending_bytes, "pending_bytes", "gauge",
+           "Bytes sent and not yet answered, at most --redis-max-pending"),
 };
 
 
@@ -219,10 +231,37 @@ kvb_prom_render(kvb_buf_t *b, const kvb_prom_view_t *v)
         }
     }
 
+    kvb_prom_head(b, "kvbridge_engine_scrape_failures_by_kind_total",
+                  "counter", "Failed scrapes of the engine's /metrics, "
+                  "by kind");
+
+    for (k = 0; k < v->nengines; k++) {
+        if (v->engines[k].scrape == NULL) {
+            continue;
+        }
+
+        for (i = 0; i < KVB_SCRAPE_ERR_KINDS; i++) {
+            kvb_buf_printf(b, "kvbridge_engine_scrape_failures_by_kind_total"
+                           "{engine=");
+            kvb_prom_label(b, v->engines[k].name);
+            kvb_buf_printf(b, ",rank=\"%u\",kind=\"%s\"} %llu\n",
+                           v->engines[k].rank, kvb_scrape_err_name(i),
+                           (unsigned long long)
+                           v->engines[k].scrape->failures[i]);
+        }
+    }
+
     kvb_prom_head(b, "kvbridge_redis_up", "gauge",
                   "1 when the publishing link to Redis is up");
     kvb_buf_printf(b, "kvbridge_redis_up %llu\n",
                    (unsigned long long) v->redis_up);
+
+    kvb_prom_head(b, "kvbridge_redis_link_up", "gauge",
+                  "1 when the link is up, by link (publish, subscribe)");
+    kvb_buf_printf(b, "kvbridge_redis_link_up{link=\"publish\"} %d\n"
+                   "kvbridge_redis_link_up{link=\"subscribe\"} %d\n",
+                   v->redis->publish_state == KVB_REDIS_UP,
+                   v->redis->subscribe_state == KVB_REDIS_UP);
 
     for (i = 0; i < sizeof(kvb_prom_redis) / sizeof(kvb_prom_redis[0]);
          i++)
