@@ -102,6 +102,13 @@ phase() {
     turns
     echo "  kvbridge max RSS: $(awk '/VmHWM/ { print $2, $3 }' \
         "/proc/$("$launch" pid "$prefix" kvbridge)/status")"
+    # where F's batches went: gaps (its queue past the mark), replays,
+    # the mirror, and Redis' pending output
+    curl -s "http://127.0.0.1:$page/metrics" | awk '
+        /^kvbridge_engine_(batches|gaps|replays_ok|replays_given_up|forgotten|mirror_blocks)(_total)?\{engine="127.0.0.1:1"/ {
+            sub(/\{.*\}/, ""); printf "  F %s\n", $0 }
+        /^kvbridge_redis_(dropped_total|pending_bytes) / { printf "  %s\n", $0 }'
+
 }
 
 phase 1 silent

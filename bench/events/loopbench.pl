@@ -53,7 +53,12 @@ sub stored {
     my ($hashes) = @_;
     return { type => 'BlockStored', block_hashes => $hashes,
              parent_block_hash => undef,
-             token_ids => [map { 1000 + $_ } 1 .. $o{block} * @$hashes],
+             # tokens of their own a block: blocks of one key are one
+             # block to nginx, published once
+             token_ids => [map { my $h = $_;
+                                 map { 1000 + ($h * $o{block} + $_)
+                                              % 1_000_000_000 }
+                                     0 .. $o{block} - 1 } @$hashes],
              block_size => $o{block}, lora_id => undef, medium => 'GPU',
              lora_name => undef };
 }
