@@ -26,6 +26,9 @@ my $MODEL  = 'llama';
 my $BT     = 16;                                # tokens a block
 
 plan skip_all => "$BRIDGE not built" unless -x $BRIDGE;
+# it runs no nginx: the stage that only changes nginx's build skips it
+plan skip_all => 'no nginx in this test (KVA_NGINX_FREE=0)'
+    if ($ENV{KVA_NGINX_FREE} // '') eq '0';
 plan skip_all => "$KEYS not built (make tools)" unless -x $KEYS;
 
 for my $m (qw(ZMQ::FFI Data::MessagePack)) {

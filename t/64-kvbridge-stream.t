@@ -36,6 +36,9 @@ my $FLOOD  = $ENV{KVB_FLOOD} // 5000;          # replies in the flood
 my $PERIOD = 0.02;                              # the other engine's pace
 
 plan skip_all => "$BRIDGE not built" unless -x $BRIDGE;
+# it runs no nginx: the stage that only changes nginx's build skips it
+plan skip_all => 'no nginx in this test (KVA_NGINX_FREE=0)'
+    if ($ENV{KVA_NGINX_FREE} // '') eq '0';
 plan skip_all => "$KEYS not built (make tools)" unless -x $KEYS;
 
 for my $m (qw(ZMQ::FFI Data::MessagePack)) {

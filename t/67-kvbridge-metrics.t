@@ -29,6 +29,9 @@ my $PARSE  = "$ROOT/t/lib/prom_parse.py";
 my $PY     = -x '/usr/bin/python3' ? '/usr/bin/python3' : 'python3';
 
 plan skip_all => "$BRIDGE not built" unless -x $BRIDGE;
+# it runs no nginx: the stage that only changes nginx's build skips it
+plan skip_all => 'no nginx in this test (KVA_NGINX_FREE=0)'
+    if ($ENV{KVA_NGINX_FREE} // '') eq '0';
 plan skip_all => 'python3-prometheus-client is not installed'
     if system("$PY -c 'import prometheus_client.parser' 2>/dev/null");
 

@@ -26,6 +26,9 @@ my $BT     = 16;
 my $ENGINE = '127.0.0.1:9';                     # collected, topic "kv"
 
 plan skip_all => "$BRIDGE not built" unless -x $BRIDGE;
+# it runs no nginx: the stage that only changes nginx's build skips it
+plan skip_all => 'no nginx in this test (KVA_NGINX_FREE=0)'
+    if ($ENV{KVA_NGINX_FREE} // '') eq '0';
 
 for my $m (qw(ZMQ::FFI Data::MessagePack)) {
     plan skip_all => "$m missing (make deps)" unless eval "require $m; 1";
