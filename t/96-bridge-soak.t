@@ -37,9 +37,11 @@ my $KVBRIDGE = $ENV{KVBRIDGE_BINARY} || 'build/kvbridge';
 my $SECONDS  = $ENV{KVA_SOAK_SECONDS} || 120;
 my $SCALE    = 50;
 my $BT       = 16;                      # tokens a block
-# the bridge's memory: its engines' mirrors hold a few thousand blocks;
-# what a flood or a hung Redis must never add is unbounded buffers
-my $BRIDGE_RSS_MAX = 96 * 1024;         # kB
+# the bridge's memory: its engines' mirrors hold a few thousand blocks,
+# Redis' pending output at most --redis-max-pending (16 MB); what a flood
+# or a hung Redis must never add is unbounded buffers (32-34 MB measured
+# with everything of issue 18; the same soak on the bridge before it: 66)
+my $BRIDGE_RSS_MAX = 56 * 1024;         # kB
 # back in sync: Redis resumes or returns, an engine restarts
 my $SYNC_MAX = 15;                      # s
 
@@ -411,9 +413,16 @@ for my $i (0, 1) {
            "engine $i still holds blocks in nginx at the end");
 }
 
-cmp_ok($bridge_rss_max // 0, '<', $BRIDGE_RSS_MAX,
-       "the bridge's memory stayed under " . ($BRIDGE_RSS_MAX >> 10)
-       . ' MB');
+SKIP: {
+    # under AddressSanitizer freed memory waits in its quarantine: RSS
+    # says nothing of the bridge's own
+    skip 'RSS under AddressSanitizer', 1
+        if (do { local (@ARGV, $/) = $KVBRIDGE; <> } // '')
+           =~ /AddressSanitizer/;
+    cmp_ok($bridge_rss_max // 0, '<', $BRIDGE_RSS_MAX,
+           "the bridge's memory stayed under " . ($BRIDGE_RSS_MAX >> 10)
+           . ' MB');
+}
 
 my $res = eval { decode_json(do { local (@ARGV, $/) = $result; <> }) };
 ok($res, 'kvload wrote its results') or diag($@);
