@@ -487,6 +487,9 @@ main(void)
     ok(from == 0 && resets == 1 && got[ngot - 1] == 7
        && kvb_stream_socket(st) == NULL,
        "past the hold limit the replay is abandoned: %s", last_reset);
+    ok(ngot == 3 && got[0] == 0 && got[1] == 6 && got[2] == 7,
+       "and what was held is dropped, not handed on in one go: %u "
+       "handed on", (unsigned) ngot);
     kvb_stream_destroy(st);
 
     /* a rebuild: all the engine buffers from seq 0, live ones held */

@@ -90,6 +90,7 @@ static int kvb_stream_check(kvb_stream_t *st, uint64_t seq,
 static int kvb_stream_hold(kvb_stream_t *st, uint64_t seq,
     const char *payload, size_t len);
 static void kvb_stream_ended(kvb_stream_t *st);
+static void kvb_stream_drop_held(kvb_stream_t *st);
 static void kvb_stream_drain(kvb_stream_t *st, kvb_budget_t *b);
 static void kvb_stream_give_up(kvb_stream_t *st, const char *detail);
 static void kvb_stream_close(kvb_stream_t *st);
@@ -213,16 +214,46 @@ kvb_stream_take(kvb_stream_t *st, uint64_t seq, const char *payload,
             return;
         }
 
+        /*
+         * Too much to hold: the replay is too slow to be worth it, or
+         * the engine outruns what the budget lets through.  Handing on
+         * all that is held at once held the loop (4,096 batches: 103 ms
+         * in make bench-loop); the held batches are dropped as lost
+         * instead, nginx is told to forget (a gap), and the stream goes
+         * on from this batch.
+         */
         if (st->replaying) {
-            /* too much to hold: the replay is too slow to be worth it */
             kvb_stream_give_up(st, "live batches past the hold limit");
+
+        } else {
+            st->st.resets++;
+            st->h.reset(st->h.data, KVB_RESET_GAP,
+                        "live batches past the hold limit");
         }
 
-        /* what is held goes first, whatever it costs (bounded in bytes) */
-        kvb_stream_drain(st, NULL);
+        kvb_stream_drop_held(st);
+        st->next = seq;
+        kvb_stream_deliver(st, seq, payload, len);
+        return;
     }
 
     kvb_stream_live(st, seq, payload, len);
+}
+
+
+static void
+kvb_stream_drop_held(kvb_stream_t *st)
+{
+    while (st->nheld > st->drained) {
+        free(st->held[--st->nheld].payload);
+        st->held[st->nheld].payload = NULL;
+    }
+
+    st->nheld = 0;
+    st->drained = 0;
+    st->held_bytes = 0;
+    st->draining = 0;
+    st->after_reset = 0;
 }
 
 
