@@ -180,9 +180,15 @@ ok(@lat > 50 && $max < 1.0,
            1000 * $p99));
 
 my $rss = rss();
-# the replay socket queues at most 1,000 messages: 73 MB of these
-cmp_ok($rss, '<', 110_000,
-       "the bridge's peak RSS stays bounded: $rss kB (from $rss0 kB)");
+SKIP: {
+    # under AddressSanitizer freed memory waits in its quarantine: RSS
+    # says nothing of the bridge's own
+    skip 'RSS under AddressSanitizer', 1
+        if (slurp($BRIDGE) // '') =~ /AddressSanitizer/;
+    # the replay socket queues at most 1,000 messages: 73 MB of these
+    cmp_ok($rss, '<', 110_000,
+           "the bridge's peak RSS stays bounded: $rss kB (from $rss0 kB)");
+}
 
 ok(wait_until(10, sub { f_replays() > $f_before }),
    'F\'s flooded replay ended (lost or whole), the bridge goes on')

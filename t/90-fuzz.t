@@ -1,5 +1,5 @@
 # kv_aware core under libFuzzer: every fuzz/fuzz_<name>.c runs for
-# KVA_FUZZ_SECONDS (default 30 under CI=true: eight targets, else 10) through fuzz/run.sh,
+# KVA_FUZZ_SECONDS (default 20 under CI=true: eight targets, else 10) through fuzz/run.sh,
 # one test per target, failing on any crash (the input and log are left in
 # build/fuzz/).  Skipped where clang cannot link a libFuzzer target
 # (`make deps` installs clang and libclang-rt-14-dev).
@@ -33,7 +33,7 @@ plan skip_all => 'clang with libFuzzer is not available'
               . " $tmp/probe.c >/dev/null 2>&1") != 0;
 
 my $secs = $ENV{KVA_FUZZ_SECONDS}
-           || (($ENV{CI} // '') eq 'true' ? 30 : 10);
+           || (($ENV{CI} // '') eq 'true' ? 20 : 10);
 
 my $out = `make -s -C $root fuzz-build 2>&1`;
 ok($? == 0, 'fuzz targets build') or diag($out);
