@@ -166,29 +166,9 @@ ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
 
     rc = kva_event_decode((char *) msg, len, &lim, &b, err, sizeof(err));
 
-    switch (rc) {
-
-    case KVA_EVENT_OK:
-        break;
-
-    case KVA_EVENT_TOO_BIG:
-        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_TOO_BIG, err,
-                                 ngx_strlen(err));
-        return;
-
-    case KVA_EVENT_VERSION:
-        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_VERSION, err,
-                                 ngx_strlen(err));
-        return;
-
-    case KVA_EVENT_BAD_FIELD:
-        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_BAD_FIELD, err,
-                                 ngx_strlen(err));
-        return;
-
-    default:
-        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_MALFORMED, err,
-                                 ngx_strlen(err));
+    if (rc != KVA_EVENT_OK) {
+        ngx_http_kv_aware_reject(kcf, ngx_http_kv_aware_reject_class(rc),
+                                 err, ngx_strlen(err));
         return;
     }
 
@@ -758,4 +738,25 @@ ngx_http_kv_aware_applier(ngx_http_kv_aware_srv_conf_t *kcf)
 
     return (kcf->sh->sub_live == kcf->generation) ? NGX_HTTP_KV_AWARE_APPLY
                                                   : NGX_HTTP_KV_AWARE_SKIP;
+}
+
+
+/* the class a decoder's refusal counts under, on either channel */
+ngx_http_kv_aware_reject_e
+ngx_http_kv_aware_reject_class(kva_event_rc_e rc)
+{
+    switch (rc) {
+
+    case KVA_EVENT_TOO_BIG:
+        return NGX_HTTP_KV_AWARE_REJ_TOO_BIG;
+
+    case KVA_EVENT_VERSION:
+        return NGX_HTTP_KV_AWARE_REJ_VERSION;
+
+    case KVA_EVENT_BAD_FIELD:
+        return NGX_HTTP_KV_AWARE_REJ_BAD_FIELD;
+
+    default:
+        return NGX_HTTP_KV_AWARE_REJ_MALFORMED;
+    }
 }

@@ -10,6 +10,7 @@
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_redis.h"
+#include "kva_event.h"
 
 
 #define NGX_HTTP_KV_AWARE_TICK          500    /* ms, sync state checks */
@@ -105,6 +106,10 @@ void ngx_http_kv_aware_events_message(void *data, u_char *msg, size_t len);
 void ngx_http_kv_aware_events_subscribed(void *data);
 void ngx_http_kv_aware_events_lost(void *data);
 void ngx_http_kv_aware_events_tick(ngx_event_t *ev);
+
+/* the reject class of a decoder's refusal (kva_event_rc_e) */
+ngx_http_kv_aware_reject_e ngx_http_kv_aware_reject_class(
+    kva_event_rc_e rc);
 
 
 #endif /* _NGX_HTTP_KV_AWARE_EVENTS_H_INCLUDED_ */

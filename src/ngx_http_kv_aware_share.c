@@ -187,7 +187,6 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
     kva_event_rc_e                    rc;
     kva_event_limits_t                lim;
     ngx_http_kv_aware_share_t        *sr;
-    ngx_http_kv_aware_reject_e        why;
     ngx_http_kv_aware_events_conf_t  *ecf;
 
     ecf = kcf->events;
@@ -214,26 +213,9 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
     rc = kva_event_decode((char *) msg, len, &lim, &b, err, sizeof(err));
 
     if (rc != KVA_EVENT_OK) {
-        switch (rc) {
-
-        case KVA_EVENT_TOO_BIG:
-            why = NGX_HTTP_KV_AWARE_REJ_TOO_BIG;
-            break;
-
-        case KVA_EVENT_VERSION:
-            why = NGX_HTTP_KV_AWARE_REJ_VERSION;
-            break;
-
-        case KVA_EVENT_BAD_FIELD:
-            why = NGX_HTTP_KV_AWARE_REJ_BAD_FIELD;
-            break;
-
-        default:
-            why = NGX_HTTP_KV_AWARE_REJ_MALFORMED;
-            break;
-        }
-
-        ngx_http_kv_aware_share_refuse(kcf, why, err);
+        ngx_http_kv_aware_share_refuse(kcf,
+                                       ngx_http_kv_aware_reject_class(rc),
+                                       err);
         return;
     }
 
