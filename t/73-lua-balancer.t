@@ -2,7 +2,7 @@
 # Debian's Lua module in Debian's nginx with this module; upstream "llm"
 # is kv_aware with events, "llm_lua" a Lua balancer that reads
 # $kv_aware_ranking_llm (in access_by_lua, once the body is read) and takes
-# the best server the tenant may use, as README's example does:
+# the best server the tenant may use, as docs/clients.md's example does:
 #
 #   * without a restriction it takes kv_aware's first choice, the server
 #     whose events say it holds the prompt;

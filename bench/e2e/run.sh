@@ -59,7 +59,7 @@ TOKENIZE_TIMEOUT=${TOKENIZE_TIMEOUT:-200ms}
 
 # ---------------------------------------------------------------------------
 # KV events: `kv_aware_events redis=... channel=...` in the upstream, after
-# `kv_aware` (README.md, "kv_aware_events").  The line is checked with
+# `kv_aware` (docs/reference.md, "kv_aware_events").  The line is checked with
 # `nginx -t` first; a module built without it makes the kv_aware_events
 # policy skip with a message instead of failing the run.  Override:
 #   KV_EVENTS_CONF='kv_aware_events redis=@REDIS@ channel=@CHANNEL@;'

@@ -431,7 +431,7 @@ kvb_conf_usage(void)
     }
 
     printf("\nA config file holds the same directives without the dashes,"
-           " one a line.\nSee README.md, \"With vLLM\".\n");
+           " one a line.\nSee docs/engines.md.\n");
 }
 
 

@@ -1,7 +1,7 @@
 /*
  * kvbridge: follows vLLM and SGLang engines' KV cache events on ZeroMQ
  * and publishes them, keyed as ngx_http_kv_aware_module keys token ids,
- * on the module's Redis channel (docs/events.md, README "With vLLM").
+ * on the module's Redis channel (docs/events.md, docs/engines.md).
  *
  * One thread, one loop (kvb_loop.h) over the engines' sockets, the replay
  * sockets, the Redis links and the metrics scrapes: nothing in it blocks,
