@@ -15,7 +15,7 @@ static char *ngx_http_kv_aware_events_redis(ngx_conf_t *cf,
     ngx_http_kv_aware_param_t *p, ngx_str_t *value, void *conf);
 
 
-/* see README, "kv_aware_events" */
+/* see docs/reference.md, "kv_aware_events" */
 static ngx_http_kv_aware_param_t  ngx_http_kv_aware_events_params[] = {
 
     { ngx_string("redis"),

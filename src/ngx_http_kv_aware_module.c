@@ -22,7 +22,7 @@ static char *ngx_http_kv_aware_conf_keys(ngx_conf_t *cf,
     ngx_http_kv_aware_param_t *p, ngx_str_t *value, void *conf);
 
 
-/* see README, "Directives" */
+/* see docs/reference.md, "kv_aware" */
 static ngx_http_kv_aware_param_t  ngx_http_kv_aware_params[] = {
 
     { ngx_string("keys"),

@@ -78,7 +78,7 @@ static void ngx_http_kv_aware_tokenize_warn(ngx_http_kv_aware_tokenize_t *tk,
     const char *why, ngx_uint_t status);
 
 
-/* see README, "kv_aware_tokenize" */
+/* see docs/reference.md, "kv_aware_tokenize" */
 static ngx_http_kv_aware_param_t  ngx_http_kv_aware_tokenize_params[] = {
 
     { ngx_string("timeout"),
