@@ -15,6 +15,13 @@
 # prints S's publish-to-Redis p50/p99/max.  Goals (issue 18): <= 10 ms of
 # loop time per source per turn, S's p99 <= 20 ms.
 #
+# The bridge gets CPU 0 to itself and everything else (the engines,
+# redis-server) the other CPUs, the way the bridge runs beside engines on
+# other hosts: on a 2-core machine the flooding engine alone takes a
+# core, and unpinned the bridge's turns are long only because it is not
+# running (its "cpu max ms" column shows its own work).  --shared runs
+# everything unpinned.
+#
 # One redis-server and one kvbridge on 127.0.0.1 under build/bench-loop/;
 # everything stops on exit.  Time it on an idle machine only.
 set -euo pipefail
@@ -22,7 +29,31 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 quick=0
-[ "${1:-}" = "--quick" ] && quick=1
+shared=0
+for a in "$@"; do
+    case $a in
+    --quick) quick=1 ;;
+    --shared) shared=1 ;;
+    *) echo "usage: bench_loop.sh [--quick] [--shared]" >&2; exit 2 ;;
+    esac
+done
+
+ncpu=$(nproc)
+if [ "$shared" = 0 ] && [ "$ncpu" -ge 2 ] && command -v taskset >/dev/null
+then
+    others="taskset -c 1-$((ncpu - 1))"
+    echo "kvbridge on CPU 0; engines and redis-server on CPUs 1-$((ncpu - 1))"
+else
+    others=
+    shared=1
+    echo "everything on all $ncpu CPUs (unpinned)"
+fi
+
+# pin a running process, all its threads (ZeroMQ's I/O thread too)
+pin() {
+    [ "$shared" = 0 ] && taskset -a -p -c "$1" "$2" >/dev/null
+    return 0
+}
 
 T=$(( quick ? 4 : 10 ))           # seconds a phase
 RATE=100                          # S's batches a second
@@ -48,12 +79,15 @@ trap cleanup EXIT INT TERM
 
 "$launch" start redis "$prefix" "$rport" \
     --client-output-buffer-limit pubsub 0 0 0
+pin "1-$((ncpu - 1))" "$("$launch" pid "$prefix" redis)"
 
 # the longest turn and the p99 turn of each source of the bridge's page
 turns() {
     curl -s "http://127.0.0.1:$page/metrics" | perl -ne '
         if (/^kvbridge_source_max_seconds\{source="([^"]*)"\} (\S+)/) {
             $max{$1} = $2;
+        } elsif (/^kvbridge_source_cpu_max_seconds\{source="([^"]*)"\} (\S+)/) {
+            $cpu{$1} = $2;
         } elsif (/^kvbridge_source_seconds_bucket\{source="([^"]*)",le="([^"]*)"\} (\S+)/) {
             push @{ $b{$1} }, [$2, $3];
         } elsif (/^kvbridge_loop_turn_seconds_bucket\{le="([^"]*)"\} (\S+)/) {
@@ -62,14 +96,16 @@ turns() {
             $turns = $1;
         }
         END {
-            printf "  %-34s %10s %10s %8s\n", "source", "max ms",
-                   "p99 <= ms", "turns";
+            printf "  %-34s %10s %10s %10s %8s\n", "source", "max ms",
+                   "cpu max ms", "p99 <= ms", "turns";
             for my $s (sort keys %b) {
                 my $n = $b{$s}[-1][1] or next;
                 my ($p99) = map { $_->[0] } grep { $_->[1] >= 0.99 * $n }
                             @{ $b{$s} };
-                printf "  %-34s %10s %10s %8d\n", $s,
+                printf "  %-34s %10s %10s %10s %8d\n", $s,
                        exists $max{$s} ? sprintf("%.2f", 1000 * $max{$s})
+                                       : "-",
+                       exists $cpu{$s} ? sprintf("%.2f", 1000 * $cpu{$s})
                                        : "-",
                        $p99 eq "+Inf" ? "> 1000" : 1000 * $p99, $n;
             }
@@ -85,16 +121,17 @@ phase() {
         --engine "127.0.0.1:2 model=m events=tcp://127.0.0.1:$zs" \
         --metrics "127.0.0.1:$page" --heartbeat 60000 \
         --replay-timeout 5000 >/dev/null
+    pin 0 "$("$launch" pid "$prefix" kvbridge)"
     echo "== ($name) engine F: $flood; engine S: $RATE batches/s, ${T} s"
     fpid=
     case $flood in
     silent) ;;
-    events) perl "$helper" flood --zmq "$zf" --seconds "$((T + 1))" \
+    events) $others perl "$helper" flood --zmq "$zf" --seconds "$((T + 1))" \
                 | sed 's/^/  F /' & fpid=$! ;;
-    replay) perl "$helper" flood --zmq "$zf" --seconds "$((T + 1))" \
+    replay) $others perl "$helper" flood --zmq "$zf" --seconds "$((T + 1))" \
                 --replay | sed 's/^/  F /' & fpid=$! ;;
     esac
-    perl "$helper" steady --zmq "$zs" --redis "$rport" --server 127.0.0.1:2 \
+    $others perl "$helper" steady --zmq "$zs" --redis "$rport" --server 127.0.0.1:2 \
         --rate "$RATE" --seconds "$T" | sed 's/^/  S /'
     if [ -n "$fpid" ]; then
         wait "$fpid"

@@ -10,6 +10,11 @@
 #     73 KB batches, as fast as it can; another engine publishing every
 #     20 ms must keep reaching Redis promptly (today's code froze the loop
 #     for seconds), and the bridge's memory stays bounded.
+#  3. a third engine (no replay socket, so nothing is held for a replay)
+#     floods its event socket with those batches as fast as it can: the
+#     bridge's memory stays bounded (with no high-water mark on its SUB
+#     socket, ZeroMQ read them all ahead of the loop: hundreds of MB in
+#     seconds), and the other engine keeps being heard.
 #
 # Real redis-server and kvbridge; the engines are Perl ZeroMQ peers
 # sending what vLLM sends ([topic, seq, msgpack batch]; replies
@@ -56,12 +61,13 @@ my $mp = Data::MessagePack->new->prefer_integer(1);
 my $l = KvAware::Launch->new(template => 'kvbridge-stream-XXXXXX',
                              watchdog => 1, diag => \&diag);
 
-my ($redis, $pn, $pf, $pg, $collect) = free_ports(5);
-my $zmq = free_run(3);
-my ($zf, $zg) = ($zmq, $zmq + 2);               # F's replay on $zf + 1
+my ($redis, $pn, $pf, $pg, $ph, $collect) = free_ports(6);
+my $zmq = free_run(4);
+my ($zf, $zg, $zh) = ($zmq, $zmq + 2, $zmq + 3); # F's replay on $zf + 1
 my $N = "127.0.0.1:$pn";                        # collected, topic kv@n
 my $F = "127.0.0.1:$pf";                        # floods its replay
 my $G = "127.0.0.1:$pg";                        # publishes meanwhile
+my $H = "127.0.0.1:$ph";                        # floods its events
 
 # the other engine's batches and their keys, before anything runs
 # (one chain: block i's parent is block i - 1, so one call keys them all)
@@ -74,6 +80,7 @@ die "G's keys: " . scalar(@gkey) unless @gkey == $GN;
 my $dir = $l->prefix;
 my ($f_ctl, $f_pid) = child(\&engine_f);
 my ($g_ctl, $g_pid) = child(\&engine_g);
+my ($h_ctl, $h_pid) = child(\&engine_h);
 
 $l->start_redis($redis, '--client-output-buffer-limit', 'pubsub 0 0 0');
 my $sub = subscribe($redis, 'kv_aware:events');
@@ -82,9 +89,10 @@ $l->start_kvbridge('--redis', "127.0.0.1:$redis",
     '--engine', "$F model=$MODEL events=tcp://127.0.0.1:$zf"
                 . ' replay=tcp://127.0.0.1:' . ($zf + 1),
     '--engine', "$G model=$MODEL events=tcp://127.0.0.1:$zg",
+    '--engine', "$H model=$MODEL events=tcp://127.0.0.1:$zh",
     '--collect', "tcp://127.0.0.1:$collect", '--replay-timeout', 2000);
 
-my (%held, %cleared, %arrived);
+my (%held, %cleared, %arrived, %last_at);
 
 # --- 1. strays on the collector -------------------------------------------
 
@@ -199,11 +207,43 @@ diag("F: the longest kvb_stream_io() call: $longest[-1] us")
 
 ok(kill(0, $l->pid('kvbridge')), 'the bridge is still running');
 
+# --- 3. an event-socket flood while another engine publishes --------------
+
+drain(0.5);
+my $now0 = vmrss();
+my ($rss_max, $g_silent) = ($now0, 0);
+print $h_ctl "events\n";
+my $t_events = time;
+while (time < $t_events + 6) {
+    drain(0.1);
+    my $r = vmrss();
+    $rss_max = $r if $r > $rss_max;
+    my $quiet = time - ($last_at{$G} // $t_events);
+    $g_silent = $quiet if $quiet > $g_silent;
+}
+my ($ev_sent) = (slurp("$dir/h-events") // '') =~ /^sent (\d+)/m;
+ok($ev_sent && $ev_sent > 1000,
+   'H flooded its event socket: ' . ($ev_sent // 0) . ' batches of 73 KB');
+SKIP: {
+    skip 'RSS under AddressSanitizer', 1
+        if (slurp($BRIDGE) // '') =~ /AddressSanitizer/;
+    # the SUB socket queues 16 batches of at most --max-batch (4 MB)
+    cmp_ok($rss_max - $now0, '<', 40_000,
+           "the bridge's RSS during the event flood: $rss_max kB"
+           . " (from $now0 kB)");
+}
+cmp_ok($g_silent, '<', 1.0,
+       sprintf('G was heard throughout the event flood (longest silence'
+               . ' %.0f ms)', 1000 * $g_silent));
+ok(kill(0, $l->pid('kvbridge')), 'the bridge is still running');
+
 print $f_ctl "stop\n";
 close $f_ctl;
 print $g_ctl "stop\n";
 close $g_ctl;
-waitpid($_, 0) for $f_pid, $g_pid;
+print $h_ctl "stop\n";
+close $h_ctl;
+waitpid($_, 0) for $f_pid, $g_pid, $h_pid;
 
 done_testing();
 
@@ -216,6 +256,12 @@ sub bridge_log { slurp($l->prefix . '/logs/kvbridge.log') // '' }
 sub f_replays {
     my @n = bridge_log() =~ /engine \Q$F\E: gaps \d+, replayed/g;
     return scalar @n;
+}
+
+sub vmrss {
+    my ($r) = (slurp('/proc/' . $l->pid('kvbridge') . '/status') // '')
+        =~ /VmRSS:\s+(\d+)/;
+    return $r // 0;
 }
 
 sub rss {
@@ -305,6 +351,7 @@ sub drain {
         my ($at, $payload) = @$m;
         my $msg = eval { $json->decode($payload) } or next;
         my $s = $msg->{server} // next;
+        $last_at{$s} = $at;
         my $snap = $msg->{snapshot} // '';
         $held{$s} = {} if $snap eq 'full' || $snap eq 'begin';
         for my $ev (@{ $msg->{events} // [] }) {
@@ -376,6 +423,7 @@ sub engine_f {
                 $flood = 1;
                 $seq += 5;
             }
+
         }
 
         while ($router->has_pollin) {
@@ -415,6 +463,30 @@ sub big_batch {
     my @ids = map { 70_000 + $_ } 1 .. 820 * $BT;
     return $mp->pack([1.0, [['BlockStored', [map { 9_000_000 + $_ } 1 .. 820],
                               undef, \@ids, $BT]]]);
+}
+
+# H: silent until told "events", then 4 s of F's big batch on its event
+# socket, in order, as fast as ZeroMQ takes them (its PUB drops past its
+# high-water mark: the bridge sees gaps, and has no replay to ask)
+sub engine_h {
+    my ($ctl) = @_;
+    my $ctx = ZMQ::FFI->new;
+    my $pub = $ctx->socket(ZMQ_PUB());
+    $pub->bind("tcp://127.0.0.1:$zh");
+    my $big = big_batch();
+    my $cmd = <$ctl> // 'stop';
+    return if $cmd =~ /stop/;
+    my ($t0, $n) = (time, 0);
+    while (time < $t0 + 4) {
+        for (1 .. 64) {
+            $pub->send_multipart(['', pack('Q>', $n), $big]);
+            $n++;
+        }
+    }
+    open(my $fh, '>', "$dir/h-events") or die;
+    print $fh "sent $n\n";
+    close $fh;
+    $cmd = <$ctl>;                      # stop
 }
 
 # G: one small batch every $PERIOD s; told "go", the next $GN are the

@@ -82,7 +82,8 @@ for my $f (qw(engine_batches engine_gaps engine_replays_ok
               redis_pending_messages redis_timeouts redis_link_up
               engine_scrape_failures_by_kind engine_stream_vouched
               loop_turn_seconds
-              source_seconds source_max_seconds))
+              source_seconds source_max_seconds source_cpu_max_seconds
+              source_cpu_seconds))
 {
     ok($m1->{fam}{"kvbridge_$f"}, "kvbridge_$f is there");
 }
@@ -124,6 +125,14 @@ cmp_ok(value($m2, 'kvbridge_redis_published_total'), '>',
        'publishes to Redis grow');
 cmp_ok(value($m2, 'kvbridge_loop_turn_seconds_count'), '>',
        value($m1, 'kvbridge_loop_turn_seconds_count'), 'turns are counted');
+my $cpu = value($m2, 'kvbridge_source_cpu_seconds_total',
+                { source => "$ENGINE events" });
+cmp_ok($cpu, '>', value($m1, 'kvbridge_source_cpu_seconds_total',
+                        { source => "$ENGINE events" }),
+       "the engine's events cost CPU time: $cpu s");
+cmp_ok($cpu, '<=', value($m2, 'kvbridge_source_seconds_sum',
+                         { source => "$ENGINE events" }) + 0.01,
+       'no more CPU time than time');
 cmp_ok(value($m2, 'kvbridge_engine_scrapes_ok_total', { engine => $ENGINE }),
        '>', 0, 'the engine\'s /metrics is scraped');
 cmp_ok(value($m2, 'kvbridge_engine_scrape_failures_total',

@@ -36,6 +36,19 @@
 /* a disconnected SUB socket is connected anew after this (ms) */
 #define KVB_RECONNECT_MS    200
 
+/*
+ * What the event socket may queue in the bridge: at most this many bytes
+ * of batches (each at most --max-batch), but never fewer than
+ * KVB_QUEUE_MIN batches.  Past it ZeroMQ stops reading the connection, and
+ * the engine's PUB socket queues (vLLM's holds 100,000 batches) or drops,
+ * which the bridge sees as a gap.  Unbounded (high-water mark 0), a flood
+ * of 40 KB batches grew the bridge to 284 MB in 4 s; with the bound it
+ * stayed at 33-40 MB (bench/bench_loop.sh).
+ */
+#define KVB_QUEUE_BYTES     (64 * 1024 * 1024)
+#define KVB_QUEUE_MIN       16
+#define KVB_QUEUE_MAX       1000
+
 
 struct kvb_engine_s {
     kvb_engine_conf_t       conf;
@@ -179,12 +192,14 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
 
     /*
      * A batch past max_bytes would be refused anyway: ZeroMQ drops the
-     * peer that sends it before it is buffered.  No high-water mark on
-     * our side: the bridge reads as fast as it can, and what it cannot
-     * keep up with the engine drops (seen here as a gap).
+     * peer that sends it before it is buffered.  The queue is bounded
+     * in batches so that it is in bytes (KVB_QUEUE_BYTES).
      */
     max = (int64_t) lim->decode.max_bytes + 64;
-    hwm = 0;
+    hwm = KVB_QUEUE_BYTES / (lim->decode.max_bytes ? lim->decode.max_bytes
+                                                   : 1);
+    hwm = (hwm < KVB_QUEUE_MIN) ? KVB_QUEUE_MIN
+          : (hwm > KVB_QUEUE_MAX) ? KVB_QUEUE_MAX : hwm;
     zmq_setsockopt(e->sub, ZMQ_MAXMSGSIZE, &max, sizeof(max));
     zmq_setsockopt(e->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm));
 

@@ -70,6 +70,13 @@ typedef struct {
     uint64_t                calls;      /* of io; turns */
     uint64_t                ns_sum;
     uint64_t                ns_max;
+    /*
+     * The same on the bridge's own CPU clock: where ns_max is far above
+     * cpu_ns_max, the turn was long because the bridge was not running
+     * (the machine busy), not because of its work.
+     */
+    uint64_t                cpu_ns_sum;
+    uint64_t                cpu_ns_max;
     uint64_t                buckets[KVB_LOOP_BUCKETS];  /* not cumulative */
     uint64_t                over;       /* past the last bucket */
     uint64_t                exhausted;  /* turns its budget ran out */
@@ -94,6 +101,8 @@ int kvb_budget_left(kvb_budget_t *b);
 void kvb_budget_spend(kvb_budget_t *b, size_t bytes);
 
 uint64_t kvb_loop_now_ns(void);
+/* the CPU time the bridge's main thread has used */
+uint64_t kvb_loop_cpu_ns(void);
 
 /* the histograms' bounds, seconds (KVB_LOOP_BUCKETS of them) */
 extern const double  kvb_loop_bounds[KVB_LOOP_BUCKETS];

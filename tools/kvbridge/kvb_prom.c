@@ -309,6 +309,28 @@ kvb_prom_render(kvb_buf_t *b, const kvb_prom_view_t *v)
         kvb_buf_printf(b, "} %.6f\n", (double) h->ns_max / 1e9);
     }
 
+    kvb_prom_head(b, "kvbridge_source_cpu_max_seconds", "gauge",
+                  "The most CPU time a source's callbacks used in one "
+                  "turn (the bridge's main thread)");
+
+    for (k = 0; k < n; k++) {
+        h = kvb_loop_source(v->loop, k, &name);
+        kvb_buf_printf(b, "kvbridge_source_cpu_max_seconds{source=");
+        kvb_prom_label(b, name);
+        kvb_buf_printf(b, "} %.6f\n", (double) h->cpu_ns_max / 1e9);
+    }
+
+    kvb_prom_head(b, "kvbridge_source_cpu_seconds_total", "counter",
+                  "CPU time of a source's callbacks (the bridge's main "
+                  "thread)");
+
+    for (k = 0; k < n; k++) {
+        h = kvb_loop_source(v->loop, k, &name);
+        kvb_buf_printf(b, "kvbridge_source_cpu_seconds_total{source=");
+        kvb_prom_label(b, name);
+        kvb_buf_printf(b, "} %.6f\n", (double) h->cpu_ns_sum / 1e9);
+    }
+
     kvb_prom_head(b, "kvbridge_source_budget_exhausted_total", "counter",
                   "Turns a source returned with input left, its budget "
                   "spent");
