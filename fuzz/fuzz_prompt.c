@@ -31,8 +31,9 @@
 
 #include "json_depth.h"
 
-#include "kva_hash.h"
+#include "kva_keys.h"
 #include "kva_prompt.h"
+#include "kva_token_answer.h"
 
 
 /* out_cap of len + 64 never truncates text prompts (kva_prompt.h) */
