@@ -92,7 +92,7 @@ module: $(MODULE)
 # small helpers were calls, one a probe through the PLT
 MODULE_CC_OPT ?= -O2
 
-$(BUILD)/Makefile: config Makefile
+$(BUILD)/Makefile: config Makefile src/core/sources
 	@mkdir -p $(BUILD)
 	cd $(NGX_SRC) && . ./conf_flags && \
 	    ./configure "$${NGX_CONF_FLAGS[@]}" --add-dynamic-module=$(CURDIR) \

@@ -17,7 +17,7 @@
 #include <time.h>
 
 #include "bench_util.h"
-#include "kva_hash.h"
+#include "kva_keys.h"
 #include "kva_prompt.h"
 #include "kva_rand.h"
 

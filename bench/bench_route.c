@@ -12,7 +12,7 @@
 
 #include "bench_util.h"
 #include "kva_rand.h"
-#include "kva_hash.h"
+#include "kva_keys.h"
 #include "kva_index.h"
 #include "kva_prompt.h"
 #include "kva_score.h"

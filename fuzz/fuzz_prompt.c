@@ -17,6 +17,11 @@
  *     for a block size taken from the input; a rejected body hashes
  *     nothing.  In two pieces cut anywhere (kva_hash_body2) it gets the
  *     same verdict and hashes, or KVA_PROMPT_SEAM.
+ * (6) keys=tokens (kva_token_body, as the module does) gets the same
+ *     verdict, keeps the body's ids and its cache_salt within its
+ *     scratch, and keys them as kva_token_blocks() does with the salt
+ *     decoded apart; without ids of its own, a tokenizer's ids, and
+ *     without those the text keys over the canonical bytes.
  *
  * Output buffers are sized exactly, so ASan sees a write past out_cap.
  *
@@ -31,8 +36,10 @@
 
 #include "json_depth.h"
 
-#include "kva_hash.h"
+#include "kva_keys.h"
 #include "kva_prompt.h"
+#include "kva_token.h"
+#include "kva_token_answer.h"
 
 
 /* out_cap of len + 64 never truncates text prompts (kva_prompt.h) */
@@ -52,6 +59,8 @@ static void fz_tokens(const uint8_t *data, size_t size, kva_prompt_t *v,
     int accepted);
 static void fz_prefix(const uint8_t *data, size_t size, const uint8_t *full,
     size_t full_len, size_t cap);
+static void fz_token_keys(const uint8_t *data, size_t size,
+    const kva_prompt_t *p, kva_prompt_rc_e rc);
 
 
 /* jansson's verdict, with test_prompt_ref.c's exceptions */
@@ -279,6 +288,80 @@ fz_hashes(const uint8_t *data, size_t size, const uint8_t *full,
 }
 
 
+static void
+fz_token_keys(const uint8_t *data, size_t size, const kva_prompt_t *p,
+    kva_prompt_rc_e rc)
+{
+    size_t             bt, bs, max, n, nref, slen;
+    uint8_t           *scratch, *salt;
+    uint32_t           given[3] = { 1, 2, 3 };
+    uint64_t          *h, *ref, seed;
+    kva_prompt_rc_e    trc;
+    kva_token_body_t   tb;
+
+    bt = (size > 1) ? 1 + data[size - 2] % 5 : 1;
+    bs = 1 + (size * 13) % 64;
+
+    tb.block_size = bs;
+    tb.block_tokens = bt;
+    tb.model = NULL;
+    tb.model_len = 0;
+
+    /* exactly the scratch it asks for: ASan sees the salt pass it */
+    scratch = malloc(kva_token_body_scratch(size));
+    if (scratch == NULL) {
+        abort();
+    }
+
+    trc = kva_token_body(data, size, scratch, &tb);
+
+    if (trc != rc || (rc == KVA_PROMPT_OK && tb.from_body != p->token_ids)) {
+        abort();
+    }
+
+    if (rc != KVA_PROMPT_OK) {
+        free(scratch);
+        return;
+    }
+
+    max = kva_token_body_max(&tb, (size & 1) ? given : NULL, 3);
+    h = malloc((max ? max : 1) * sizeof(uint64_t));
+    ref = malloc((max ? max : 1) * sizeof(uint64_t));
+
+    if (h == NULL || ref == NULL) {
+        abort();
+    }
+
+    seed = kva_token_seed(tb.p.model, tb.p.model_len);
+
+    if (tb.ids != NULL && tb.p.salt != NULL) {
+        salt = malloc(2 * tb.p.salt_len + KVA_TOKEN_SALT_SLACK);
+        if (salt == NULL) {
+            abort();
+        }
+
+        slen = kva_prompt_salt(tb.p.salt, tb.p.salt_len, salt);
+        seed ^= kva_token_salt(salt, slen, salt + tb.p.salt_len);
+        free(salt);
+    }
+
+    nref = (tb.ids == NULL)
+           ? kva_hash_text(tb.p.model, tb.p.model_len, tb.p.out,
+                           tb.p.out_len, bs, ref, max)
+           : kva_token_blocks(seed, tb.ids, tb.nids, bt, NULL, ref, max);
+
+    n = kva_token_body_keys(&tb, h, max);
+
+    if (n != nref || (n > 0 && memcmp(h, ref, n * sizeof(uint64_t)) != 0)) {
+        abort();
+    }
+
+    free(h);
+    free(ref);
+    free(scratch);
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -319,6 +402,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     fz_tokens(data, size, &v, accepted);
     fz_hashes(data, size, full, &p, rc);
+    fz_token_keys(data, size, &p, rc);
 
     /* out_cap 0 is validation only, which says nothing of truncation */
     if (rc == KVA_PROMPT_OK && p.out_len > 1) {

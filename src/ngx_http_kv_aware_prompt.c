@@ -9,9 +9,7 @@
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_prompt.h"
 
-#include "kva_hash.h"
-#include "kva_prompt.h"
-#include "kva_token.h"
+#include "kva_keys.h"
 
 
 static ngx_int_t ngx_http_kv_aware_text_hashes(ngx_http_request_t *r,
@@ -22,6 +20,8 @@ static ngx_int_t ngx_http_kv_aware_split_hashes(ngx_http_request_t *r,
 static ngx_int_t ngx_http_kv_aware_token_hashes(ngx_http_request_t *r,
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
     u_char *body, size_t len);
+static ngx_int_t ngx_http_kv_aware_hash_arrays(ngx_http_request_t *r,
+    ngx_http_kv_aware_ctx_t *ctx, size_t max_blocks);
 static ngx_int_t ngx_http_kv_aware_prompt_failed(ngx_http_request_t *r,
     ngx_http_kv_aware_ctx_t *ctx, kva_prompt_rc_e rc);
 static off_t ngx_http_kv_aware_body_size(ngx_chain_t *bufs,
@@ -138,14 +138,8 @@ ngx_http_kv_aware_text_hashes(ngx_http_request_t *r,
 
     max_blocks = kva_hash_body_max(len, kcf->block_size);
 
-    if (max_blocks) {
-        ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
-        ctx->found = ngx_palloc(r->pool, max_blocks * sizeof(uint32_t));
-
-        if (ctx->hashes == NULL || ctx->found == NULL) {
-            ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
-            return NGX_DECLINED;
-        }
+    if (ngx_http_kv_aware_hash_arrays(r, ctx, max_blocks) != NGX_OK) {
+        return NGX_DECLINED;
     }
 
     /* hashed as it is scanned: the canonical prompt is never written */
@@ -221,16 +215,12 @@ ngx_http_kv_aware_split_hashes(ngx_http_request_t *r,
     max_blocks = kva_hash_body_max(size[0] + size[1], kcf->block_size);
 
     win = ngx_pnalloc(r->pool, size[0] + KVA_HASH_SEAM);
-
-    if (max_blocks) {
-        ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
-        ctx->found = ngx_palloc(r->pool, max_blocks * sizeof(uint32_t));
+    if (win == NULL) {
+        ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
+        return NGX_DECLINED;
     }
 
-    if (win == NULL
-        || (max_blocks && (ctx->hashes == NULL || ctx->found == NULL)))
-    {
-        ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
+    if (ngx_http_kv_aware_hash_arrays(r, ctx, max_blocks) != NGX_OK) {
         return NGX_DECLINED;
     }
 
@@ -260,123 +250,85 @@ ngx_http_kv_aware_split_hashes(ngx_http_request_t *r,
 
 
 /*
- * keys=tokens: the body's own token ids, or else the tokenizer's, keyed
- * as the engines' blocks are (kva_token.h); with neither, the text keys,
- * so that what this nginx learned keeps routing while no tokens come.
- * The two key spaces are seeded apart and never share a hash.
+ * keys=tokens: the body's own token ids, or else the tokenizer's (ctx->ids),
+ * keyed as the engines' blocks are; with neither, the text keys, so that
+ * what this nginx learned keeps routing while no tokens come
+ * (kva_token_body() in kva_keys.h).
  */
 static ngx_int_t
 ngx_http_kv_aware_token_hashes(ngx_http_request_t *r,
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
     u_char *body, size_t len)
 {
-    size_t            cap, n, i, max_blocks, slen;
-    u_char           *out, *salt;
-    uint32_t         *ids;
-    uint64_t          seed;
-    kva_prompt_t      prompt;
-    kva_prompt_rc_e   rc;
+    size_t             max_blocks;
+    u_char            *scratch;
+    kva_prompt_rc_e    rc;
+    kva_token_body_t   tb;
 
-    /* an id takes 4 bytes out for 2 or more of the body (kva_prompt.h) */
-    cap = 2 * len + KVA_PROMPT_OUT_SLACK;
+    tb.block_size = kcf->block_size;
+    tb.block_tokens = kcf->block_tokens;
+    tb.model = NULL;
+    tb.model_len = 0;
 
-    /* aligned: the ids are turned into uint32_t in place */
-    out = ngx_palloc(r->pool, cap);
-    if (out == NULL) {
+    /* aligned: the body's ids are turned into uint32_t in place */
+    scratch = ngx_palloc(r->pool, kva_token_body_scratch(len));
+    if (scratch == NULL) {
         ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
         return NGX_DECLINED;
     }
 
-    rc = kva_prompt_extract(body, len, out, cap, &prompt);
+    rc = kva_token_body(body, len, scratch, &tb);
 
     if (rc != KVA_PROMPT_OK) {
         return ngx_http_kv_aware_prompt_failed(r, ctx, rc);
     }
 
-    ids = NULL;
-    n = 0;
-
-    if (prompt.token_ids && !prompt.truncated) {
-        n = prompt.nids;
-
-        /* the ids were written as 4 bytes little-endian: in place */
-        ids = (uint32_t *) out;
-
-        for (i = 0; i < n; i++) {
-            ids[i] = (uint32_t) out[4 * i]
-                     | (uint32_t) out[4 * i + 1] << 8
-                     | (uint32_t) out[4 * i + 2] << 16
-                     | (uint32_t) out[4 * i + 3] << 24;
-        }
-
-        /* ids asked of a tokenizer meanwhile would be the same or worse */
-        if (ctx->fallback == NGX_HTTP_KV_AWARE_TOKENIZE_FAILED
-            || ctx->fallback == NGX_HTTP_KV_AWARE_TOKENIZE_TIMEOUT)
-        {
-            ctx->fallback = NGX_HTTP_KV_AWARE_ROUTED;
-        }
-
-    } else if (ctx->ids) {
-        ids = ctx->ids;
-        n = ctx->nids;
+    /* ids asked of a tokenizer meanwhile would be the same or worse */
+    if (tb.from_body
+        && (ctx->fallback == NGX_HTTP_KV_AWARE_TOKENIZE_FAILED
+            || ctx->fallback == NGX_HTTP_KV_AWARE_TOKENIZE_TIMEOUT))
+    {
+        ctx->fallback = NGX_HTTP_KV_AWARE_ROUTED;
     }
 
-    if (ids == NULL) {
-        if (ctx->fallback == NGX_HTTP_KV_AWARE_ROUTED) {
-            ctx->fallback = NGX_HTTP_KV_AWARE_NO_TOKENS;
-        }
+    max_blocks = kva_token_body_max(&tb, ctx->ids, ctx->nids);
 
-        seed = 0;
-        max_blocks = prompt.out_len / kcf->block_size;
-
-    } else {
-        seed = kva_token_seed(prompt.model, prompt.model_len);
-        max_blocks = n / kcf->block_tokens;
-
-        if (prompt.salt) {
-            /*
-             * vLLM keys the first block with [cache_salt] as its extra
-             * keys; an extra key is XORed into the chain before its
-             * block, and before block 0 the chain is the seed.
-             */
-            salt = ngx_pnalloc(r->pool,
-                               2 * prompt.salt_len + KVA_TOKEN_SALT_SLACK);
-            if (salt == NULL) {
-                ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
-                return NGX_DECLINED;
-            }
-
-            slen = kva_prompt_salt(prompt.salt, prompt.salt_len, salt);
-            seed ^= kva_token_salt(salt, slen, salt + prompt.salt_len);
-        }
+    if (tb.ids == NULL && ctx->fallback == NGX_HTTP_KV_AWARE_ROUTED) {
+        ctx->fallback = NGX_HTTP_KV_AWARE_NO_TOKENS;
     }
 
-    if (max_blocks) {
-        ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
-        ctx->found = ngx_palloc(r->pool, max_blocks * sizeof(uint32_t));
-
-        if (ctx->hashes == NULL || ctx->found == NULL) {
-            ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
-            return NGX_DECLINED;
-        }
+    if (ngx_http_kv_aware_hash_arrays(r, ctx, max_blocks) != NGX_OK) {
+        return NGX_DECLINED;
     }
 
-    if (ids == NULL) {
-        ctx->nblocks = (uint32_t) kva_hash_text(prompt.model,
-                                                prompt.model_len,
-                                                prompt.out, prompt.out_len,
-                                                kcf->block_size,
-                                                ctx->hashes, max_blocks);
-
-    } else {
-        ctx->nblocks = (uint32_t) kva_token_blocks(seed, ids, n,
-                                                   kcf->block_tokens, NULL,
-                                                   ctx->hashes, max_blocks);
-    }
+    ctx->nblocks = (uint32_t) kva_token_body_keys(&tb, ctx->hashes,
+                                                  max_blocks);
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "kv_aware: prompt of %uz token ids, %uD blocks%s",
-                   n, ctx->nblocks, ids ? "" : " (text keys)");
+                   tb.ids ? tb.nids : 0, ctx->nblocks,
+                   tb.ids ? "" : " (text keys)");
+
+    return NGX_OK;
+}
+
+
+/* the one place the keys' and their lookups' arrays are allocated */
+static ngx_int_t
+ngx_http_kv_aware_hash_arrays(ngx_http_request_t *r,
+    ngx_http_kv_aware_ctx_t *ctx, size_t max_blocks)
+{
+    if (max_blocks == 0) {
+        return NGX_OK;
+    }
+
+    ctx->hashes = ngx_palloc(r->pool, max_blocks * sizeof(uint64_t));
+    ctx->found = ngx_palloc(r->pool, max_blocks * sizeof(uint32_t));
+
+    if (ctx->hashes == NULL || ctx->found == NULL) {
+        ctx->fallback = NGX_HTTP_KV_AWARE_NO_MEMORY;
+        return NGX_ERROR;
+    }
 
     return NGX_OK;
 }

@@ -22,6 +22,7 @@
 #include "ngx_http_kv_aware_tokenize.h"
 
 #include "kva_prompt.h"
+#include "kva_token_answer.h"
 
 
 /* one warning per location at most this often, per worker */

@@ -19,8 +19,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kva_prompt.h"
-
 
 /* key spaces never share hashes: a later token-id key space gets its own */
 #define KVA_KEYSPACE_TEXT   0x6b76612d74657874ULL   /* "kva-text" */
@@ -36,6 +34,16 @@
 
 /* short runs are gathered until this many bytes, then hashed together */
 #define KVA_HASH_STAGE      1024
+
+/*
+ * A body in two pieces is lexed from a window this much past its seam
+ * (kva_json_lex.h, kva_hash_body2() in kva_keys.h).
+ */
+#define KVA_HASH_SEAM       64
+
+
+typedef struct kva_hash_stream_s  kva_hash_stream_t;
+
 
 /*
  * The chain of one prompt fed as it is decoded (kva_prompt.c), a run of
@@ -84,40 +92,6 @@ void kva_hash_stream_init(kva_hash_stream_t *hs, size_t block_size,
 void kva_hash_feed(kva_hash_stream_t *hs, const uint8_t *data, size_t len);
 size_t kva_hash_stream_end(kva_hash_stream_t *hs, const uint8_t *model,
     size_t model_len);
-
-/*
- * What a block hash means, in one place for the module, the simulator,
- * the tests and the benchmarks: a request body's prompt in canonical form
- * (kva_prompt.h), cut into full blocks of block_size bytes, hashed as a
- * chain in the text key space with its model folded in.  The prompt is
- * hashed while it is scanned, never written out.
- *
- * scratch is NULL, or body_len + KVA_PROMPT_OUT_SLACK bytes that receive
- * the canonical prompt too (p->out).  hashes holds
- * kva_hash_body_max(body_len, block_size) entries (NULL when that is 0).
- * On KVA_PROMPT_OK *nblocks is set and p describes the prompt; otherwise
- * nothing was hashed.
- */
-kva_prompt_rc_e kva_hash_body(const uint8_t *body, size_t body_len,
-    size_t block_size, uint8_t *scratch, uint64_t *hashes, size_t *nblocks,
-    kva_prompt_t *p);
-
-/*
- * The same for a body in two pieces, a then b (nginx: the part read with
- * the headers, then the rest), without joining them: scratch holds
- * alen + KVA_HASH_SEAM bytes; hashes is sized for alen + blen.
- * KVA_PROMPT_SEAM: a number longer than KVA_HASH_SEAM bytes crosses from
- * a to b; join them and call kva_hash_body().
- */
-#define KVA_HASH_SEAM  64
-
-kva_prompt_rc_e kva_hash_body2(const uint8_t *a, size_t alen,
-    const uint8_t *b, size_t blen, size_t block_size, uint8_t *scratch,
-    uint64_t *hashes, size_t *nblocks, kva_prompt_t *p);
-
-/* the most blocks a body of body_len bytes can yield */
-#define kva_hash_body_max(body_len, block_size)                              \
-    (((body_len) + KVA_PROMPT_OUT_SLACK) / (block_size))
 
 
 #endif /* _KVA_HASH_H_INCLUDED_ */

@@ -47,8 +47,6 @@ static inline uint32_t *kva_buckets(kva_index_t *ix);
 static inline kva_entry_t *kva_entries(kva_index_t *ix);
 static uint64_t kva_fresh_bits(const kva_index_t *ix, const kva_entry_t *e,
     const kva_clock_t *clk);
-static void kva_learn_note(kva_index_t *ix, unsigned slot, uint32_t n,
-    uint32_t now);
 static int kva_clear_bits(kva_entry_t *e, uint64_t mask, unsigned srcs);
 static uint32_t kva_find(kva_index_t *ix, uint64_t key, uint32_t *len);
 static void kva_prefetch(kva_index_t *ix, const uint64_t *hashes,
@@ -655,89 +653,7 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
         e->stamp = clk->now;
     }
 
-    kva_learn_note(ix, slot, anew, clk->now);
-}
-
-
-void
-kva_index_learn_budget(kva_index_t *ix, unsigned slot, uint32_t blocks,
-    uint32_t now)
-{
-    uint32_t      g;
-    kva_learn_t  *l;
-
-    if (slot >= KVA_MAX_SLOTS || ix->learn[slot].budget == blocks) {
-        return;
-    }
-
-    l = &ix->learn[slot];
-    l->budget = blocks;
-    l->cur = 0;
-    l->active = 0;
-
-    for (g = 0; g < KVA_LEARN_GENS; g++) {
-        l->start[g] = now;
-        l->count[g] = 0;
-    }
-
-    ix->learn_active &= ~(1ULL << slot);
-}
-
-
-/*
- * n blocks newly learned by slot.  When the generation filling is full,
- * the next begins and the cutoff moves: the generations kept, the one
- * filling included, hold at most budget - one generation, so that what
- * is trusted never exceeds the budget while the next one fills.
- */
-static void
-kva_learn_note(kva_index_t *ix, unsigned slot, uint32_t n, uint32_t now)
-{
-    uint32_t      gen, limit, sum, k, p, keep;
-    kva_learn_t  *l;
-
-    l = &ix->learn[slot];
-
-    if (l->budget == 0 || n == 0) {
-        return;
-    }
-
-    l->learned += n;
-    gen = l->budget / KVA_LEARN_SHARE ? l->budget / KVA_LEARN_SHARE : 1;
-    l->count[l->cur] = l->count[l->cur] + n < l->count[l->cur]
-                       ? UINT32_MAX : l->count[l->cur] + n;
-
-    if (l->count[l->cur] < gen) {
-        return;
-    }
-
-    l->cur = (l->cur + 1) % KVA_LEARN_GENS;
-    l->start[l->cur] = now;
-    l->count[l->cur] = 0;
-
-    limit = l->budget > gen ? l->budget - gen : 0;
-    sum = 0;
-    keep = l->cur;
-
-    for (k = 1; k < KVA_LEARN_GENS; k++) {
-        p = (l->cur + KVA_LEARN_GENS - k) % KVA_LEARN_GENS;
-
-        if (l->count[p] > limit - sum) {
-            /*
-             * Blocks of generation p and before are forgotten; and those
-             * of the tick it ended in, which may be either side of it.
-             */
-            l->cutoff = l->start[keep] + 1;
-            l->active = 1;
-            ix->learn_active |= 1ULL << slot;
-            return;
-        }
-
-        sum += l->count[p];
-        keep = p;
-    }
-
-    /* all the generations fit: what came before them is counted nowhere */
+    kva_index_learn_note(ix, slot, anew, clk->now);
 }
 
 

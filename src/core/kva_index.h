@@ -200,6 +200,10 @@ uint32_t kva_index_match_done(uint32_t n, uint32_t reached, uint64_t alive,
 void kva_index_learn_budget(kva_index_t *ix, unsigned slot, uint32_t blocks,
     uint32_t now);
 
+/* n blocks newly learned by slot: kva_index_add_found() counts them */
+void kva_index_learn_note(kva_index_t *ix, unsigned slot, uint32_t n,
+    uint32_t now);
+
 /* the learned bits of an entry that its slots' budgets still allow */
 static inline uint64_t
 kva_index_learn_bits(const kva_index_t *ix, uint64_t bits, uint32_t stamp)

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "kva_hash.h"
-#include "kva_prompt.h"
+#include "kva_prompt_rc.h"
 
 
 #define kva_is_digit(c)   ((unsigned) ((c) - '0') < 10)

@@ -17,16 +17,15 @@
 #include <string.h>
 
 #include "kva_json_lex.h"
+#include "kva_json_walk.h"
 #include "kva_prompt.h"
 
 
 #define KVA_ROLE_MAX      64
-#define KVA_KEY_MAX       16        /* longer than any key we look for */
 
 
 typedef enum {
-    KVA_KEY_OTHER = 0,
-    KVA_KEY_MODEL,
+    KVA_KEY_MODEL = 1,
     KVA_KEY_MESSAGES,
     KVA_KEY_PROMPT,
     KVA_KEY_INPUT,
@@ -34,16 +33,27 @@ typedef enum {
     KVA_KEY_ROLE,
     KVA_KEY_CONTENT,
     KVA_KEY_TEXT,
-    KVA_KEY_CACHE_SALT,
-    KVA_KEY_TOKENS                  /* of a tokenizer's answer */
+    KVA_KEY_CACHE_SALT
 } kva_key_e;
 
 
-/* the lexer's state first: the walk steps through the body with it */
+static const kva_json_key_t  kva_prompt_keys[] = {
+    { "model", 5, KVA_KEY_MODEL },
+    { "messages", 8, KVA_KEY_MESSAGES },
+    { "prompt", 6, KVA_KEY_PROMPT },
+    { "input", 5, KVA_KEY_INPUT },
+    { "tools", 5, KVA_KEY_TOOLS },
+    { "role", 4, KVA_KEY_ROLE },
+    { "content", 7, KVA_KEY_CONTENT },
+    { "text", 4, KVA_KEY_TEXT },
+    { "cache_salt", 10, KVA_KEY_CACHE_SALT }
+};
+
+
+/* the walker first: the handlers get it and cast back to the whole */
 typedef struct {
-    kva_json_lex_t    lx;
+    kva_json_walk_t   w;
     kva_sink_t        out;
-    unsigned          depth;
     unsigned          model_seen;
     const uint8_t    *tools_start;
     const uint8_t    *tools_end;
@@ -62,15 +72,6 @@ typedef struct {
 } kva_parse_t;
 
 
-/* a tokenizer's answer: where its ids go */
-typedef struct {
-    uint32_t         *ids;
-    size_t            max;
-    size_t            n;
-    unsigned          found;
-} kva_answer_t;
-
-
 typedef struct {
     kva_sink_t        role;
     uint8_t           role_buf[KVA_ROLE_MAX];
@@ -79,22 +80,13 @@ typedef struct {
 } kva_message_t;
 
 
-/* called with ps->lx.pos at a member's or an element's value */
-typedef int (*kva_handler_pt)(kva_parse_t *ps, kva_key_e key, void *ctx);
-
-
 static void kva_emit_byte(kva_parse_t *ps, uint8_t c);
-static kva_key_e kva_key_id(const uint8_t *key, size_t len);
-static int kva_next(kva_parse_t *ps, kva_key_e *key, size_t *n);
-static int kva_walk(kva_parse_t *ps, kva_handler_pt handler, void *ctx);
-static int kva_skip_value(kva_parse_t *ps);
-static int kva_skip_item(kva_parse_t *ps, kva_key_e key, void *ctx);
-static int kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx);
-static int kva_message_item(kva_parse_t *ps, kva_key_e key, void *ctx);
-static int kva_message_member(kva_parse_t *ps, kva_key_e key, void *ctx);
-static int kva_part_item(kva_parse_t *ps, kva_key_e key, void *ctx);
+static int kva_top_item(kva_json_walk_t *w, unsigned key, void *ctx);
+static int kva_message_item(kva_json_walk_t *w, unsigned key, void *ctx);
+static int kva_message_member(kva_json_walk_t *w, unsigned key, void *ctx);
+static int kva_part_item(kva_json_walk_t *w, unsigned key, void *ctx);
 static int kva_parse_text(kva_parse_t *ps);
-static int kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx);
+static int kva_prompt_item(kva_json_walk_t *w, unsigned key, void *ctx);
 static int kva_prompt_value(kva_parse_t *ps, unsigned kind);
 static unsigned kva_in_window(kva_parse_t *ps, const uint8_t *at);
 static size_t kva_span_put(kva_parse_t *ps, kva_sink_t *sink,
@@ -102,8 +94,6 @@ static size_t kva_span_put(kva_parse_t *ps, kva_sink_t *sink,
 static kva_prompt_rc_e kva_prompt_scan(kva_parse_t *ps,
     const uint8_t *body, size_t len, uint8_t *out, size_t out_cap,
     kva_hash_stream_t *hs, kva_prompt_t *p);
-static int kva_answer_item(kva_parse_t *ps, kva_key_e key, void *ctx);
-static int kva_answer_id(kva_parse_t *ps, kva_key_e key, void *ctx);
 
 
 static void
@@ -113,189 +103,6 @@ kva_emit_byte(kva_parse_t *ps, uint8_t c)
 }
 
 
-static kva_key_e
-kva_key_id(const uint8_t *key, size_t len)
-{
-    size_t  i;
-
-    static const struct {
-        const char  *name;
-        size_t       len;
-        kva_key_e    id;
-    } keys[] = {
-        { "model", 5, KVA_KEY_MODEL },
-        { "messages", 8, KVA_KEY_MESSAGES },
-        { "prompt", 6, KVA_KEY_PROMPT },
-        { "input", 5, KVA_KEY_INPUT },
-        { "tools", 5, KVA_KEY_TOOLS },
-        { "role", 4, KVA_KEY_ROLE },
-        { "content", 7, KVA_KEY_CONTENT },
-        { "text", 4, KVA_KEY_TEXT },
-        { "cache_salt", 10, KVA_KEY_CACHE_SALT },
-        { "tokens", 6, KVA_KEY_TOKENS },
-        { "token_ids", 9, KVA_KEY_TOKENS },
-        { "prompt_token_ids", 16, KVA_KEY_TOKENS }
-    };
-
-    for (i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-        if (keys[i].len == len && memcmp(keys[i].name, key, len) == 0) {
-            return keys[i].id;
-        }
-    }
-
-    return KVA_KEY_OTHER;
-}
-
-
-/*
- * Steps to the next member (key != NULL) or element of a container:
- * returns 1 with ps->lx.pos at its value, which is not at the end of the
- * body, 0 after the closing bracket, -1 on error.  A ']' right after a
- * comma is left to fail as a value.
- */
-
-static int
-kva_next(kva_parse_t *ps, kva_key_e *key, size_t *n)
-{
-    uint8_t     buf[KVA_KEY_MAX];
-    kva_sink_t  sink;
-
-    kva_json_skip_ws(&ps->lx);
-
-    if (ps->lx.pos == ps->lx.end) {
-        return kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
-    }
-
-    if (*ps->lx.pos == (key ? '}' : ']')) {
-        ps->lx.pos++;
-        return 0;
-    }
-
-    if (*n > 0) {
-        if (*ps->lx.pos != ',') {
-            return kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
-        }
-
-        ps->lx.pos++;
-        kva_json_skip_ws(&ps->lx);
-    }
-
-    (*n)++;
-
-    if (key == NULL) {
-        return (ps->lx.pos < ps->lx.end)
-               ? 1 : kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
-    }
-
-    if (ps->lx.pos == ps->lx.end || *ps->lx.pos != '"') {
-        return kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
-    }
-
-    sink.buf = buf;
-    sink.len = 0;
-    sink.cap = KVA_KEY_MAX;
-    sink.hs = NULL;
-
-    if (kva_json_string(&ps->lx, &sink) != 0) {
-        return -1;
-    }
-
-    *key = (sink.len <= KVA_KEY_MAX) ? kva_key_id(buf, sink.len)
-                                     : KVA_KEY_OTHER;
-
-    kva_json_skip_ws(&ps->lx);
-
-    if (ps->lx.pos == ps->lx.end || *ps->lx.pos != ':') {
-        return kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
-    }
-
-    ps->lx.pos++;
-    kva_json_skip_ws(&ps->lx);
-
-    return (ps->lx.pos < ps->lx.end)
-           ? 1 : kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
-}
-
-
-/*
- * ps->lx.pos is at '{' or '['.  Calls handler for each value with
- * ps->lx.pos at it; array elements come with KVA_KEY_OTHER.  This is the
- * only place the depth grows, and every recursion goes through it.
- */
-
-static int
-kva_walk(kva_parse_t *ps, kva_handler_pt handler, void *ctx)
-{
-    int         rc;
-    size_t      n;
-    kva_key_e   key, *keyp;
-
-    if (++ps->depth > KVA_PROMPT_MAX_DEPTH) {
-        return kva_json_fail(&ps->lx, KVA_PROMPT_TOO_DEEP);
-    }
-
-    key = KVA_KEY_OTHER;
-    keyp = (*ps->lx.pos == '{') ? &key : NULL;
-    ps->lx.pos++;
-    n = 0;
-
-    while ((rc = kva_next(ps, keyp, &n)) == 1) {
-        if (handler(ps, key, ctx) != 0) {
-            return -1;
-        }
-    }
-
-    ps->depth--;
-
-    return rc;
-}
-
-
-static int
-kva_skip_value(kva_parse_t *ps)
-{
-    uint32_t    token;
-    unsigned    is_token;
-    kva_sink_t  none;
-
-    if (ps->lx.pos == ps->lx.end) {
-        return kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
-    }
-
-    switch (*ps->lx.pos) {
-
-    case '{':
-    case '[':
-        return kva_walk(ps, kva_skip_item, NULL);
-
-    case '"':
-        none.buf = NULL;
-        none.len = 0;
-        none.cap = 0;
-        none.hs = NULL;
-        return kva_json_string(&ps->lx, &none);
-
-    case 't':
-        return kva_json_literal(&ps->lx, "true", 4);
-
-    case 'f':
-        return kva_json_literal(&ps->lx, "false", 5);
-
-    case 'n':
-        return kva_json_literal(&ps->lx, "null", 4);
-
-    default:
-        return kva_json_number(&ps->lx, &token, &is_token);
-    }
-}
-
-
-static int
-kva_skip_item(kva_parse_t *ps, kva_key_e key, void *ctx)
-{
-    return kva_skip_value(ps);
-}
-
 
 /*
  * A messages/prompt/input key decides the kind only if its value has a type
@@ -303,15 +110,17 @@ kva_skip_item(kva_parse_t *ps, kva_key_e key, void *ctx)
  */
 
 static int
-kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
+kva_top_item(kva_json_walk_t *w, unsigned key, void *ctx)
 {
     uint8_t        c;
     unsigned       none;
     kva_sink_t     sink;
     kva_prompt_t  *p;
+    kva_parse_t   *ps;
 
+    ps = (kva_parse_t *) w;
     p = ctx;
-    c = *ps->lx.pos;
+    c = *ps->w.lx.pos;
     none = (p->kind == KVA_PROMPT_KIND_NONE);
     ps->members++;
 
@@ -319,7 +128,7 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
         ps->model_seen = 1;
 
         if (c != '"') {
-            return kva_skip_value(ps);
+            return kva_json_skip(&ps->w);
         }
 
         sink.buf = p->model;
@@ -327,7 +136,7 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
         sink.cap = KVA_PROMPT_MODEL_MAX;
         sink.hs = NULL;
 
-        if (kva_json_string(&ps->lx, &sink) != 0) {
+        if (kva_json_string(&ps->w.lx, &sink) != 0) {
             return -1;
         }
 
@@ -351,34 +160,34 @@ kva_top_item(kva_parse_t *ps, kva_key_e key, void *ctx)
     }
 
     if (key == KVA_KEY_CACHE_SALT && p->salt == NULL && c == '"') {
-        p->salt = ps->lx.pos;
+        p->salt = ps->w.lx.pos;
 
-        if (kva_skip_value(ps) != 0) {
+        if (kva_json_skip(&ps->w) != 0) {
             return -1;
         }
 
-        p->salt_len = (size_t) (ps->lx.pos - p->salt);
+        p->salt_len = (size_t) (ps->w.lx.pos - p->salt);
         return 0;
     }
 
     if (key == KVA_KEY_TOOLS && ps->tools_start == NULL) {
-        ps->tools_start = ps->lx.pos;
+        ps->tools_start = ps->w.lx.pos;
         ps->tools_at = ps->members;
 
-        if (kva_skip_value(ps) != 0) {
+        if (kva_json_skip(&ps->w) != 0) {
             return -1;
         }
 
-        ps->tools_end = ps->lx.pos;
+        ps->tools_end = ps->w.lx.pos;
         return 0;
     }
 
-    return kva_skip_value(ps);
+    return kva_json_skip(&ps->w);
 }
 
 
 /*
- * The value that decided the kind, ps->lx.pos at it.  Messages and input
+ * The value that decided the kind, ps->w.lx.pos at it.  Messages and input
  * take the tools value in front, raw, when it came first; when it comes
  * after, the caller runs this again behind it at the end.
  *
@@ -395,8 +204,8 @@ kva_prompt_value(kva_parse_t *ps, unsigned kind)
     uint8_t     c;
     kva_sink_t  saved;
 
-    c = *ps->lx.pos;
-    ps->prompt_start = ps->lx.pos;
+    c = *ps->w.lx.pos;
+    ps->prompt_start = ps->w.lx.pos;
     ps->prompt_at = ps->members;
 
     if (kind != KVA_PROMPT_KIND_PROMPT && ps->members == 1 && !ps->again
@@ -409,7 +218,7 @@ kva_prompt_value(kva_parse_t *ps, unsigned kind)
         ps->out.hs = NULL;
 
         rc = (kind == KVA_PROMPT_KIND_MESSAGES || c != '"')
-             ? kva_walk(ps, kva_message_item,
+             ? kva_json_walk(&ps->w, kva_message_item,
                         (kind == KVA_PROMPT_KIND_MESSAGES) ? NULL : ps)
              : kva_parse_text(ps);
 
@@ -423,7 +232,7 @@ kva_prompt_value(kva_parse_t *ps, unsigned kind)
     }
 
     if (kind == KVA_PROMPT_KIND_MESSAGES) {
-        return kva_walk(ps, kva_message_item, NULL);
+        return kva_json_walk(&ps->w, kva_message_item, NULL);
     }
 
     if (c == '"') {
@@ -431,25 +240,27 @@ kva_prompt_value(kva_parse_t *ps, unsigned kind)
     }
 
     return (kind == KVA_PROMPT_KIND_PROMPT)
-           ? kva_walk(ps, kva_prompt_item, NULL)
-           : kva_walk(ps, kva_message_item, ps);
+           ? kva_json_walk(&ps->w, kva_prompt_item, NULL)
+           : kva_json_walk(&ps->w, kva_message_item, ps);
 }
 
 
 /* an element of messages, or of input (ctx != NULL), which takes strings */
 
 static int
-kva_message_item(kva_parse_t *ps, kva_key_e key, void *ctx)
+kva_message_item(kva_json_walk_t *w, unsigned key, void *ctx)
 {
     size_t         len;
     kva_message_t  msg;
+    kva_parse_t   *ps;
 
-    if (*ps->lx.pos == '"' && ctx != NULL) {
+    ps = (kva_parse_t *) w;
+    if (*ps->w.lx.pos == '"' && ctx != NULL) {
         return kva_parse_text(ps);
     }
 
-    if (*ps->lx.pos != '{') {
-        return kva_skip_value(ps);
+    if (*ps->w.lx.pos != '{') {
+        return kva_json_skip(&ps->w);
     }
 
     msg.role.buf = msg.role_buf;
@@ -459,7 +270,7 @@ kva_message_item(kva_parse_t *ps, kva_key_e key, void *ctx)
     msg.role_seen = 0;
     msg.content_seen = 0;
 
-    if (kva_walk(ps, kva_message_member, &msg) != 0) {
+    if (kva_json_walk(&ps->w, kva_message_member, &msg) != 0) {
         return -1;
     }
 
@@ -480,64 +291,69 @@ kva_message_item(kva_parse_t *ps, kva_key_e key, void *ctx)
  */
 
 static int
-kva_message_member(kva_parse_t *ps, kva_key_e key, void *ctx)
+kva_message_member(kva_json_walk_t *w, unsigned key, void *ctx)
 {
     kva_message_t  *msg;
+    kva_parse_t    *ps;
 
+    ps = (kva_parse_t *) w;
     msg = ctx;
 
     if (key == KVA_KEY_ROLE && !msg->role_seen) {
         msg->role_seen = 1;
 
-        return (*ps->lx.pos == '"') ? kva_json_string(&ps->lx, &msg->role)
-                                 : kva_skip_value(ps);
+        return (*ps->w.lx.pos == '"')
+               ? kva_json_string(&ps->w.lx, &msg->role)
+               : kva_json_skip(&ps->w);
     }
 
     if (key == KVA_KEY_CONTENT && !msg->content_seen) {
         msg->content_seen = 1;
 
-        if (*ps->lx.pos == '"') {
-            return kva_json_string(&ps->lx, &ps->out);
+        if (*ps->w.lx.pos == '"') {
+            return kva_json_string(&ps->w.lx, &ps->out);
         }
 
-        if (*ps->lx.pos == '[') {
-            return kva_walk(ps, kva_part_item, NULL);
+        if (*ps->w.lx.pos == '[') {
+            return kva_json_walk(&ps->w, kva_part_item, NULL);
         }
     }
 
-    return kva_skip_value(ps);
+    return kva_json_skip(&ps->w);
 }
 
 
 /* a content part: a string, or an object whose "text" counts, any "type" */
 
 static int
-kva_part_item(kva_parse_t *ps, kva_key_e key, void *ctx)
+kva_part_item(kva_json_walk_t *w, unsigned key, void *ctx)
 {
     unsigned   text_seen;
     unsigned  *seen;
+    kva_parse_t  *ps;
 
+    ps = (kva_parse_t *) w;
     seen = ctx;
 
     if (seen == NULL) {
-        if (*ps->lx.pos == '"') {
-            return kva_json_string(&ps->lx, &ps->out);
+        if (*ps->w.lx.pos == '"') {
+            return kva_json_string(&ps->w.lx, &ps->out);
         }
 
-        if (*ps->lx.pos == '{') {
+        if (*ps->w.lx.pos == '{') {
             text_seen = 0;
-            return kva_walk(ps, kva_part_item, &text_seen);
+            return kva_json_walk(&ps->w, kva_part_item, &text_seen);
         }
 
     } else if (key == KVA_KEY_TEXT && !*seen) {
         *seen = 1;
 
-        if (*ps->lx.pos == '"') {
-            return kva_json_string(&ps->lx, &ps->out);
+        if (*ps->w.lx.pos == '"') {
+            return kva_json_string(&ps->w.lx, &ps->out);
         }
     }
 
-    return kva_skip_value(ps);
+    return kva_json_skip(&ps->w);
 }
 
 
@@ -546,7 +362,7 @@ kva_part_item(kva_parse_t *ps, kva_key_e key, void *ctx)
 static int
 kva_parse_text(kva_parse_t *ps)
 {
-    if (kva_json_string(&ps->lx, &ps->out) != 0) {
+    if (kva_json_string(&ps->w.lx, &ps->out) != 0) {
         return -1;
     }
 
@@ -563,13 +379,15 @@ kva_parse_text(kva_parse_t *ps)
  */
 
 static int
-kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx)
+kva_prompt_item(kva_json_walk_t *w, unsigned key, void *ctx)
 {
     uint8_t   c, le[4];
     uint32_t  token;
     unsigned  is_token;
+    kva_parse_t  *ps;
 
-    c = *ps->lx.pos;
+    ps = (kva_parse_t *) w;
+    c = *ps->w.lx.pos;
 
     if (ctx == NULL && (c != '-' && !kva_is_digit(c))) {
         ps->ids_mixed = 1;
@@ -580,7 +398,7 @@ kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx)
     }
 
     if (ctx == NULL && c == '[') {
-        if (kva_walk(ps, kva_prompt_item, ps) != 0) {
+        if (kva_json_walk(&ps->w, kva_prompt_item, ps) != 0) {
             return -1;
         }
 
@@ -589,10 +407,10 @@ kva_prompt_item(kva_parse_t *ps, kva_key_e key, void *ctx)
     }
 
     if (c != '-' && !kva_is_digit(c)) {
-        return kva_skip_value(ps);
+        return kva_json_skip(&ps->w);
     }
 
-    if (kva_json_number(&ps->lx, &token, &is_token) != 0) {
+    if (kva_json_number(&ps->w.lx, &token, &is_token) != 0) {
         return -1;
     }
 
@@ -673,7 +491,7 @@ kva_prompt_hash(const uint8_t *body, size_t len, uint8_t *out,
 {
     kva_parse_t  ps;
 
-    ps.lx.seam = NULL;
+    ps.w.lx.seam = NULL;
     ps.seam = NULL;
 
     return kva_prompt_scan(&ps, body, len, out, out_cap, hs, p);
@@ -688,10 +506,10 @@ kva_prompt_hash_split(const uint8_t *win, size_t win_len, size_t seam,
     kva_prompt_rc_e  rc;
     kva_parse_t      ps;
 
-    ps.lx.seam = win + seam;
-    ps.lx.next = next;
-    ps.lx.next_end = next + next_len;
-    ps.seam = ps.lx.seam;
+    ps.w.lx.seam = win + seam;
+    ps.w.lx.next = next;
+    ps.w.lx.next_end = next + next_len;
+    ps.seam = ps.w.lx.seam;
     ps.next = next;
 
     rc = kva_prompt_scan(&ps, win, win_len, NULL, 0, hs, p);
@@ -705,7 +523,7 @@ kva_prompt_hash_split(const uint8_t *win, size_t win_len, size_t seam,
 
 
 /*
- * The scan itself: ps->lx.seam and ps->seam are set for a split body
+ * The scan itself: ps->w.lx.seam and ps->seam are set for a split body
  * (kva_prompt_hash_split()), NULL otherwise.
  */
 
@@ -731,16 +549,18 @@ kva_prompt_scan(kva_parse_t *ps, const uint8_t *body, size_t len,
         return KVA_PROMPT_EMPTY;
     }
 
-    ps->lx.pos = body;
-    ps->lx.end = body + len;
+    ps->w.lx.pos = body;
+    ps->w.lx.end = body + len;
     ps->win = body;
     ps->win_end = body + len;
     ps->out.buf = out;
     ps->out.len = 0;
     ps->out.cap = out_cap;
     ps->out.hs = hs;
-    ps->depth = 0;
-    ps->lx.rc = KVA_PROMPT_OK;
+    ps->w.depth = 0;
+    ps->w.keys = kva_prompt_keys;
+    ps->w.nkeys = sizeof(kva_prompt_keys) / sizeof(kva_prompt_keys[0]);
+    ps->w.lx.rc = KVA_PROMPT_OK;
     ps->model_seen = 0;
     ps->tools_start = NULL;
     ps->tools_end = NULL;
@@ -753,29 +573,14 @@ kva_prompt_scan(kva_parse_t *ps, const uint8_t *body, size_t len,
     ps->ids_mixed = 0;
     ps->nids = 0;
 
-    kva_json_skip_ws(&ps->lx);
-
-    if (ps->lx.pos < ps->lx.end && *ps->lx.pos == '{') {
-        rc = kva_walk(ps, kva_top_item, p);
-
-    } else {
-        rc = kva_skip_value(ps);
-    }
-
-    if (rc == 0) {
-        kva_json_skip_ws(&ps->lx);
-
-        if (ps->lx.pos != ps->lx.end) {
-            rc = kva_json_fail(&ps->lx, KVA_PROMPT_NOT_JSON);
-        }
-    }
+    rc = kva_json_walk_body(&ps->w, "{", kva_top_item, p);
 
     if (rc != 0) {
         p->kind = KVA_PROMPT_KIND_NONE;
         p->model_len = 0;
         p->salt = NULL;
         p->salt_len = 0;
-        return ps->lx.rc;
+        return ps->w.lx.rc;
     }
 
     if (p->kind == KVA_PROMPT_KIND_NONE) {
@@ -804,24 +609,24 @@ kva_prompt_scan(kva_parse_t *ps, const uint8_t *body, size_t len,
             kva_hash_stream_init(hs, hs->block_size, hs->out, hs->max);
         }
 
-        ps->lx.pos = ps->prompt_start;
+        ps->w.lx.pos = ps->prompt_start;
 
         if (kva_in_window(ps, ps->prompt_start)) {
-            ps->lx.end = body + len;
-            ps->lx.seam = ps->seam;
+            ps->w.lx.end = body + len;
+            ps->w.lx.seam = ps->seam;
 
         } else {
-            ps->lx.end = ps->lx.next_end;
-            ps->lx.seam = NULL;
+            ps->w.lx.end = ps->w.lx.next_end;
+            ps->w.lx.seam = NULL;
         }
 
-        ps->depth = 1;
+        ps->w.depth = 1;
         ps->again = 1;
 
         if (kva_prompt_value(ps, p->kind) != 0) {
             p->kind = KVA_PROMPT_KIND_NONE;
             p->model_len = 0;
-            return ps->lx.rc;
+            return ps->w.lx.rc;
         }
     }
 
@@ -860,129 +665,6 @@ kva_prompt_salt(const uint8_t *str, size_t len, uint8_t *out)
     }
 
     return (sink.len < len) ? sink.len : len;
-}
-
-
-kva_prompt_rc_e
-kva_prompt_token_answer(const uint8_t *body, size_t len, uint32_t *ids,
-    size_t max, size_t *n)
-{
-    int           rc;
-    kva_parse_t   ps;
-    kva_answer_t  a;
-
-    *n = 0;
-
-    if (len == 0) {
-        return KVA_PROMPT_EMPTY;
-    }
-
-    memset(&ps, 0, sizeof(kva_parse_t));
-
-    ps.lx.pos = body;
-    ps.lx.end = body + len;
-    ps.lx.rc = KVA_PROMPT_OK;
-
-    a.ids = ids;
-    a.max = max;
-    a.n = 0;
-    a.found = 0;
-
-    kva_json_skip_ws(&ps.lx);
-
-    if (ps.lx.pos < ps.lx.end && (*ps.lx.pos == '{' || *ps.lx.pos == '[')) {
-        rc = kva_walk(&ps, kva_answer_item, &a);
-
-    } else {
-        rc = kva_skip_value(&ps);
-    }
-
-    if (rc == 0) {
-        kva_json_skip_ws(&ps.lx);
-
-        if (ps.lx.pos != ps.lx.end) {
-            rc = kva_json_fail(&ps.lx, KVA_PROMPT_NOT_JSON);
-        }
-    }
-
-    if (rc != 0) {
-        return ps.lx.rc;
-    }
-
-    if (!a.found) {
-        return KVA_PROMPT_NO_PROMPT;
-    }
-
-    *n = (a.n < max) ? a.n : max;
-
-    return KVA_PROMPT_OK;
-}
-
-
-/* any value of an answer: the ids' array is looked for at every depth */
-
-static int
-kva_answer_item(kva_parse_t *ps, kva_key_e key, void *ctx)
-{
-    kva_answer_t  *a;
-
-    a = ctx;
-
-    if (key == KVA_KEY_TOKENS && !a->found && *ps->lx.pos == '[') {
-        a->n = 0;
-
-        /* a->found goes back to 0 on an element that is not an id */
-        a->found = 1;
-
-        if (kva_walk(ps, kva_answer_id, a) != 0) {
-            return -1;
-        }
-
-        if (!a->found) {
-            a->n = 0;
-        }
-
-        return 0;
-    }
-
-    if (*ps->lx.pos == '{' || *ps->lx.pos == '[') {
-        return kva_walk(ps, kva_answer_item, a);
-    }
-
-    return kva_skip_value(ps);
-}
-
-
-static int
-kva_answer_id(kva_parse_t *ps, kva_key_e key, void *ctx)
-{
-    uint32_t       token;
-    unsigned       is_token;
-    kva_answer_t  *a;
-
-    a = ctx;
-
-    if (*ps->lx.pos != '-' && !kva_is_digit(*ps->lx.pos)) {
-        a->found = 0;
-        return kva_skip_value(ps);
-    }
-
-    if (kva_json_number(&ps->lx, &token, &is_token) != 0) {
-        return -1;
-    }
-
-    if (!is_token) {
-        a->found = 0;
-
-    } else if (a->found && a->n < a->max) {
-        a->ids[a->n++] = token;
-
-    } else if (a->found) {
-        /* past max: a prefix is all routing needs, counted for *n only */
-        a->n++;
-    }
-
-    return 0;
 }
 
 

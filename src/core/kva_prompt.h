@@ -11,9 +11,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kva_hash.h"
+#include "kva_prompt_rc.h"
+
 
 #define KVA_PROMPT_MODEL_MAX   256      /* longer model names: first bytes */
-#define KVA_PROMPT_MAX_DEPTH   64       /* nesting deeper than this: error */
 
 /*
  * The canonical form of a text prompt is never longer than the body plus
@@ -25,18 +27,6 @@
 #define KVA_SEP_ROLE           0x1f     /* after a message role */
 #define KVA_SEP_MESSAGE        0x1e     /* after a message, a prompt string */
 #define KVA_SEP_TOOLS          0x1d     /* after the raw tools value */
-
-
-typedef enum {
-    KVA_PROMPT_OK = 0,
-    KVA_PROMPT_NOT_JSON,        /* syntax error, bad escape, trailing data */
-    KVA_PROMPT_BAD_UTF8,        /* invalid UTF-8 or lone surrogate escape */
-    KVA_PROMPT_TOO_DEEP,        /* nesting over KVA_PROMPT_MAX_DEPTH */
-    KVA_PROMPT_NO_PROMPT,       /* valid JSON, but no messages/prompt/input */
-    KVA_PROMPT_EMPTY,           /* empty body */
-    KVA_PROMPT_SEAM             /* kva_hash_body2() only: a number across
-                                   its seam; hash a copy in one piece */
-} kva_prompt_rc_e;
 
 
 typedef struct {
@@ -69,10 +59,6 @@ typedef struct {
     const uint8_t  *salt;
     size_t          salt_len;
 } kva_prompt_t;
-
-
-/* the chain a prompt is hashed into as it is scanned (kva_hash.h) */
-typedef struct kva_hash_stream_s  kva_hash_stream_t;
 
 
 #define KVA_PROMPT_KIND_NONE       0
@@ -131,17 +117,6 @@ const char *kva_prompt_strerror(kva_prompt_rc_e rc);
  * their length.
  */
 size_t kva_prompt_salt(const uint8_t *str, size_t len, uint8_t *out);
-
-/*
- * A tokenizer's answer: vLLM's /tokenize ({"tokens": [...]}) or a
- * render-style object with "token_ids" or "prompt_token_ids" at any
- * depth.  The first such member whose value is an array of token ids
- * (integers 0 .. 2^32-1) wins; its first max ids go to ids, *n says how
- * many.  KVA_PROMPT_NO_PROMPT when the answer holds no such array.
- * Validates the whole answer as kva_prompt_extract() does.
- */
-kva_prompt_rc_e kva_prompt_token_answer(const uint8_t *body, size_t len,
-    uint32_t *ids, size_t max, size_t *n);
 
 
 #endif /* _KVA_PROMPT_H_INCLUDED_ */

@@ -7,7 +7,7 @@
 #include <xxhash.h>
 
 #include "tap.h"
-#include "kva_hash.h"
+#include "kva_keys.h"
 
 
 static void test_text(void);

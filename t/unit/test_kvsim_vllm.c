@@ -11,6 +11,7 @@
 
 #include <xxhash.h>
 
+#include "kva_keys.h"
 #include "kva_token.h"
 #include "kvb_mirror.h"
 #include "kvb_vllm.h"
@@ -271,7 +272,7 @@ test_tokenizer(void)
        && memcmp(t.ids, u.ids, t.n * sizeof(uint32_t)) == 0,
        "/tokenize of the messages: the ids the chat request's blocks use");
 
-    ok(t.n == (t.p.out_len + 3) / 4 && t.p.model_len == 1,
+    ok(t.n == (t.tb.p.out_len + 3) / 4 && t.tb.p.model_len == 1,
        "a token per 4 bytes of the canonical prompt, as text mode counts");
 
     kvs_tokens_free(&t);
@@ -315,7 +316,7 @@ test_bridge_keys(void)
 {
     int             k;
     size_t          n, b, i;
-    uint64_t        keys[64], eh[64], salt, prev;
+    uint64_t        keys[64], eh[64], salt, prev, *kp;
     kvs_vev_t       ev;
     kvs_tokens_t    t;
     kva_batch_t     out;
@@ -341,9 +342,17 @@ test_bridge_keys(void)
         }
 
         /* as kvsim_request.c keys a sequence */
-        n = kva_token_blocks(kva_token_seed((const uint8_t *) models[k],
-                                            strlen(models[k])),
-                             t.ids, t.n, BS, NULL, keys, 64);
+        n = kvs_tokens_keys(&t, "kvsim", BS, &kp);
+
+        if (kp == NULL || n > 64) {
+            ok(0, "%s: keyed", models[k]);
+            free(kp);
+            kvs_tokens_free(&t);
+            continue;
+        }
+
+        memcpy(keys, kp, n * sizeof(uint64_t));
+        free(kp);
 
         salt = kvs_vllm_salt(models[k], strlen(models[k]));
         prev = 0x5eed;
@@ -396,12 +405,112 @@ test_bridge_keys(void)
 }
 
 
+/*
+ * The module's keys (src/ngx_http_kv_aware_prompt.c: kva_keys.h called
+ * as it calls it) and kvsim's for the same bodies agree: token keys from
+ * the body's own ids, or from the ids kvsim's /tokenize answers, salted
+ * or not; and text keys, which keys=tokens falls back to without ids.
+ */
+static void
+test_module_keys(void)
+{
+    size_t             i, n, m, max;
+    uint8_t           *scratch;
+    uint64_t          *kv, mk[256];
+    kvs_tokens_t       t;
+    kva_prompt_t       p;
+    kva_token_body_t   tb;
+
+    static const char  *bodies[] = {
+        "{\"model\":\"kvsim\",\"prompt\":[1,2,3,4,5,6,7,8,9,10,11]}",
+        "{\"prompt\":[7,0,4294967295,8,1,2,3,4],\"model\":\"adapter-1\","
+        "\"cache_salt\":\"s\\u00e9\"}",
+        "{\"model\":\"kvsim\",\"cache_salt\":\"s1\",\"messages\":["
+        "{\"role\":\"system\",\"content\":\"You are a helpful assistant "
+        "who answers in full sentences.\"},{\"role\":\"user\",\"content\":"
+        "[{\"type\":\"text\",\"text\":\"Tell me about \\\"foxes\\\".\"}]}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+        "\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}]}",
+        "{\"model\":\"kvsim\",\"prompt\":\"The quick brown fox jumps over "
+        "the lazy dog.\"}"
+    };
+
+    for (i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+        n = 0;
+        kv = NULL;
+
+        if (kvs_tokens_body((const uint8_t *) bodies[i], strlen(bodies[i]),
+                            &t) == KVA_PROMPT_OK)
+        {
+            n = kvs_tokens_keys(&t, "kvsim", BS, &kv);
+        }
+
+        /* the module, keys=tokens, with kvsim's /tokenize as tokenizer */
+        memset(&tb, 0, sizeof(tb));
+        tb.block_size = 4 * BS;
+        tb.block_tokens = BS;
+        scratch = malloc(kva_token_body_scratch(strlen(bodies[i])));
+        m = (size_t) -1;
+
+        if (scratch != NULL
+            && kva_token_body((const uint8_t *) bodies[i], strlen(bodies[i]),
+                              scratch, &tb) == KVA_PROMPT_OK)
+        {
+            max = kva_token_body_max(&tb, tb.from_body ? NULL : t.ids, t.n);
+            m = kva_token_body_keys(&tb, mk, max < 256 ? max : 256);
+        }
+
+        ok(kv != NULL && n > 0 && m == n
+           && memcmp(kv, mk, n * sizeof(uint64_t)) == 0
+           && tb.from_body == t.from_body,
+           "body %zu: the module's token keys are kvsim's (%zu blocks, %s)",
+           i, n, t.from_body ? "its ids" : "/tokenize's ids");
+
+        /* without ids: text keys, as kvsim --keyspace text hashes */
+        if (t.from_body) {
+            goto next;
+        }
+
+        memset(&tb, 0, sizeof(tb));
+        tb.block_size = 4 * BS;
+        tb.block_tokens = BS;
+        m = (size_t) -1;
+
+        if (scratch != NULL
+            && kva_token_body((const uint8_t *) bodies[i], strlen(bodies[i]),
+                              scratch, &tb) == KVA_PROMPT_OK)
+        {
+            max = kva_token_body_max(&tb, NULL, 0);
+            m = kva_token_body_keys(&tb, mk, max < 256 ? max : 256);
+        }
+
+        free(kv);
+        kv = malloc((kva_hash_body_max(strlen(bodies[i]), 4 * BS) + 1)
+                    * sizeof(uint64_t));
+
+        ok(kv != NULL
+           && kva_hash_body((const uint8_t *) bodies[i], strlen(bodies[i]),
+                            4 * BS, NULL, kv, &n, &p) == KVA_PROMPT_OK
+           && m == n && n > 0 && memcmp(kv, mk, n * sizeof(uint64_t)) == 0,
+           "body %zu: keys=tokens without ids: kvsim's text keys (%zu)",
+           i, n);
+
+    next:
+
+        free(kv);
+        free(scratch);
+        kvs_tokens_free(&t);
+    }
+}
+
+
 int
 main(void)
 {
     test_round_trip();
     test_tokenizer();
     test_bridge_keys();
+    test_module_keys();
 
     return done_testing();
 }

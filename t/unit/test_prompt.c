@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kva_prompt.h"
+#include "kva_token_answer.h"
 #include "kva_token.h"
 #include "tap.h"
 #include "prompt_gen.h"

@@ -25,7 +25,7 @@
 
 #include "json_depth.h"
 
-#include "kva_hash.h"
+#include "kva_keys.h"
 #include "kva_prompt.h"
 #include "tap.h"
 #include "prompt_gen.h"

@@ -1,8 +1,8 @@
 /*
- * kvsim: a completion request.  The body is hashed by the module's own
- * function, so that the blocks our events announce are the ones the
- * module looks up; "stream" and "max_tokens" are picked out of it by a
- * scan that needs no JSON parser.
+ * kvsim: a completion request.  The body is keyed by the module's own
+ * functions (kva_keys.h), so that the blocks our events announce are the
+ * ones the module looks up; "stream" and "max_tokens" are read with
+ * jansson once the keys' scan has validated the body.
  */
 
 #include <stdio.h>
@@ -12,10 +12,9 @@
 
 #include <event2/buffer.h>
 #include <event2/http.h>
+#include <jansson.h>
 
-#include "kva_hash.h"
-#include "kva_prompt.h"
-#include "kva_token.h"
+#include "kva_keys.h"
 #include "kvsim_reply.h"
 #include "kvsim_request.h"
 #include "kvsim_token.h"
@@ -34,7 +33,7 @@ static kvs_seq_t *kvs_seq_tokens(kvs_server_t *srv,
     kva_prompt_t *p);
 static uint32_t kvs_lora_index(const kvs_conf_t *conf, const char *name,
     size_t len);
-static void kvs_scan_options(const char *p, const char *end, int *stream,
+static void kvs_scan_options(const uint8_t *body, size_t len, int *stream,
     long *max_tokens);
 static void kvs_json_escape(char *dst, const uint8_t *src, size_t len);
 
@@ -71,8 +70,7 @@ kvs_request_create(kvs_server_t *srv, kvs_conn_t *conn,
 
     stream = 0;
     max_tokens = KVS_DEFAULT_TOKENS;
-    kvs_scan_options((char *) body, (char *) body + len, &stream,
-                     &max_tokens);
+    kvs_scan_options(body, len, &stream, &max_tokens);
 
     if (max_tokens < 1 || max_tokens > KVS_MAX_TOKENS) {
         kvs_seq_free(seq);
@@ -221,9 +219,9 @@ kvs_seq_tokens(kvs_server_t *srv, struct evhttp_request *req,
         return NULL;
     }
 
-    *p = t.p;
+    *p = t.tb.p;
+    p->out = NULL;
     bt = conf->block_tokens;
-    nh = t.n / bt;
 
     if (p->model_len) {
         model = (const char *) p->model;
@@ -236,15 +234,13 @@ kvs_seq_tokens(kvs_server_t *srv, struct evhttp_request *req,
 
     lora = kvs_lora_index(conf, model, mlen);
 
-    hashes = malloc((nh + 1) * sizeof(uint64_t));
+    /* the module's own keys, so that our events match its lookups */
+    nh = kvs_tokens_keys(&t, conf->model, bt, &hashes);
     if (hashes == NULL) {
         kvs_tokens_free(&t);
         kvs_reply_error(srv, req, 503, "out of memory");
         return NULL;
     }
-
-    nh = kva_token_blocks(kva_token_seed((const uint8_t *) model, mlen),
-                          t.ids, t.n, bt, NULL, hashes, nh);
 
     seq = kvs_seq_new(t.n, KVS_DEFAULT_TOKENS, hashes, nh);
 
@@ -280,6 +276,8 @@ kvs_seq_tokens(kvs_server_t *srv, struct evhttp_request *req,
     /* the sequence owns the ids now */
     seq->ids = t.ids;
     seq->lora = lora;
+    t.ids = NULL;
+    kvs_tokens_free(&t);
 
     return seq;
 }
@@ -302,66 +300,43 @@ kvs_lora_index(const kvs_conf_t *conf, const char *name, size_t len)
 }
 
 
-/* top-level "stream" and "max_tokens" of a body already validated */
+/*
+ * Top-level "stream" and "max_tokens" (or "max_completion_tokens") of a
+ * body the scan has validated: the last one given wins, null leaves the
+ * default, any other value that is not a count of tokens is refused.
+ */
 static void
-kvs_scan_options(const char *p, const char *end, int *stream,
+kvs_scan_options(const uint8_t *body, size_t len, int *stream,
     long *max_tokens)
 {
-    size_t       klen;
-    const char  *key, *v;
+    double         d;
+    json_t        *root, *v;
+    const char    *key;
+    json_error_t   err;
 
-#define kvs_ws(p)                                                           \
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')) \
-        p++
-#define kvs_key(s) (klen == sizeof(s) - 1 && memcmp(key, s, klen) == 0)
+    root = json_loadb((const char *) body, len, JSON_ALLOW_NUL, &err);
 
-    kvs_ws(p);
-
-    if (p == end || *p++ != '{') {
+    if (root == NULL) {
+        /* out of memory, or a number past jansson's range: the defaults */
         return;
     }
 
-    for ( ;; ) {
-        kvs_ws(p);
+    json_object_foreach(root, key, v) {
 
-        if (p == end || *p != '"') {
-            return;
-        }
+        if (strcmp(key, "stream") == 0) {
+            *stream = json_is_true(v);
 
-        key = p + 1;
-        p = kvs_json_skip(p, end);
-        klen = p - key - 1;
-
-        kvs_ws(p);
-
-        if (p == end || *p++ != ':') {
-            return;
-        }
-
-        kvs_ws(p);
-        v = p;
-        p = kvs_json_skip(p, end);
-
-        if (kvs_key("stream")) {
-            *stream = (p - v == 4 && memcmp(v, "true", 4) == 0);
-
-        } else if ((kvs_key("max_tokens")
-                    || kvs_key("max_completion_tokens"))
-                   && v < end && *v != 'n')
+        } else if ((strcmp(key, "max_tokens") == 0
+                    || strcmp(key, "max_completion_tokens") == 0)
+                   && !json_is_null(v))
         {
-            *max_tokens = (*v >= '0' && *v <= '9' && p - v < 9)
-                          ? strtol(v, NULL, 10) : -1;
-        }
-
-        kvs_ws(p);
-
-        if (p == end || *p++ != ',') {
-            return;
+            /* out of range: refused by the caller, as a string is */
+            d = json_is_number(v) ? json_number_value(v) : -1;
+            *max_tokens = (d >= 0 && d <= KVS_MAX_TOKENS) ? (long) d : -1;
         }
     }
 
-#undef kvs_ws
-#undef kvs_key
+    json_decref(root);
 }
 
 

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kva_prompt.h"
+#include "kva_keys.h"
 
 
 #define KVS_VOCAB           151936      /* Qwen2's vocabulary size */
@@ -29,7 +29,8 @@ typedef struct {
     size_t              n;
     unsigned            from_body:1;    /* the prompt was token ids */
     unsigned            nomem:1;
-    kva_prompt_t        p;              /* kind and model of the body */
+    kva_token_body_t    tb;             /* the body as the module reads it:
+                                           tb.p its kind and model */
 } kvs_tokens_t;
 
 
@@ -38,15 +39,23 @@ size_t kvs_tokenize_text(const uint8_t *text, size_t len, uint32_t *ids);
 
 /*
  * The token ids of an OpenAI-style body (chat, completion, or vLLM's
- * /tokenize body).  KVA_PROMPT_OK or the reason the body is no prompt,
- * unless t->nomem; t is to be freed in every case.
+ * /tokenize body), read by the module's own kva_token_body().
+ * KVA_PROMPT_OK or the reason the body is no prompt, unless t->nomem; t
+ * is to be freed in every case, and the body kept until then.
  */
 kva_prompt_rc_e kvs_tokens_body(const uint8_t *body, size_t len,
     kvs_tokens_t *t);
-void kvs_tokens_free(kvs_tokens_t *t);
 
-/* past a JSON value of a body already validated (or a key, a string) */
-const char *kvs_json_skip(const char *p, const char *end);
+/*
+ * The keys of t's ids in the token key space, as the module keys the
+ * same ids (kva_token_body_keys()): seeded by the body's model, else by
+ * model (the server's --model), and by its "cache_salt".  *keys is
+ * malloc'ed, NULL when out of memory; returns how many.
+ */
+size_t kvs_tokens_keys(kvs_tokens_t *t, const char *model,
+    size_t block_tokens, uint64_t **keys);
+
+void kvs_tokens_free(kvs_tokens_t *t);
 
 
 #endif /* _KVSIM_TOKEN_H_INCLUDED_ */
