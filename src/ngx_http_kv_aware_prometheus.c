@@ -400,7 +400,7 @@ ngx_http_kv_aware_prom_page(ngx_http_kv_aware_prom_out_t *o,
                 /* measuring, a server may start to report load meanwhile */
                 if (f->scope == NGX_HTTP_KV_AWARE_PS_SERVER_LOAD
                     && o->pos != NULL
-                    && !kcf->sh->slots[s].ev_has_load)
+                    && !kcf->sh->slots[s].ev.has_load)
                 {
                     continue;
                 }
@@ -504,13 +504,13 @@ ngx_http_kv_aware_prom_value(ngx_http_kv_aware_prom_family_t *f,
     switch (f->id) {
 
     case NGX_HTTP_KV_AWARE_PM_REQUESTS:
-        return sh->requests;
+        return sh->routing.requests;
 
     case NGX_HTTP_KV_AWARE_PM_ROUTED:
-        return sh->chosen[k];
+        return sh->routing.chosen[k];
 
     case NGX_HTTP_KV_AWARE_PM_FALLBACKS:
-        return sh->fallback[k];
+        return sh->routing.fallback[k];
 
     case NGX_HTTP_KV_AWARE_PM_INDEX_ENTRIES:
         return sh->index->used;
@@ -526,21 +526,21 @@ ngx_http_kv_aware_prom_value(ngx_http_kv_aware_prom_family_t *f,
 
     case NGX_HTTP_KV_AWARE_PM_TOKENIZE:
         /* a call ends with ids, or in one of the two fallbacks */
-        return (k == 0) ? sh->tokenized
-               : sh->fallback[(k == 1) ? NGX_HTTP_KV_AWARE_TOKENIZE_FAILED
+        return (k == 0) ? sh->routing.tokenized
+               : sh->routing.fallback[(k == 1) ? NGX_HTTP_KV_AWARE_TOKENIZE_FAILED
                                        : NGX_HTTP_KV_AWARE_TOKENIZE_TIMEOUT];
 
     case NGX_HTTP_KV_AWARE_PM_EV_MESSAGES:
-        return sh->ev_messages;
+        return sh->events.messages;
 
     case NGX_HTTP_KV_AWARE_PM_EV_HASHES:
-        return sh->ev_hashes;
+        return sh->events.hashes;
 
     case NGX_HTTP_KV_AWARE_PM_EV_REJECTS:
-        return sh->ev_rejected[k];
+        return sh->events.rejected[k];
 
     case NGX_HTTP_KV_AWARE_PM_RESYNCS:
-        return sh->resyncs;
+        return sh->events.resyncs;
 
     case NGX_HTTP_KV_AWARE_PM_REDIS_STATE:
         return sh->redis.state == k;
@@ -555,7 +555,7 @@ ngx_http_kv_aware_prom_value(ngx_http_kv_aware_prom_family_t *f,
         return i >= kcf->nprimary;
 
     case NGX_HTTP_KV_AWARE_PM_SRV_STATE:
-        return sl->ev_state == k;
+        return sl->ev.state == k;
 
     case NGX_HTTP_KV_AWARE_PM_SRV_IN_FLIGHT:
         /* added and taken by other workers: a moment may read below 0 */
@@ -563,34 +563,34 @@ ngx_http_kv_aware_prom_value(ngx_http_kv_aware_prom_family_t *f,
         return reqs > 0 ? (uint64_t) reqs : 0;
 
     case NGX_HTTP_KV_AWARE_PM_SRV_REQUESTS:
-        return sl->routed;
+        return sl->routing.routed;
 
     case NGX_HTTP_KV_AWARE_PM_SRV_BLOCKS:
-        return sl->blocks;
+        return sl->routing.blocks;
 
     case NGX_HTTP_KV_AWARE_PM_SRV_MATCHED:
-        return sl->matched;
+        return sl->routing.matched;
 
     case NGX_HTTP_KV_AWARE_PM_SRV_ENTRIES:
         return u->counts[s].entries[k];
 
     case NGX_HTTP_KV_AWARE_PM_SRV_EV_MESSAGES:
-        return sl->ev_messages;
+        return sl->ev.messages;
 
     case NGX_HTTP_KV_AWARE_PM_SRV_EV_HASHES:
-        return sl->ev_hashes;
+        return sl->ev.hashes;
 
     case NGX_HTTP_KV_AWARE_PM_SRV_EV_GAPS:
-        return sl->ev_gaps;
+        return sl->ev.gaps;
 
     case NGX_HTTP_KV_AWARE_PM_SRV_WAITING:
-        return sl->ev_waiting;
+        return sl->ev.waiting;
 
     case NGX_HTTP_KV_AWARE_PM_SRV_RUNNING:
-        return sl->ev_running;
+        return sl->ev.running;
 
     case NGX_HTTP_KV_AWARE_PM_SRV_KV_USAGE:
-        return sl->ev_kv_usage;
+        return sl->ev.kv_usage;
     }
 
     return 0;

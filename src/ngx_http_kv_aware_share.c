@@ -253,7 +253,7 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
     (void) ngx_atomic_fetch_add(&sr->messages_in, 1);
 
     /* what a server says of its cache beats what anybody routed */
-    if (kcf->sh->precise & (1ULL << slot)) {
+    if (kcf->sh->events.precise & (1ULL << slot)) {
         goto done;
     }
 
@@ -348,7 +348,7 @@ ngx_http_kv_aware_share_refuse(ngx_http_kv_aware_srv_conf_t *kcf,
     ecf = kcf->events;
 
     (void) ngx_atomic_fetch_add(&kcf->sh->share->refused, 1);
-    (void) ngx_atomic_fetch_add(&kcf->sh->ev_rejected[why], 1);
+    (void) ngx_atomic_fetch_add(&kcf->sh->events.rejected[why], 1);
 
     if (ngx_current_msec - ecf->share_logged < 5000
         && ecf->share_logged != 0)

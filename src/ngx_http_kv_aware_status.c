@@ -442,14 +442,14 @@ ngx_http_kv_aware_status_upstream(u_char *p,
     p = ngx_sprintf(p, "\":{\"requests\":%uA,\"routed\":{\"%s\":%uA,"
                     "\"%s\":%uA,\"%s\":%uA,\"%s\":%uA},\"tokenized\":%uA,"
                     "\"fallbacks\":%uA,\"fallback\":{",
-                    sh->requests,
+                    sh->routing.requests,
                     kva_score_why(KVA_WHY_AFFINITY),
-                    sh->chosen[KVA_WHY_AFFINITY],
-                    kva_score_why(KVA_WHY_LOAD), sh->chosen[KVA_WHY_LOAD],
-                    kva_score_why(KVA_WHY_GATE), sh->chosen[KVA_WHY_GATE],
+                    sh->routing.chosen[KVA_WHY_AFFINITY],
+                    kva_score_why(KVA_WHY_LOAD), sh->routing.chosen[KVA_WHY_LOAD],
+                    kva_score_why(KVA_WHY_GATE), sh->routing.chosen[KVA_WHY_GATE],
                     kva_score_why(KVA_WHY_CAPACITY),
-                    sh->chosen[KVA_WHY_CAPACITY],
-                    sh->tokenized, sh->fallbacks);
+                    sh->routing.chosen[KVA_WHY_CAPACITY],
+                    sh->routing.tokenized, sh->routing.fallbacks);
 
     for (why = NGX_HTTP_KV_AWARE_ROUTED + 1;
          why < NGX_HTTP_KV_AWARE_FALLBACK_LAST;
@@ -458,7 +458,7 @@ ngx_http_kv_aware_status_upstream(u_char *p,
         p = ngx_sprintf(p, "%s\"%s\":%uA",
                         why == NGX_HTTP_KV_AWARE_ROUTED + 1 ? "" : ",",
                         ngx_http_kv_aware_fallback_names[why],
-                        sh->fallback[why]);
+                        sh->routing.fallback[why]);
     }
 
     p = ngx_sprintf(p, "},\"index\":{\"capacity\":%uD,\"used\":%uD,"
@@ -500,12 +500,12 @@ ngx_http_kv_aware_status_upstream(u_char *p,
                         &kcf->events->link.addr_text,
                         ngx_http_kv_aware_redis_state_names[state],
                         sh->redis.connects, sh->redis.failures,
-                        sh->ev_messages, sh->ev_hashes, sh->resyncs);
+                        sh->events.messages, sh->events.hashes, sh->events.resyncs);
 
         for (why = 0; why < NGX_HTTP_KV_AWARE_REJ_LAST; why++) {
             p = ngx_sprintf(p, "%s\"%s\":%uA", why ? "," : "",
                             ngx_http_kv_aware_reject_keys[why],
-                            sh->ev_rejected[why]);
+                            sh->events.rejected[why]);
         }
 
         p = ngx_cpymem(p, "}},", 3);
@@ -549,23 +549,23 @@ ngx_http_kv_aware_status_upstream(u_char *p,
                         "\"gaps\":%uA},",
                         i / kcf->data_parallel >= kcf->nprimary
                         ? "true" : "false",
-                        ngx_http_kv_aware_ev_state_names[sl->ev_state],
-                        sl->ev_seq, counts[s].entries[KVA_SRC_EVENT],
+                        ngx_http_kv_aware_ev_state_names[sl->ev.state],
+                        sl->ev.seq, counts[s].entries[KVA_SRC_EVENT],
                         counts[s].entries[KVA_SRC_LEARNED],
                         counts[s].entries[KVA_SRC_SPEC],
-                        sl->ev_messages, sl->ev_hashes, sl->ev_gaps);
+                        sl->ev.messages, sl->ev.hashes, sl->ev.gaps);
 
-        if (sl->ev_has_load) {
+        if (sl->ev.has_load) {
             p = ngx_sprintf(p, "\"load\":{\"waiting\":%uD,\"running\":%uD,"
                             "\"kv_usage\":%uD.%03uD},",
-                            sl->ev_waiting, sl->ev_running,
-                            sl->ev_kv_usage / 1000, sl->ev_kv_usage % 1000);
+                            sl->ev.waiting, sl->ev.running,
+                            sl->ev.kv_usage / 1000, sl->ev.kv_usage % 1000);
         }
 
         p = ngx_sprintf(p, "\"in_flight\":%A,\"routed\":%uA,"
                         "\"blocks\":%uA,\"matched\":%uA}",
-                        (ngx_atomic_int_t) kcf->load[s].reqs, sl->routed,
-                        sl->blocks, sl->matched);
+                        (ngx_atomic_int_t) kcf->load[s].reqs, sl->routing.routed,
+                        sl->routing.blocks, sl->routing.matched);
     }
 
     return ngx_cpymem(p, "]}", 2);
