@@ -24,17 +24,23 @@
 #define NGX_HTTP_KV_AWARE_SHARE_EVERY    50     /* ms */
 
 
-/* the share ring's slice of the zone, written under its lock */
+/* the share ring's counters, as the status pages show them */
 typedef struct {
-    uint64_t                        origin;       /* this instance's */
-    ngx_uint_t                      head;         /* next to send */
-    ngx_uint_t                      tail;         /* next free */
     ngx_atomic_t                    sent;         /* hashes */
     ngx_atomic_t                    received;     /* hashes applied */
     ngx_atomic_t                    dropped;      /* ring full, or Redis */
     ngx_atomic_t                    refused;      /* messages */
     ngx_atomic_t                    messages_out;
     ngx_atomic_t                    messages_in;
+} ngx_http_kv_aware_share_stats_t;
+
+
+/* the share ring's slice of the zone, written under its lock */
+typedef struct {
+    uint64_t                        origin;       /* this instance's */
+    ngx_uint_t                      head;         /* next to send */
+    ngx_uint_t                      tail;         /* next free */
+    ngx_http_kv_aware_share_stats_t  stats;
     uint64_t                        hashes[NGX_HTTP_KV_AWARE_SHARE_RING];
     u_char                          slots[NGX_HTTP_KV_AWARE_SHARE_RING];
 } ngx_http_kv_aware_share_t;
