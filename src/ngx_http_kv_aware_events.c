@@ -742,21 +742,18 @@ ngx_http_kv_aware_applier(ngx_http_kv_aware_srv_conf_t *kcf)
 
 
 /* the class a decoder's refusal counts under, on either channel */
+static const ngx_http_kv_aware_rc_map_t  ngx_http_kv_aware_reject_classes[] = {
+    { KVA_EVENT_TOO_BIG, NGX_HTTP_KV_AWARE_REJ_TOO_BIG },
+    { KVA_EVENT_VERSION, NGX_HTTP_KV_AWARE_REJ_VERSION },
+    { KVA_EVENT_BAD_FIELD, NGX_HTTP_KV_AWARE_REJ_BAD_FIELD }
+};
+
+
 ngx_http_kv_aware_reject_e
 ngx_http_kv_aware_reject_class(kva_event_rc_e rc)
 {
-    switch (rc) {
-
-    case KVA_EVENT_TOO_BIG:
-        return NGX_HTTP_KV_AWARE_REJ_TOO_BIG;
-
-    case KVA_EVENT_VERSION:
-        return NGX_HTTP_KV_AWARE_REJ_VERSION;
-
-    case KVA_EVENT_BAD_FIELD:
-        return NGX_HTTP_KV_AWARE_REJ_BAD_FIELD;
-
-    default:
-        return NGX_HTTP_KV_AWARE_REJ_MALFORMED;
-    }
+    return ngx_http_kv_aware_rc_reason(ngx_http_kv_aware_reject_classes,
+               sizeof(ngx_http_kv_aware_reject_classes)
+               / sizeof(ngx_http_kv_aware_rc_map_t),
+               rc, NGX_HTTP_KV_AWARE_REJ_MALFORMED);
 }
