@@ -209,15 +209,16 @@ ngx_http_kv_aware_hash_request(ngx_http_request_t *r,
     /* a prompt we cannot read only costs the request its affinity */
     (void) ngx_http_kv_aware_prompt_hashes(r, kcf, ctx);
 
-    (void) ngx_atomic_fetch_add(&kcf->sh->requests, 1);
+    (void) ngx_atomic_fetch_add(&kcf->sh->routing.requests, 1);
 
     if (ctx->ids) {
-        (void) ngx_atomic_fetch_add(&kcf->sh->tokenized, 1);
+        (void) ngx_atomic_fetch_add(&kcf->sh->routing.tokenized, 1);
     }
 
     if (ctx->fallback != NGX_HTTP_KV_AWARE_ROUTED) {
-        (void) ngx_atomic_fetch_add(&kcf->sh->fallbacks, 1);
-        (void) ngx_atomic_fetch_add(&kcf->sh->fallback[ctx->fallback], 1);
+        (void) ngx_atomic_fetch_add(&kcf->sh->routing.fallbacks, 1);
+        (void) ngx_atomic_fetch_add(
+                               &kcf->sh->routing.fallback[ctx->fallback], 1);
     }
 }
 
@@ -456,7 +457,8 @@ ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc, void *data)
 
     /*
      * The lists changed again since the map was made, or hold more than
-     * 64 servers (ranks): round-robin's own choice for this try.
+     * KVA_MAX_SLOTS servers (ranks): round-robin's own choice for this
+     * try.
      */
     if (!ngx_http_kv_aware_members_current(kp->kcf, peers)
         || base + peers->number > kp->kcf->npeers)
@@ -561,9 +563,9 @@ ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
 
         ngx_log_error(NGX_LOG_WARN, pc->log, 0,
                       "kv_aware: upstream \"%V\" has servers without a "
-                      "slot (64 ranks in all; a server gone frees its "
+                      "slot (%d ranks in all; a server gone frees its "
                       "slots once its requests finish), routing by "
-                      "round-robin", &kcf->upstream);
+                      "round-robin", &kcf->upstream, KVA_MAX_SLOTS);
     }
 
     return ngx_http_upstream_get_round_robin_peer(pc, &kp->rrp);
@@ -706,18 +708,18 @@ ngx_http_kv_aware_weigh(ngx_http_kv_aware_srv_conf_t *kcf,
         blocks = (ngx_int_t) kcf->load[slot].blocks;
 
         /* a server's own figures also count other routers' requests */
-        if (sl->ev_has_load && sl->ev_state != NGX_HTTP_KV_AWARE_EV_STALE
-            && (ngx_int_t) (sl->ev_waiting + sl->ev_running) > reqs)
+        if (sl->ev.has_load && sl->ev.state != NGX_HTTP_KV_AWARE_EV_STALE
+            && (ngx_int_t) (sl->ev.waiting + sl->ev.running) > reqs)
         {
-            reqs = sl->ev_waiting + sl->ev_running;
+            reqs = sl->ev.waiting + sl->ev.running;
         }
 
         cand[i].matched = depth[slot];
         cand[i].weight = picks[i].peer->weight;
         cand[i].inflight_reqs = reqs > 0 ? reqs : 0;
         cand[i].inflight_blocks = blocks > 0 ? blocks : 0;
-        cand[i].routed = sl->routed;
-        cand[i].fill = kva_fill_get(&sl->fill, ngx_current_msec,
+        cand[i].routed = sl->routing.routed;
+        cand[i].fill = kva_fill_get(&sl->routing.fill, ngx_current_msec,
                                     kcf->learned_ttl);
     }
 }
@@ -751,7 +753,7 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     matched = cand[best].matched;
 
     /* what the server is about to compute, it will cache */
-    kva_fill_add(&kcf->sh->slots[slot].fill, ngx_current_msec,
+    kva_fill_add(&kcf->sh->slots[slot].routing.fill, ngx_current_msec,
                  kcf->learned_ttl, nblocks - matched);
 
     /*
@@ -793,10 +795,10 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
 
     (void) ngx_atomic_fetch_add(&kp->charged->reqs, 1);
     (void) ngx_atomic_fetch_add(&kp->charged->blocks, kp->charged_blocks);
-    (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].routed, 1);
-    (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].blocks, nblocks);
-    (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].matched, matched);
-    (void) ngx_atomic_fetch_add(&kcf->sh->chosen[ctx->why], 1);
+    (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].routing.routed, 1);
+    (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].routing.blocks, nblocks);
+    (void) ngx_atomic_fetch_add(&kcf->sh->slots[slot].routing.matched, matched);
+    (void) ngx_atomic_fetch_add(&kcf->sh->routing.chosen[ctx->why], 1);
 
     ctx->matched = matched;
     ctx->rank = picks[best].rank;

@@ -200,8 +200,8 @@ ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
      * Once the old subscriber has let go, the new one may still get a
      * message that the old one applied: a repeat, not a gap.
      */
-    if (ecf->took_over && sl->ev_has_seq && b.seq <= sl->ev_seq
-        && sl->ev_seq_gen != kcf->generation
+    if (ecf->took_over && sl->ev.has_seq && b.seq <= sl->ev.seq
+        && sl->ev.seq_gen != kcf->generation
         && ngx_current_msec - ecf->took_over
            < ecf->link.connect_timeout + 2 * NGX_HTTP_KV_AWARE_HANDOVER)
     {
@@ -281,7 +281,7 @@ ngx_http_kv_aware_over_budget(ngx_http_kv_aware_srv_conf_t *kcf,
 static void
 ngx_http_kv_aware_degrade(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot)
 {
-    kcf->sh->slots[slot].ev_synced = 0;
+    kcf->sh->slots[slot].ev.synced = 0;
     ngx_http_kv_aware_set_ev_state(kcf, slot, NGX_HTTP_KV_AWARE_EV_DEGRADED);
 }
 
@@ -328,32 +328,32 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
     sl = &kcf->sh->slots[slot];
     bit = 1ULL << slot;
 
-    in_sequence = sl->ev_has_seq && b->seq == sl->ev_seq + 1;
+    in_sequence = sl->ev.has_seq && b->seq == sl->ev.seq + 1;
 
-    if (!sl->ev_has_seq && b->seq <= 1) {
+    if (!sl->ev.has_seq && b->seq <= 1) {
         /* a server that starts publishing from its first message */
         in_sequence = 1;
-        sl->ev_synced = 1;
+        sl->ev.synced = 1;
     }
 
     if (!in_sequence) {
-        sl->ev_synced = 0;
+        sl->ev.synced = 0;
     }
 
-    sl->ev_seq = b->seq;
-    sl->ev_seq_gen = kcf->generation;
-    sl->ev_has_seq = 1;
-    sl->ev_heard = ngx_current_msec;
+    sl->ev.seq = b->seq;
+    sl->ev.seq_gen = kcf->generation;
+    sl->ev.has_seq = 1;
+    sl->ev.heard = ngx_current_msec;
 
     if (b->has_load) {
-        sl->ev_waiting = b->waiting;
-        sl->ev_running = b->running;
-        sl->ev_kv_usage = (uint32_t) (b->kv_usage * 1000);
+        sl->ev.waiting = b->waiting;
+        sl->ev.running = b->running;
+        sl->ev.kv_usage = (uint32_t) (b->kv_usage * 1000);
 
         if (b->kv_tokens) {
-            sl->ev_kv_tokens = b->kv_tokens;    /* the learned budget */
+            sl->ev.kv_tokens = b->kv_tokens;    /* the learned budget */
         }
-        sl->ev_has_load = 1;
+        sl->ev.has_load = 1;
     }
 
     if (ngx_http_kv_aware_scans(b, &first)) {
@@ -367,15 +367,15 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
 
     ngx_http_kv_aware_apply_hashes(kcf, slot, b, first);
 
-    (void) ngx_atomic_fetch_add(&sl->ev_messages, 1);
-    (void) ngx_atomic_fetch_add(&sl->ev_hashes, b->hash_count);
-    (void) ngx_atomic_fetch_add(&kcf->sh->ev_messages, 1);
-    (void) ngx_atomic_fetch_add(&kcf->sh->ev_hashes, b->hash_count);
+    (void) ngx_atomic_fetch_add(&sl->ev.messages, 1);
+    (void) ngx_atomic_fetch_add(&sl->ev.hashes, b->hash_count);
+    (void) ngx_atomic_fetch_add(&kcf->sh->events.messages, 1);
+    (void) ngx_atomic_fetch_add(&kcf->sh->events.hashes, b->hash_count);
 
     switch (b->snapshot) {
 
     case KVA_SNAP_FULL:
-        sl->ev_synced = 1;
+        sl->ev.synced = 1;
         ngx_http_kv_aware_set_ev_state(kcf, slot, NGX_HTTP_KV_AWARE_EV_FRESH);
         return;
 
@@ -387,9 +387,9 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
     case KVA_SNAP_MORE:
     case KVA_SNAP_END:
         /* a snapshot with a part missing is no snapshot */
-        if (in_sequence && sl->ev_state == NGX_HTTP_KV_AWARE_EV_SYNCING) {
+        if (in_sequence && sl->ev.state == NGX_HTTP_KV_AWARE_EV_SYNCING) {
             if (b->snapshot == KVA_SNAP_END) {
-                sl->ev_synced = 1;
+                sl->ev.synced = 1;
                 ngx_http_kv_aware_set_ev_state(kcf, slot,
                                                NGX_HTTP_KV_AWARE_EV_FRESH);
             }
@@ -404,7 +404,7 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
     }
 
     if (!in_sequence) {
-        (void) ngx_atomic_fetch_add(&sl->ev_gaps, 1);
+        (void) ngx_atomic_fetch_add(&sl->ev.gaps, 1);
 
         ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
                       "kv_aware: events of \"%*s\"%s out of sequence at "
@@ -418,17 +418,17 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
         return;
     }
 
-    if (sl->ev_state == NGX_HTTP_KV_AWARE_EV_FRESH) {
+    if (sl->ev.state == NGX_HTTP_KV_AWARE_EV_FRESH) {
         return;
     }
 
-    if (sl->ev_synced) {
+    if (sl->ev.synced) {
         /* back from silence, and nothing was missed meanwhile */
         ngx_http_kv_aware_set_ev_state(kcf, slot, NGX_HTTP_KV_AWARE_EV_FRESH);
         return;
     }
 
-    if (sl->ev_state != NGX_HTTP_KV_AWARE_EV_SYNCING) {
+    if (sl->ev.state != NGX_HTTP_KV_AWARE_EV_SYNCING) {
         /* still waiting for the snapshot; ask again now and then */
         ngx_http_kv_aware_set_ev_state(kcf, slot,
                                        NGX_HTTP_KV_AWARE_EV_DEGRADED);
@@ -494,7 +494,7 @@ ngx_http_kv_aware_set_ev_state(ngx_http_kv_aware_srv_conf_t *kcf,
 
     sl = &kcf->sh->slots[slot];
 
-    if (sl->ev_state == state) {
+    if (sl->ev.state == state) {
         return;
     }
 
@@ -502,7 +502,7 @@ ngx_http_kv_aware_set_ev_state(ngx_http_kv_aware_srv_conf_t *kcf,
                    "kv_aware: server \"%*s\" events state %ui",
                    sl->name_len, sl->name, state);
 
-    sl->ev_state = state;
+    sl->ev.state = state;
 
     ngx_http_kv_aware_set_precise(kcf->sh, 1ULL << slot,
                                   state == NGX_HTTP_KV_AWARE_EV_FRESH);
@@ -518,8 +518,8 @@ ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot)
 
     sl = &kcf->sh->slots[slot];
 
-    if (ngx_current_msec - sl->ev_resync < NGX_HTTP_KV_AWARE_RESYNC_EVERY
-        && sl->ev_resync != 0)
+    if (ngx_current_msec - sl->ev.resync < NGX_HTTP_KV_AWARE_RESYNC_EVERY
+        && sl->ev.resync != 0)
     {
         return;
     }
@@ -538,8 +538,8 @@ ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot)
                                         (u_char *) msg, len)
         == NGX_OK)
     {
-        sl->ev_resync = ngx_current_msec;
-        (void) ngx_atomic_fetch_add(&kcf->sh->resyncs, 1);
+        sl->ev.resync = ngx_current_msec;
+        (void) ngx_atomic_fetch_add(&kcf->sh->events.resyncs, 1);
     }
 
     free(msg);
@@ -570,7 +570,7 @@ ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_events_conf_t  *ecf;
 
     ecf = kcf->events;
-    n = ngx_atomic_fetch_add(&kcf->sh->ev_rejected[why], 1) + 1;
+    n = ngx_atomic_fetch_add(&kcf->sh->events.rejected[why], 1) + 1;
 
     if (ngx_current_msec - ecf->logged[why] < NGX_HTTP_KV_AWARE_LOG_EVERY
         && ecf->logged[why] != 0)
@@ -603,10 +603,10 @@ ngx_http_kv_aware_events_subscribed(void *data)
     ngx_http_kv_aware_shctx_t  *sh;
 
     sh = kcf->sh;
-    live = sh->sub_live;
+    live = sh->events.sub_live;
 
-    if (sh->sub_gen < kcf->generation) {
-        sh->sub_gen = kcf->generation;
+    if (sh->events.sub_gen < kcf->generation) {
+        sh->events.sub_gen = kcf->generation;
     }
 
     if (live && live < kcf->generation && kcf->events->took_over == 0) {
@@ -618,14 +618,14 @@ ngx_http_kv_aware_events_subscribed(void *data)
         return;
     }
 
-    sh->sub_live = kcf->generation;
+    sh->events.sub_live = kcf->generation;
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
-        if (kcf->sh->slots[s].name_len && kcf->sh->slots[s].ev_has_seq) {
-            kcf->sh->slots[s].ev_synced = 0;
+        if (kcf->sh->slots[s].name_len && kcf->sh->slots[s].ev.has_seq) {
+            kcf->sh->slots[s].ev.synced = 0;
             ngx_http_kv_aware_set_ev_state(kcf, s,
                                            NGX_HTTP_KV_AWARE_EV_DEGRADED);
-            kcf->sh->slots[s].ev_resync = 0;
+            kcf->sh->slots[s].ev.resync = 0;
             ngx_http_kv_aware_resync(kcf, s);
         }
     }
@@ -640,16 +640,16 @@ ngx_http_kv_aware_events_lost(void *data)
 
     ngx_uint_t  s;
 
-    (void) ngx_atomic_cmp_set(&kcf->sh->sub_live, kcf->generation, 0);
+    (void) ngx_atomic_cmp_set(&kcf->sh->events.sub_live, kcf->generation, 0);
 
-    if (kcf->sh->sub_gen > kcf->generation) {
+    if (kcf->sh->events.sub_gen > kcf->generation) {
         /* a newer subscriber has it all: not ours to judge any more */
         return;
     }
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
-        if (kcf->sh->slots[s].ev_has_seq) {
-            kcf->sh->slots[s].ev_synced = 0;
+        if (kcf->sh->slots[s].ev.has_seq) {
+            kcf->sh->slots[s].ev.synced = 0;
             ngx_http_kv_aware_set_ev_state(kcf, s,
                                            NGX_HTTP_KV_AWARE_EV_DEGRADED);
         }
@@ -670,27 +670,27 @@ ngx_http_kv_aware_events_tick(ngx_event_t *ev)
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
         sl = &kcf->sh->slots[s];
 
-        if (!sl->ev_has_seq) {
+        if (!sl->ev.has_seq) {
             continue;
         }
 
-        if (sl->ev_state != NGX_HTTP_KV_AWARE_EV_STALE
-            && ngx_current_msec - sl->ev_heard > kcf->events->heartbeat)
+        if (sl->ev.state != NGX_HTTP_KV_AWARE_EV_STALE
+            && ngx_current_msec - sl->ev.heard > kcf->events->heartbeat)
         {
             ngx_log_error(NGX_LOG_WARN, ev->log, 0,
                           "kv_aware: server \"%*s\"%s silent for %M ms, "
                           "routing it by learned state", sl->name_len,
                           sl->name,
                           ngx_http_kv_aware_rank_text(kcf, sl, rank),
-                          ngx_current_msec - sl->ev_heard);
+                          ngx_current_msec - sl->ev.heard);
 
             ngx_http_kv_aware_set_ev_state(kcf, s,
                                            NGX_HTTP_KV_AWARE_EV_STALE);
         }
 
         /* a request may have been lost, or Redis was not ready for it */
-        if (sl->ev_state == NGX_HTTP_KV_AWARE_EV_DEGRADED
-            || sl->ev_state == NGX_HTTP_KV_AWARE_EV_STALE)
+        if (sl->ev.state == NGX_HTTP_KV_AWARE_EV_DEGRADED
+            || sl->ev.state == NGX_HTTP_KV_AWARE_EV_STALE)
         {
             ngx_http_kv_aware_resync(kcf, s);
         }
@@ -715,13 +715,13 @@ ngx_http_kv_aware_applier(ngx_http_kv_aware_srv_conf_t *kcf)
     ngx_http_kv_aware_events_conf_t  *ecf;
 
     ecf = kcf->events;
-    live = kcf->sh->sub_live;
+    live = kcf->sh->events.sub_live;
 
     if (live == kcf->generation) {
         return NGX_HTTP_KV_AWARE_APPLY;
     }
 
-    if (kcf->generation < kcf->sh->sub_gen) {
+    if (kcf->generation < kcf->sh->events.sub_gen) {
         /* an old subscriber past its handover */
         return NGX_HTTP_KV_AWARE_SKIP;
     }
@@ -734,29 +734,26 @@ ngx_http_kv_aware_applier(ngx_http_kv_aware_srv_conf_t *kcf)
         return NGX_HTTP_KV_AWARE_HOLD;
     }
 
-    (void) ngx_atomic_cmp_set(&kcf->sh->sub_live, live, kcf->generation);
+    (void) ngx_atomic_cmp_set(&kcf->sh->events.sub_live, live, kcf->generation);
 
-    return (kcf->sh->sub_live == kcf->generation) ? NGX_HTTP_KV_AWARE_APPLY
-                                                  : NGX_HTTP_KV_AWARE_SKIP;
+    return (kcf->sh->events.sub_live == kcf->generation)
+           ? NGX_HTTP_KV_AWARE_APPLY : NGX_HTTP_KV_AWARE_SKIP;
 }
 
 
 /* the class a decoder's refusal counts under, on either channel */
+static const ngx_http_kv_aware_rc_map_t  ngx_http_kv_aware_reject_classes[] = {
+    { KVA_EVENT_TOO_BIG, NGX_HTTP_KV_AWARE_REJ_TOO_BIG },
+    { KVA_EVENT_VERSION, NGX_HTTP_KV_AWARE_REJ_VERSION },
+    { KVA_EVENT_BAD_FIELD, NGX_HTTP_KV_AWARE_REJ_BAD_FIELD }
+};
+
+
 ngx_http_kv_aware_reject_e
 ngx_http_kv_aware_reject_class(kva_event_rc_e rc)
 {
-    switch (rc) {
-
-    case KVA_EVENT_TOO_BIG:
-        return NGX_HTTP_KV_AWARE_REJ_TOO_BIG;
-
-    case KVA_EVENT_VERSION:
-        return NGX_HTTP_KV_AWARE_REJ_VERSION;
-
-    case KVA_EVENT_BAD_FIELD:
-        return NGX_HTTP_KV_AWARE_REJ_BAD_FIELD;
-
-    default:
-        return NGX_HTTP_KV_AWARE_REJ_MALFORMED;
-    }
+    return ngx_http_kv_aware_rc_reason(ngx_http_kv_aware_reject_classes,
+               sizeof(ngx_http_kv_aware_reject_classes)
+               / sizeof(ngx_http_kv_aware_rc_map_t),
+               rc, NGX_HTTP_KV_AWARE_REJ_MALFORMED);
 }

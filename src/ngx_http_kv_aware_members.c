@@ -59,7 +59,7 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
      * since, without waiting for DNS to change again.
      */
     if (kcf->mapped && kcf->map_config == config
-        && ((sh->reserved == 0 && kcf->map_whole)
+        && ((sh->members.reserved == 0 && kcf->map_whole)
             || ngx_current_msec - kcf->map_time < 1000))
     {
         return;
@@ -73,9 +73,9 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
     ngx_shmtx_lock(&kcf->shpool->mutex);
 
     /* generations only grow: an old cycle's worker never changes slots */
-    newest = (kcf->generation > sh->map_gen
-              || (kcf->generation == sh->map_gen
-                  && config >= sh->map_config));
+    newest = (kcf->generation > sh->members.map_gen
+              || (kcf->generation == sh->members.map_gen
+                  && config >= sh->members.map_config));
     used = 0;
 
     for (i = 0; i < n * dp; i++) {
@@ -109,14 +109,14 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
                 continue;
             }
 
-            if (!(sh->reserved & (1ULL << s))) {
+            if (!(sh->members.reserved & (1ULL << s))) {
                 gone |= 1ULL << s;
-                sh->reserved |= 1ULL << s;
+                sh->members.reserved |= 1ULL << s;
             }
 
             if (ngx_http_kv_aware_slot_in_flight(sh, s) == 0) {
                 freed |= 1ULL << s;
-                sh->reserved &= ~(1ULL << s);
+                sh->members.reserved &= ~(1ULL << s);
                 ngx_memzero(sl, sizeof(ngx_http_kv_aware_slot_t));
             }
         }
@@ -124,8 +124,8 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
         /* newcomers: slots free before this round first */
         missing = ngx_http_kv_aware_members_place(kcf, m, n, freed);
 
-        sh->map_gen = kcf->generation;
-        sh->map_config = config;
+        sh->members.map_gen = kcf->generation;
+        sh->members.map_config = config;
     }
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);
@@ -149,7 +149,9 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
     if (missing && freed) {
         ngx_shmtx_lock(&kcf->shpool->mutex);
 
-        if (sh->map_gen == kcf->generation && sh->map_config == config) {
+        if (sh->members.map_gen == kcf->generation
+            && sh->members.map_config == config)
+        {
             (void) ngx_http_kv_aware_members_place(kcf, m, n, 0);
         }
 
@@ -252,7 +254,7 @@ ngx_http_kv_aware_members_place(ngx_http_kv_aware_srv_conf_t *kcf,
         if (s == KVA_MAX_SLOTS) {
             for (s = 0; s < KVA_MAX_SLOTS; s++) {
                 if (sh->slots[s].name_len == 0
-                    && !((sh->reserved | skip) & (1ULL << s)))
+                    && !((sh->members.reserved | skip) & (1ULL << s)))
                 {
                     break;
                 }

@@ -23,8 +23,16 @@
 #define NGX_HTTP_KV_AWARE_RESOLVE  0
 #endif
 
-/* slot_of[] for a peer that has none (more than 64 ranks in all) */
+/* slot_of[] for a peer that has none (more than KVA_MAX_SLOTS ranks) */
 #define NGX_HTTP_KV_AWARE_NO_SLOT  0xff
+
+
+/* the members' slice of the zone (ngx_http_kv_aware_zone.h) */
+typedef struct {
+    uint64_t                        reserved;     /* slots of servers gone */
+    ngx_uint_t                      map_gen;      /* the view that last */
+    ngx_uint_t                      map_config;   /* changed the slots */
+} ngx_http_kv_aware_members_sh_t;
 
 
 /*

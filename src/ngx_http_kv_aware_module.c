@@ -309,3 +309,19 @@ ngx_http_kv_aware_request_ctx(ngx_http_request_t *r)
 
     return ctx;
 }
+
+
+ngx_uint_t
+ngx_http_kv_aware_rc_reason(const ngx_http_kv_aware_rc_map_t *map,
+    ngx_uint_t n, ngx_uint_t rc, ngx_uint_t dflt)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < n; i++) {
+        if (map[i].rc == rc) {
+            return map[i].reason;
+        }
+    }
+
+    return dflt;
+}

@@ -137,4 +137,15 @@ extern ngx_module_t  ngx_http_kv_aware_module;
 ngx_http_kv_aware_ctx_t *ngx_http_kv_aware_request_ctx(ngx_http_request_t *r);
 
 
+/* a core function's return code and what the shell counts it as */
+typedef struct {
+    ngx_uint_t                      rc;
+    ngx_uint_t                      reason;
+} ngx_http_kv_aware_rc_map_t;
+
+/* the reason of rc in a table of n, or dflt where it has none */
+ngx_uint_t ngx_http_kv_aware_rc_reason(const ngx_http_kv_aware_rc_map_t *map,
+    ngx_uint_t n, ngx_uint_t rc, ngx_uint_t dflt);
+
+
 #endif /* _NGX_HTTP_KV_AWARE_MODULE_H_INCLUDED_ */

@@ -8,15 +8,16 @@
 
 
 #include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_status_snapshot.h"
 
 
 #define NGX_HTTP_KV_AWARE_PROMETHEUS_TYPE                                     \
     "text/plain; version=0.0.4; charset=utf-8"
 
 
-/* the page of every kv_aware upstream, in a buffer of r's pool; NULL on
-   an allocation failure */
-ngx_buf_t *ngx_http_kv_aware_prometheus(ngx_http_request_t *r);
+/* the page of st, in a buffer of r's pool; NULL on an allocation failure */
+ngx_buf_t *ngx_http_kv_aware_prometheus(ngx_http_request_t *r,
+    ngx_http_kv_aware_status_t *st);
 
 
 #endif /* _NGX_HTTP_KV_AWARE_PROMETHEUS_H_INCLUDED_ */

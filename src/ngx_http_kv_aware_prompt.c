@@ -34,6 +34,14 @@ const char  *ngx_http_kv_aware_fallback_names[] = {
     NGX_HTTP_KV_AWARE_FALLBACKS(NGX_HTTP_KV_AWARE_KEY2)
 };
 
+/* a body the core refused: the fallback it counts under */
+static const ngx_http_kv_aware_rc_map_t  ngx_http_kv_aware_body_fallback[] = {
+    { KVA_PROMPT_BAD_UTF8, NGX_HTTP_KV_AWARE_BAD_UTF8 },
+    { KVA_PROMPT_TOO_DEEP, NGX_HTTP_KV_AWARE_TOO_DEEP },
+    { KVA_PROMPT_NO_PROMPT, NGX_HTTP_KV_AWARE_NO_PROMPT },
+    { KVA_PROMPT_EMPTY, NGX_HTTP_KV_AWARE_NO_BODY }
+};
+
 
 ngx_int_t
 ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
@@ -338,28 +346,11 @@ static ngx_int_t
 ngx_http_kv_aware_prompt_failed(ngx_http_request_t *r,
     ngx_http_kv_aware_ctx_t *ctx, kva_prompt_rc_e rc)
 {
-    switch (rc) {
-
-    case KVA_PROMPT_BAD_UTF8:
-        ctx->fallback = NGX_HTTP_KV_AWARE_BAD_UTF8;
-        break;
-
-    case KVA_PROMPT_TOO_DEEP:
-        ctx->fallback = NGX_HTTP_KV_AWARE_TOO_DEEP;
-        break;
-
-    case KVA_PROMPT_NO_PROMPT:
-        ctx->fallback = NGX_HTTP_KV_AWARE_NO_PROMPT;
-        break;
-
-    case KVA_PROMPT_EMPTY:
-        ctx->fallback = NGX_HTTP_KV_AWARE_NO_BODY;
-        break;
-
-    default:
-        ctx->fallback = NGX_HTTP_KV_AWARE_NOT_JSON;
-        break;
-    }
+    ctx->fallback = ngx_http_kv_aware_rc_reason(
+                        ngx_http_kv_aware_body_fallback,
+                        sizeof(ngx_http_kv_aware_body_fallback)
+                        / sizeof(ngx_http_kv_aware_rc_map_t),
+                        rc, NGX_HTTP_KV_AWARE_NOT_JSON);
 
     /* a client fault, not ours: routed by load, proxied as it came */
     ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,

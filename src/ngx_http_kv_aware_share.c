@@ -40,7 +40,7 @@ ngx_http_kv_aware_share_queue(ngx_http_kv_aware_srv_conf_t *kcf,
 
     /* the ring full: the newest go, what waits is as good as they are */
     if (n > room) {
-        (void) ngx_atomic_fetch_add(&sr->dropped, n - room);
+        (void) ngx_atomic_fetch_add(&sr->stats.dropped, n - room);
         n = room;
     }
 
@@ -157,11 +157,11 @@ ngx_http_kv_aware_share_send(ngx_http_kv_aware_srv_conf_t *kcf,
                != NGX_OK)
         {
             /* Redis away: each instance goes on with its own learning */
-            (void) ngx_atomic_fetch_add(&sr->dropped, piece);
+            (void) ngx_atomic_fetch_add(&sr->stats.dropped, piece);
 
         } else {
-            (void) ngx_atomic_fetch_add(&sr->sent, piece);
-            (void) ngx_atomic_fetch_add(&sr->messages_out, 1);
+            (void) ngx_atomic_fetch_add(&sr->stats.sent, piece);
+            (void) ngx_atomic_fetch_add(&sr->stats.messages_out, 1);
         }
 
         free(msg);
@@ -250,10 +250,10 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
         goto done;
     }
 
-    (void) ngx_atomic_fetch_add(&sr->messages_in, 1);
+    (void) ngx_atomic_fetch_add(&sr->stats.messages_in, 1);
 
     /* what a server says of its cache beats what anybody routed */
-    if (kcf->sh->precise & (1ULL << slot)) {
+    if (kcf->sh->events.precise & (1ULL << slot)) {
         goto done;
     }
 
@@ -331,7 +331,7 @@ ngx_http_kv_aware_share_apply(ngx_http_kv_aware_srv_conf_t *kcf,
         ngx_shmtx_unlock(&kcf->shpool->mutex);
     }
 
-    (void) ngx_atomic_fetch_add(&kcf->sh->share->received, n);
+    (void) ngx_atomic_fetch_add(&kcf->sh->share->stats.received, n);
 }
 
 
@@ -347,8 +347,8 @@ ngx_http_kv_aware_share_refuse(ngx_http_kv_aware_srv_conf_t *kcf,
 
     ecf = kcf->events;
 
-    (void) ngx_atomic_fetch_add(&kcf->sh->share->refused, 1);
-    (void) ngx_atomic_fetch_add(&kcf->sh->ev_rejected[why], 1);
+    (void) ngx_atomic_fetch_add(&kcf->sh->share->stats.refused, 1);
+    (void) ngx_atomic_fetch_add(&kcf->sh->events.rejected[why], 1);
 
     if (ngx_current_msec - ecf->share_logged < 5000
         && ecf->share_logged != 0)

@@ -15,7 +15,6 @@
 
 
 #include "ngx_http_kv_aware_module.h"
-#include "ngx_http_kv_aware_zone.h"
 
 
 /* hashes waiting to go out: a power of two */
@@ -25,20 +24,26 @@
 #define NGX_HTTP_KV_AWARE_SHARE_EVERY    50     /* ms */
 
 
-/* in the zone, written under its lock */
-struct ngx_http_kv_aware_share_s {
-    uint64_t                        origin;       /* this instance's */
-    ngx_uint_t                      head;         /* next to send */
-    ngx_uint_t                      tail;         /* next free */
+/* the share ring's counters, as the status pages show them */
+typedef struct {
     ngx_atomic_t                    sent;         /* hashes */
     ngx_atomic_t                    received;     /* hashes applied */
     ngx_atomic_t                    dropped;      /* ring full, or Redis */
     ngx_atomic_t                    refused;      /* messages */
     ngx_atomic_t                    messages_out;
     ngx_atomic_t                    messages_in;
+} ngx_http_kv_aware_share_stats_t;
+
+
+/* the share ring's slice of the zone, written under its lock */
+typedef struct {
+    uint64_t                        origin;       /* this instance's */
+    ngx_uint_t                      head;         /* next to send */
+    ngx_uint_t                      tail;         /* next free */
+    ngx_http_kv_aware_share_stats_t  stats;
     uint64_t                        hashes[NGX_HTTP_KV_AWARE_SHARE_RING];
     u_char                          slots[NGX_HTTP_KV_AWARE_SHARE_RING];
-};
+} ngx_http_kv_aware_share_t;
 
 /* what the zone grows by for it (kv_aware adds it to index_size) */
 #define ngx_http_kv_aware_share_size()                                        \

@@ -185,7 +185,7 @@ ngx_http_kv_aware_events_stop(ngx_cycle_t *cycle,
         ngx_del_timer(&ecf->handover);
     }
 
-    (void) ngx_atomic_cmp_set(&kcf->sh->sub_live, kcf->generation, 0);
+    (void) ngx_atomic_cmp_set(&kcf->sh->events.sub_live, kcf->generation, 0);
 
     return NGX_OK;
 }
@@ -222,7 +222,7 @@ ngx_http_kv_aware_handover(ngx_http_kv_aware_srv_conf_t *kcf)
 
     if (ecf->handover_start
         || kcf->sh->generation == kcf->generation    /* a quit */
-        || kcf->sh->sub_live != kcf->generation)
+        || kcf->sh->events.sub_live != kcf->generation)
     {
         return NGX_DECLINED;
     }
@@ -247,12 +247,12 @@ ngx_http_kv_aware_handover_handler(ngx_event_t *ev)
      * Once the new subscriber is in, one more tick lets what Redis sent
      * us before it subscribed come in; then the old one lets go.
      */
-    if (kcf->sh->sub_live == kcf->generation
+    if (kcf->sh->events.sub_live == kcf->generation
         && ngx_current_msec - ecf->handover_start
            < ecf->link.connect_timeout + NGX_HTTP_KV_AWARE_HANDOVER)
     {
-        if (kcf->sh->sub_gen <= kcf->generation || !ecf->handover_last) {
-            ecf->handover_last = (kcf->sh->sub_gen > kcf->generation);
+        if (kcf->sh->events.sub_gen <= kcf->generation || !ecf->handover_last) {
+            ecf->handover_last = (kcf->sh->events.sub_gen > kcf->generation);
             ngx_add_timer(ev, NGX_HTTP_KV_AWARE_HANDOVER_TICK);
             return;
         }

@@ -87,7 +87,7 @@ ngx_http_kv_aware_init_zone(ngx_shm_zone_t *shm_zone, void *data)
         (void) kva_index_init(kcf->sh->index, kcf->sh->index_size,
                               ngx_http_kv_aware_secret());
         ngx_memzero(kcf->sh->slots, sizeof(kcf->sh->slots));
-        kcf->sh->precise = 0;
+        kcf->sh->events.precise = 0;
         kcf->sh->block_size = kcf->block_size;
         kcf->sh->keys = kcf->keys;
         kcf->sh->block_tokens = kcf->block_tokens;
@@ -248,7 +248,7 @@ ngx_http_kv_aware_slot_by_name(ngx_http_kv_aware_shctx_t *sh, u_char *name,
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
         if (sh->slots[s].name_len == len && sh->slots[s].rank == rank
-            && !(sh->reserved & (1ULL << s))
+            && !(sh->members.reserved & (1ULL << s))
             && ngx_memcmp(sh->slots[s].name, name, len) == 0)
         {
             break;
@@ -270,7 +270,7 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
     slots = kcf->sh->slots;
     names = kcf->peer_names->elts;
     dp = kcf->data_parallel;
-    n = kcf->peer_names->nelts * dp;     /* init_upstream allowed 64 */
+    n = kcf->peer_names->nelts * dp;     /* <= KVA_MAX_SLOTS: init_upstream */
     used = 0;
     kept = 0;
 
@@ -304,7 +304,7 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
     }
 
     if (stale) {
-        kcf->sh->reserved &= ~stale;
+        kcf->sh->members.reserved &= ~stale;
         ngx_http_kv_aware_forget_slots(kcf, stale);
     }
 
@@ -408,7 +408,7 @@ ngx_http_kv_aware_set_precise(ngx_http_kv_aware_shctx_t *sh, uint64_t mask,
     ngx_atomic_uint_t  old, new;
 
     do {
-        old = sh->precise;
+        old = sh->events.precise;
         new = on ? (old | (ngx_atomic_uint_t) mask)
                  : (old & ~(ngx_atomic_uint_t) mask);
 
@@ -416,7 +416,7 @@ ngx_http_kv_aware_set_precise(ngx_http_kv_aware_shctx_t *sh, uint64_t mask,
             return;
         }
 
-    } while (!ngx_atomic_cmp_set(&sh->precise, old, new));
+    } while (!ngx_atomic_cmp_set(&sh->events.precise, old, new));
 }
 
 
@@ -449,7 +449,7 @@ ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf, kva_clock_t *clk)
     clk->now = ngx_http_kv_aware_ticks(ngx_current_msec);
     clk->ttl_learned = ngx_http_kv_aware_ticks(kcf->learned_ttl);
     clk->ttl_spec = ngx_http_kv_aware_ticks(kcf->spec_ttl);
-    clk->precise = kcf->sh->precise;
+    clk->precise = kcf->sh->events.precise;
 }
 
 
@@ -466,7 +466,7 @@ ngx_http_kv_aware_learn_budget(ngx_http_kv_aware_srv_conf_t *kcf,
 {
     uint64_t  tokens, blocks;
 
-    tokens = kcf->sh->slots[slot].ev_kv_tokens;
+    tokens = kcf->sh->slots[slot].ev.kv_tokens;
 
     if (tokens == 0) {
         tokens = kcf->learned_tokens;

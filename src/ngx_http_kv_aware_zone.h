@@ -1,6 +1,9 @@
 /*
  * ngx_http_kv_aware_module: the per-upstream shared memory zone, its
- * layout and the index clock.
+ * layout and the index clock.  Each concern declares its slice of the
+ * zone in its own header (the balancer's counters, the event path's, the
+ * Redis link's, the share ring, the members' bookkeeping); this header
+ * composes them, with the index, the server slots and the load tables.
  */
 
 #ifndef _NGX_HTTP_KV_AWARE_ZONE_H_INCLUDED_
@@ -8,12 +11,19 @@
 
 
 #include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_balancer.h"
+#include "ngx_http_kv_aware_events.h"
 #include "ngx_http_kv_aware_redis.h"
+#include "ngx_http_kv_aware_share.h"
+#include "ngx_http_kv_aware_members.h"
 
 #include "kva_index.h"
 
 
-typedef struct ngx_http_kv_aware_share_s  ngx_http_kv_aware_share_t;
+/* the slot masks (reserved, drops, a page's servers) are 64 bits wide */
+#if (KVA_MAX_SLOTS > 64)
+#error "KVA_MAX_SLOTS is over the 64 bits of a slot mask"
+#endif
 
 
 #define NGX_HTTP_KV_AWARE_NAME_LEN      64     /* "ip:port", room for IPv6 */
@@ -25,47 +35,6 @@ typedef struct ngx_http_kv_aware_share_s  ngx_http_kv_aware_share_t;
     ((uint32_t) ((ms) >> NGX_HTTP_KV_AWARE_TICK_SHIFT))
 
 
-/* in-flight load a server carries, from this nginx instance */
-struct ngx_http_kv_aware_load_s {
-    ngx_atomic_t                    reqs;
-    ngx_atomic_t                    blocks;
-};
-
-
-/*
- * What the module knows of a server's cache, from its events: never heard
- * from (learned only), events in sequence (precise), a snapshot arriving,
- * events lost (resync asked), silent past the heartbeat.
- */
-#define NGX_HTTP_KV_AWARE_EV_STATES(X)                                        \
-    X(EV_NONE, "learned")                                                     \
-    X(EV_FRESH, "fresh")                                                      \
-    X(EV_SYNCING, "syncing")                                                  \
-    X(EV_DEGRADED, "degraded")                                                \
-    X(EV_STALE, "stale")
-
-typedef enum {
-    NGX_HTTP_KV_AWARE_EV_STATES(NGX_HTTP_KV_AWARE_ENUM2)
-    NGX_HTTP_KV_AWARE_EV_LAST
-} ngx_http_kv_aware_ev_state_e;
-
-
-/* classes of rejected event messages: status key, and what logs say */
-#define NGX_HTTP_KV_AWARE_REJECTS(X)                                          \
-    X(REJ_MALFORMED, "malformed", "malformed")                                \
-    X(REJ_BAD_FIELD, "bad_field", "bad field")                                \
-    X(REJ_VERSION, "version", "unsupported version")                          \
-    X(REJ_TOO_BIG, "too_big", "over a size limit")                            \
-    X(REJ_UNKNOWN_SERVER, "unknown_server", "unknown server")                 \
-    X(REJ_FLOOD, "flood", "flood")                                            \
-    X(REJ_KEYSPACE, "keyspace", "another key space than the upstream's keys")
-
-typedef enum {
-    NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_ENUM3)
-    NGX_HTTP_KV_AWARE_REJ_LAST
-} ngx_http_kv_aware_reject_e;
-
-
 /*
  * one server of the upstream (or one data-parallel rank of it: each has
  * its own cache), kept across reloads by its name and rank
@@ -74,27 +43,8 @@ typedef struct {
     u_char                          name[NGX_HTTP_KV_AWARE_NAME_LEN];
     size_t                          name_len;
     ngx_uint_t                      rank;         /* data_parallel > 1 */
-    ngx_atomic_t                    routed;
-    ngx_atomic_t                    blocks;
-    ngx_atomic_t                    matched;
-    kva_fill_t                      fill;         /* under the zone lock */
-
-    /* written by the one subscribing worker, read by all */
-    ngx_uint_t                      ev_state;
-    ngx_uint_t                      ev_has_seq;
-    ngx_uint_t                      ev_synced;    /* nothing missed since */
-    uint64_t                        ev_seq;
-    ngx_msec_t                      ev_heard;     /* ngx_current_msec */
-    ngx_msec_t                      ev_resync;    /* last resync asked */
-    ngx_atomic_t                    ev_messages;
-    ngx_atomic_t                    ev_hashes;
-    ngx_atomic_t                    ev_gaps;
-    ngx_uint_t                      ev_seq_gen;   /* subscriber of ev_seq */
-    ngx_uint_t                      ev_has_load;
-    uint32_t                        ev_waiting;
-    uint32_t                        ev_running;
-    uint32_t                        ev_kv_usage;  /* per mille */
-    uint64_t                        ev_kv_tokens; /* its pool, 0: unsaid */
+    ngx_http_kv_aware_routing_slot_t  routing;    /* the balancer's */
+    ngx_http_kv_aware_events_slot_t   ev;         /* the event path's */
 } ngx_http_kv_aware_slot_t;
 
 
@@ -104,41 +54,20 @@ struct ngx_http_kv_aware_shctx_s {
     ngx_uint_t                      keys;         /* and on these */
     ngx_uint_t                      block_tokens;
     ngx_uint_t                      generation;   /* bumped on each reload */
-    ngx_atomic_t                    sub_gen;      /* newest subscriber's */
-    ngx_atomic_t                    sub_live;     /* the one that applies */
-    ngx_atomic_t                    requests;
-    ngx_atomic_t                    fallbacks;
-    ngx_atomic_t                    fallback[NGX_HTTP_KV_AWARE_FALLBACK_LAST];
 
-    ngx_atomic_t                    precise;      /* slots EV_FRESH */
-    ngx_http_kv_aware_redis_stats_t  redis;       /* the link reports here */
-    ngx_atomic_t                    ev_messages;
-    ngx_atomic_t                    ev_hashes;
-    ngx_atomic_t                    ev_rejected[NGX_HTTP_KV_AWARE_REJ_LAST];
-    ngx_atomic_t                    resyncs;
-    /* servers chosen, by kva_why_e; requests with kv_aware_tokenize's ids */
-    ngx_atomic_t                    chosen[KVA_WHY_LAST];
-    ngx_atomic_t                    tokenized;
+    ngx_http_kv_aware_routing_sh_t   routing;     /* balancer.h */
+    ngx_http_kv_aware_events_sh_t    events;      /* events.h */
+    ngx_http_kv_aware_redis_stats_t  redis;       /* redis.h: the link */
+    ngx_http_kv_aware_share_t       *share;       /* share.h: its ring */
+    ngx_http_kv_aware_members_sh_t   members;     /* members.h */
 
     ngx_http_kv_aware_slot_t        slots[KVA_MAX_SLOTS];
     ngx_http_kv_aware_load_t        load[NGX_HTTP_KV_AWARE_GENERATIONS]
                                         [KVA_MAX_SLOTS];
-    ngx_http_kv_aware_share_t      *share;        /* share=on's queue */
-
-    /* servers that come and go (ngx_http_kv_aware_members.c) */
-    uint64_t                        reserved;     /* slots of servers gone */
-    ngx_uint_t                      map_gen;      /* the view that last */
-    ngx_uint_t                      map_config;   /* changed the slots */
 
     kva_index_t                    *index;
     size_t                          index_size;
 };
-
-
-/* indexed by the enums above */
-extern const char  *ngx_http_kv_aware_ev_state_names[];
-extern const char  *ngx_http_kv_aware_reject_keys[];
-extern const char  *ngx_http_kv_aware_reject_texts[];
 
 
 ngx_int_t ngx_http_kv_aware_init_zone(ngx_shm_zone_t *shm_zone, void *data);

@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kva_list.h"
+
 
 #define KVA_MAX_SLOTS       64
 #define KVA_NIL             0xffffffffu
@@ -48,12 +50,18 @@
 #define KVA_CHAIN_MAX       16
 
 
+/* what put an entry there: kva_src_names[] in this order */
+#define KVA_SRCS(X)                                                           \
+    X(KVA_SRC_EVENT, "event")                                                 \
+    X(KVA_SRC_LEARNED, "learned")                                             \
+    X(KVA_SRC_SPEC, "speculative")
+
 typedef enum {
-    KVA_SRC_EVENT = 0,
-    KVA_SRC_LEARNED,
-    KVA_SRC_SPEC,
+    KVA_SRCS(KVA_LIST_ENUM)
     KVA_SRC_COUNT
 } kva_src_e;
+
+extern const char  *const kva_src_names[];
 
 
 typedef struct {

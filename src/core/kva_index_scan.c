@@ -14,6 +14,11 @@ static int kva_fail(char *err, size_t err_len, const char *why,
     uint32_t where);
 
 
+const char  *const kva_src_names[] = {
+    KVA_SRCS(KVA_LIST_NAME)
+};
+
+
 void
 kva_index_count(kva_index_t *ix, const kva_clock_t *clk,
     kva_slot_count_t counts[KVA_MAX_SLOTS])

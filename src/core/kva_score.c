@@ -14,6 +14,11 @@ static unsigned kva_pick_min(const double *cost, const kva_candidate_t *c,
 static double kva_fill_kept(const kva_fill_t *f, uint64_t now, uint64_t tau);
 
 
+const char  *const kva_why_names[] = {
+    KVA_WHYS(KVA_LIST_NAME)
+};
+
+
 static double
 kva_load(const kva_candidate_t *c, double mean_weight)
 {
@@ -186,14 +191,5 @@ kva_fill_get(const kva_fill_t *f, uint64_t now, uint64_t tau)
 const char *
 kva_score_why(kva_why_e why)
 {
-    switch (why) {
-    case KVA_WHY_AFFINITY:
-        return "affinity";
-    case KVA_WHY_GATE:
-        return "gate";
-    case KVA_WHY_CAPACITY:
-        return "capacity";
-    default:
-        return "load";
-    }
+    return kva_why_names[(unsigned) why < KVA_WHY_LAST ? why : KVA_WHY_LOAD];
 }

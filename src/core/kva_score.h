@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include "kva_list.h"
+
 
 typedef struct {
     double              overlap_weight;   /* one block to recompute, in load */
@@ -41,13 +43,23 @@ typedef struct {
 } kva_fill_t;
 
 
+/*
+ * Why a server was chosen: no server held any block (load), for the
+ * blocks it holds (affinity), affinity overruled by the gate (gate), a
+ * small match placed by fill (capacity).  kva_why_names[] in this order.
+ */
+#define KVA_WHYS(X)                                                           \
+    X(KVA_WHY_LOAD, "load")                                                   \
+    X(KVA_WHY_AFFINITY, "affinity")                                           \
+    X(KVA_WHY_GATE, "gate")                                                   \
+    X(KVA_WHY_CAPACITY, "capacity")
+
 typedef enum {
-    KVA_WHY_LOAD = 0,                     /* no server held any block */
-    KVA_WHY_AFFINITY,                     /* chosen for the blocks it holds */
-    KVA_WHY_GATE,                         /* affinity overruled by the gate */
-    KVA_WHY_CAPACITY,                     /* a small match: placed by fill */
+    KVA_WHYS(KVA_LIST_ENUM)
     KVA_WHY_LAST
 } kva_why_e;
+
+extern const char  *const kva_why_names[];
 
 
 /*

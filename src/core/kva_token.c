@@ -14,6 +14,11 @@
 #define KVA_TOKEN_PIECE_IDS  (KVA_HASH_PIECE / 4)
 
 
+const char  *const kva_tokenize_names[] = {
+    KVA_TOKENIZE_RESULTS(KVA_LIST_NAME)
+};
+
+
 uint64_t
 kva_token_seed(const uint8_t *model, size_t model_len)
 {

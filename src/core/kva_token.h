@@ -21,6 +21,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kva_list.h"
+
+
+/*
+ * What became of a request's call to the tokenizer (kv_aware_tokenize):
+ * ids, or one of the two fallbacks.  kva_tokenize_names[] in this order.
+ */
+#define KVA_TOKENIZE_RESULTS(X)                                               \
+    X(KVA_TOKENIZE_OK, "ok")                                                  \
+    X(KVA_TOKENIZE_FAILED, "failed")                                          \
+    X(KVA_TOKENIZE_TIMEOUT, "timeout")
+
+typedef enum {
+    KVA_TOKENIZE_RESULTS(KVA_LIST_ENUM)
+    KVA_TOKENIZE_LAST
+} kva_tokenize_e;
+
+extern const char  *const kva_tokenize_names[];
+
 
 /* key spaces never share hashes: text's seed is "kva-text" */
 #define KVA_KEYSPACE_TOKENS  0x6b76612d746f6b73ULL   /* "kva-toks" */
