@@ -55,7 +55,7 @@ static ngx_uint_t ngx_http_kv_aware_planned(ngx_http_kv_aware_peer_data_t *kp,
     ngx_http_kv_aware_pick_t *picks, ngx_uint_t n);
 static void ngx_http_kv_aware_hash_request(ngx_http_request_t *r,
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx);
-static void ngx_http_kv_aware_weigh(ngx_http_kv_aware_srv_conf_t *kcf,
+static void ngx_http_kv_aware_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
     ngx_uint_t n, kva_clock_t *clk, kva_candidate_t *cand);
 static ngx_uint_t ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
@@ -273,7 +273,10 @@ ngx_http_kv_aware_ranking(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    ngx_http_kv_aware_weigh(kcf, ctx, picks, n, &clk, cand);
+    ngx_http_kv_aware_clock(kcf, &clk);
+
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+    ngx_http_kv_aware_weigh_locked(kcf, ctx, picks, n, &clk, cand);
     ngx_shmtx_unlock(&kcf->shpool->mutex);
 
     /* the one kv_aware would pick first (ties broken alike), then by cost */
@@ -656,10 +659,11 @@ ngx_http_kv_aware_planned(ngx_http_kv_aware_peer_data_t *kp,
 
 /*
  * Looks the prompt up for the candidates and fills cand[]: the blocks
- * each holds, its load.  Returns with the zone's lock held.
+ * each holds, its load.  Called with the zone's lock held, and returns
+ * with it held; a long prompt lets it go between pieces.
  */
 static void
-ngx_http_kv_aware_weigh(ngx_http_kv_aware_srv_conf_t *kcf,
+ngx_http_kv_aware_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
     ngx_uint_t n, kva_clock_t *clk, kva_candidate_t *cand)
 {
@@ -678,10 +682,6 @@ ngx_http_kv_aware_weigh(ngx_http_kv_aware_srv_conf_t *kcf,
     for (i = 0; i < n; i++) {
         mask |= 1ULL << picks[i].slot;
     }
-
-    ngx_http_kv_aware_clock(kcf, clk);
-
-    ngx_shmtx_lock(&kcf->shpool->mutex);
 
     /* the lookup too goes a piece per hold of the lock */
     for (from = 0; from < nblocks && mask; from = piece) {
@@ -743,7 +743,11 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     ctx = kp->ctx;
     nblocks = ctx->nblocks;
 
-    ngx_http_kv_aware_weigh(kcf, ctx, picks, n, &clk, cand);
+    ngx_http_kv_aware_clock(kcf, &clk);
+
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+
+    ngx_http_kv_aware_weigh_locked(kcf, ctx, picks, n, &clk, cand);
 
     best = kva_score_pick(&kcf->score, cand, n, nblocks,
                           (uint32_t) ngx_random(), &ctx->why);
