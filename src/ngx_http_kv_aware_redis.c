@@ -1,12 +1,10 @@
 /*
  * ngx_http_kv_aware_module: the Redis link, hiredis async on the nginx
- * event loop.  The only file that includes hiredis.
+ * event loop (ngx_http_kv_aware_redis_loop.c puts it there).
  *
  * Two connections per upstream, in one worker: a subscriber for the KV
  * events and a publisher for resync requests and liveness pings (a
- * subscribed connection cannot PUBLISH).  hiredis owns each socket: we
- * wrap its fd in an ngx_connection_t for the event loop, and on cleanup
- * give the connection back without closing the fd, which hiredis does.
+ * subscribed connection cannot PUBLISH).
  *
  * hiredis 0.14 has no timeouts, so connect and read timeouts are nginx
  * timers.  A subscriber that is silent is normal, so liveness is checked
@@ -14,48 +12,17 @@
  */
 
 #include "ngx_http_kv_aware_redis.h"
-
-#include <hiredis/hiredis.h>
-#include <hiredis/async.h>
+#include "ngx_http_kv_aware_redis_link.h"
 
 
 #define NGX_HTTP_KV_AWARE_BACKOFF_MIN   100
 #define NGX_HTTP_KV_AWARE_BACKOFF_MAX   3000
 
 
-typedef struct {
-    ngx_http_kv_aware_redis_t     *redis;
-    redisAsyncContext             *ac;
-    ngx_connection_t              *c;
-    ngx_event_t                    retry;     /* reconnect after backoff */
-    ngx_event_t                    watch;     /* connect timeout, pings */
-    ngx_msec_t                     backoff;
-    unsigned                       subscriber:1;
-    unsigned                       connected:1;
-    unsigned                       ready:1;   /* authenticated, subscribed */
-    unsigned                       ping_out:1;
-    unsigned                       closing:1; /* we free it: no callbacks */
-} ngx_http_kv_aware_link_t;
-
-
-struct ngx_http_kv_aware_redis_s {
-    ngx_http_kv_aware_redis_conf_t      *conf;
-    ngx_http_kv_aware_redis_stats_t     *stats;
-    ngx_http_kv_aware_redis_handlers_t   handlers;
-    ngx_log_t                           *log;
-    ngx_http_kv_aware_link_t             sub;
-    ngx_http_kv_aware_link_t             pub;
-    ngx_str_t                            ping_channel;   /* NUL-terminated */
-    unsigned                             stopping:1;
-};
-
-
 static void ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link);
 static void ngx_http_kv_aware_link_lost(ngx_http_kv_aware_link_t *link,
     const char *why);
 static void ngx_http_kv_aware_link_close(ngx_http_kv_aware_link_t *link);
-static ngx_int_t ngx_http_kv_aware_link_attach(
-    ngx_http_kv_aware_link_t *link);
 static void ngx_http_kv_aware_link_send_setup(ngx_http_kv_aware_link_t *link);
 static void ngx_http_kv_aware_on_connect(const redisAsyncContext *ac,
     int status);
@@ -65,15 +32,8 @@ static void ngx_http_kv_aware_on_auth(redisAsyncContext *ac, void *r,
     void *data);
 static void ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r,
     void *data);
-static void ngx_http_kv_aware_read_handler(ngx_event_t *ev);
-static void ngx_http_kv_aware_write_handler(ngx_event_t *ev);
 static void ngx_http_kv_aware_retry_handler(ngx_event_t *ev);
 static void ngx_http_kv_aware_watch_handler(ngx_event_t *ev);
-static void ngx_http_kv_aware_ev_add_read(void *data);
-static void ngx_http_kv_aware_ev_del_read(void *data);
-static void ngx_http_kv_aware_ev_add_write(void *data);
-static void ngx_http_kv_aware_ev_del_write(void *data);
-static void ngx_http_kv_aware_ev_cleanup(void *data);
 static void ngx_http_kv_aware_set_state(ngx_http_kv_aware_redis_t *rd);
 
 
@@ -206,55 +166,19 @@ ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link)
     ac->data = link;
     link->ac = ac;
 
-    if (ngx_http_kv_aware_link_attach(link) != NGX_OK) {
+    if (ngx_http_kv_aware_redis_attach(link) != NGX_OK) {
         link->ac = NULL;
         redisAsyncFree(ac);
         ngx_http_kv_aware_link_lost(link, "cannot attach to event loop");
         return;
     }
 
-    ngx_http_kv_aware_link_send_setup(link);
-
-    ngx_add_timer(&link->watch, conf->connect_timeout);
-}
-
-
-static ngx_int_t
-ngx_http_kv_aware_link_attach(ngx_http_kv_aware_link_t *link)
-{
-    ngx_connection_t   *c;
-    redisAsyncContext  *ac;
-
-    ac = link->ac;
-
-    c = ngx_get_connection(ac->c.fd, link->redis->log);
-    if (c == NULL) {
-        return NGX_ERROR;
-    }
-
-    c->data = link;
-    c->log = link->redis->log;
-    c->read->log = c->log;
-    c->write->log = c->log;
-    c->read->handler = ngx_http_kv_aware_read_handler;
-    c->write->handler = ngx_http_kv_aware_write_handler;
-
-    /* graceful shutdown closes idle connections: let it close ours */
-    c->idle = 1;
-
-    link->c = c;
-
-    ac->ev.data = link;
-    ac->ev.addRead = ngx_http_kv_aware_ev_add_read;
-    ac->ev.delRead = ngx_http_kv_aware_ev_del_read;
-    ac->ev.addWrite = ngx_http_kv_aware_ev_add_write;
-    ac->ev.delWrite = ngx_http_kv_aware_ev_del_write;
-    ac->ev.cleanup = ngx_http_kv_aware_ev_cleanup;
-
     redisAsyncSetConnectCallback(ac, ngx_http_kv_aware_on_connect);
     redisAsyncSetDisconnectCallback(ac, ngx_http_kv_aware_on_disconnect);
 
-    return NGX_OK;
+    ngx_http_kv_aware_link_send_setup(link);
+
+    ngx_add_timer(&link->watch, conf->connect_timeout);
 }
 
 
@@ -565,42 +489,6 @@ ngx_http_kv_aware_set_state(ngx_http_kv_aware_redis_t *rd)
 
 
 static void
-ngx_http_kv_aware_read_handler(ngx_event_t *ev)
-{
-    ngx_connection_t           *c = ev->data;
-    ngx_http_kv_aware_link_t   *link = c->data;
-    ngx_http_kv_aware_redis_t  *rd;
-
-    rd = link->redis;
-
-    if (c->close && !rd->stopping) {
-        /* graceful shutdown: the consumer keeps the link or lets it go */
-        rd->handlers.closing(rd->handlers.data);
-
-        if (rd->stopping) {
-            return;
-        }
-    }
-
-    if (link->ac) {
-        redisAsyncHandleRead(link->ac);
-    }
-}
-
-
-static void
-ngx_http_kv_aware_write_handler(ngx_event_t *ev)
-{
-    ngx_connection_t          *c = ev->data;
-    ngx_http_kv_aware_link_t  *link = c->data;
-
-    if (link->ac) {
-        redisAsyncHandleWrite(link->ac);
-    }
-}
-
-
-static void
 ngx_http_kv_aware_retry_handler(ngx_event_t *ev)
 {
     ngx_http_kv_aware_link_t  *link = ev->data;
@@ -661,79 +549,4 @@ ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
     }
 
     ngx_add_timer(&link->watch, conf->read_timeout);
-}
-
-
-static void
-ngx_http_kv_aware_ev_add_read(void *data)
-{
-    ngx_http_kv_aware_link_t  *link = data;
-
-    /* level-triggered: hiredis reads once per call, not until EAGAIN */
-    if (!link->c->read->active) {
-        (void) ngx_add_event(link->c->read, NGX_READ_EVENT, NGX_LEVEL_EVENT);
-    }
-}
-
-
-static void
-ngx_http_kv_aware_ev_del_read(void *data)
-{
-    ngx_http_kv_aware_link_t  *link = data;
-
-    if (link->c->read->active) {
-        (void) ngx_del_event(link->c->read, NGX_READ_EVENT, 0);
-    }
-}
-
-
-static void
-ngx_http_kv_aware_ev_add_write(void *data)
-{
-    ngx_http_kv_aware_link_t  *link = data;
-
-    if (!link->c->write->active) {
-        (void) ngx_add_event(link->c->write, NGX_WRITE_EVENT,
-                             NGX_LEVEL_EVENT);
-    }
-}
-
-
-static void
-ngx_http_kv_aware_ev_del_write(void *data)
-{
-    ngx_http_kv_aware_link_t  *link = data;
-
-    if (link->c->write->active) {
-        (void) ngx_del_event(link->c->write, NGX_WRITE_EVENT, 0);
-    }
-}
-
-
-/* hiredis is freeing the context and will close the fd itself */
-static void
-ngx_http_kv_aware_ev_cleanup(void *data)
-{
-    ngx_http_kv_aware_link_t  *link = data;
-
-    ngx_connection_t  *c;
-
-    c = link->c;
-
-    if (c == NULL) {
-        return;
-    }
-
-    link->c = NULL;
-
-    if (c->read->active) {
-        (void) ngx_del_event(c->read, NGX_READ_EVENT, 0);
-    }
-
-    if (c->write->active) {
-        (void) ngx_del_event(c->write, NGX_WRITE_EVENT, 0);
-    }
-
-    c->fd = (ngx_socket_t) -1;
-    ngx_free_connection(c);
 }
