@@ -54,6 +54,25 @@ ngx_http_kv_aware_share_queue(ngx_http_kv_aware_srv_conf_t *kcf,
 }
 
 
+/* what the sending takes out of the ring goes here, a ring at most */
+ngx_int_t
+ngx_http_kv_aware_share_init(ngx_http_kv_aware_share_channel_t *sc,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_pool_t *pool)
+{
+    sc->kcf = kcf;
+
+    sc->hashes = ngx_palloc(pool, NGX_HTTP_KV_AWARE_SHARE_RING
+                                  * sizeof(uint64_t));
+    sc->slots = ngx_palloc(pool, NGX_HTTP_KV_AWARE_SHARE_RING);
+
+    if (sc->hashes == NULL || sc->slots == NULL) {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
 /*
  * The subscribing worker takes what queued up, a ring at most per tick
  * (so what goes out is bounded by the ring's size every SHARE_EVERY ms),

@@ -67,9 +67,11 @@ void ngx_http_kv_aware_share_queue(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, const uint64_t *hashes, ngx_uint_t n);
 
 /*
- * The subscribing worker: its timer (the data is the channel), and the
- * messages on CHANNEL:learned.
+ * The subscribing worker: the channel made at its start, its timer (the
+ * data is the channel), and the messages on CHANNEL:learned.
  */
+ngx_int_t ngx_http_kv_aware_share_init(ngx_http_kv_aware_share_channel_t *sc,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_pool_t *pool);
 void ngx_http_kv_aware_share_tick(ngx_event_t *ev);
 void ngx_http_kv_aware_share_message(ngx_http_kv_aware_share_channel_t *sc,
     u_char *msg, size_t len);

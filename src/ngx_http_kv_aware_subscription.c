@@ -178,7 +178,6 @@ ngx_http_kv_aware_subscriber_start(ngx_cycle_t *cycle,
 
     sub->kcf = kcf;
     sub->events.kcf = kcf;
-    sub->share.kcf = kcf;
 
     sub->next = ngx_http_kv_aware_subscribers;
     ngx_http_kv_aware_subscribers = sub;
@@ -196,13 +195,9 @@ ngx_http_kv_aware_subscriber_start(ngx_cycle_t *cycle,
     ngx_add_timer(&sub->tick, NGX_HTTP_KV_AWARE_TICK);
 
     if (ecf->share) {
-        sub->share.hashes = ngx_palloc(cycle->pool,
-                                       NGX_HTTP_KV_AWARE_SHARE_RING
-                                       * sizeof(uint64_t));
-        sub->share.slots = ngx_palloc(cycle->pool,
-                                      NGX_HTTP_KV_AWARE_SHARE_RING);
-
-        if (sub->share.hashes == NULL || sub->share.slots == NULL) {
+        if (ngx_http_kv_aware_share_init(&sub->share, kcf, cycle->pool)
+            != NGX_OK)
+        {
             return NGX_ERROR;
         }
 
