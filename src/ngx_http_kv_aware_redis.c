@@ -12,17 +12,45 @@
  */
 
 #include "ngx_http_kv_aware_redis.h"
-#include "ngx_http_kv_aware_redis_link.h"
+#include "ngx_http_kv_aware_redis_loop.h"
 
 
 #define NGX_HTTP_KV_AWARE_BACKOFF_MIN   100
 #define NGX_HTTP_KV_AWARE_BACKOFF_MAX   3000
 
 
+/* one connection to Redis: the subscriber or the publisher */
+typedef struct {
+    ngx_http_kv_aware_redis_conn_t   conn;      /* hiredis, on the loop */
+    ngx_http_kv_aware_redis_t       *redis;
+    ngx_event_t                      retry;     /* reconnect after backoff */
+    ngx_event_t                      watch;     /* connect timeout, pings */
+    ngx_msec_t                       backoff;
+    unsigned                         subscriber:1;
+    unsigned                         connected:1;
+    unsigned                         ready:1;   /* authenticated, subscribed */
+    unsigned                         ping_out:1;
+    unsigned                         closing:1; /* we free it: no callbacks */
+} ngx_http_kv_aware_link_t;
+
+
+struct ngx_http_kv_aware_redis_s {
+    ngx_http_kv_aware_redis_conf_t      *conf;
+    ngx_http_kv_aware_redis_stats_t     *stats;
+    ngx_http_kv_aware_redis_handlers_t   handlers;
+    ngx_log_t                           *log;
+    ngx_http_kv_aware_link_t             sub;
+    ngx_http_kv_aware_link_t             pub;
+    ngx_str_t                            ping_channel;   /* NUL-terminated */
+    unsigned                             stopping:1;
+};
+
+
 static void ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link);
 static void ngx_http_kv_aware_link_lost(ngx_http_kv_aware_link_t *link,
     const char *why);
 static void ngx_http_kv_aware_link_close(ngx_http_kv_aware_link_t *link);
+static ngx_int_t ngx_http_kv_aware_link_closing(void *data);
 static void ngx_http_kv_aware_link_send_setup(ngx_http_kv_aware_link_t *link);
 static void ngx_http_kv_aware_on_connect(const redisAsyncContext *ac,
     int status);
@@ -84,6 +112,10 @@ ngx_http_kv_aware_redis_start(ngx_cycle_t *cycle,
         links[i]->redis = rd;
         links[i]->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
 
+        links[i]->conn.log = cycle->log;
+        links[i]->conn.closing = ngx_http_kv_aware_link_closing;
+        links[i]->conn.data = links[i];
+
         links[i]->retry.handler = ngx_http_kv_aware_retry_handler;
         links[i]->retry.data = links[i];
         links[i]->retry.log = cycle->log;
@@ -131,7 +163,7 @@ ngx_http_kv_aware_redis_publish(ngx_http_kv_aware_redis_t *rd,
         return NGX_DECLINED;
     }
 
-    if (redisAsyncCommand(rd->pub.ac, NULL, NULL, "PUBLISH %b %b",
+    if (redisAsyncCommand(rd->pub.conn.ac, NULL, NULL, "PUBLISH %b %b",
                           channel->data, channel->len, data, len)
         != REDIS_OK)
     {
@@ -164,10 +196,10 @@ ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link)
     }
 
     ac->data = link;
-    link->ac = ac;
+    link->conn.ac = ac;
 
-    if (ngx_http_kv_aware_redis_attach(link) != NGX_OK) {
-        link->ac = NULL;
+    if (ngx_http_kv_aware_redis_attach(&link->conn) != NGX_OK) {
+        link->conn.ac = NULL;
         redisAsyncFree(ac);
         ngx_http_kv_aware_link_lost(link, "cannot attach to event loop");
         return;
@@ -190,7 +222,7 @@ ngx_http_kv_aware_link_send_setup(ngx_http_kv_aware_link_t *link)
     ngx_http_kv_aware_redis_t       *rd;
     ngx_http_kv_aware_redis_conf_t  *conf;
 
-    ac = link->ac;
+    ac = link->conn.ac;
     rd = link->redis;
     conf = rd->conf;
 
@@ -239,7 +271,7 @@ ngx_http_kv_aware_on_connect(const redisAsyncContext *ac, int status)
 
     if (status != REDIS_OK) {
         /* hiredis frees the context after this callback */
-        link->ac = NULL;
+        link->conn.ac = NULL;
         ngx_http_kv_aware_link_lost(link, ac->errstr);
         return;
     }
@@ -270,7 +302,7 @@ ngx_http_kv_aware_on_disconnect(const redisAsyncContext *ac, int status)
     ngx_http_kv_aware_link_t  *link = ac->data;
 
     /* hiredis frees the context after this callback */
-    link->ac = NULL;
+    link->conn.ac = NULL;
 
     if (!link->redis->stopping && !link->closing) {
         ngx_http_kv_aware_link_lost(link, status == REDIS_OK
@@ -457,8 +489,8 @@ ngx_http_kv_aware_link_close(ngx_http_kv_aware_link_t *link)
         ngx_del_timer(&link->watch);
     }
 
-    ac = link->ac;
-    link->ac = NULL;
+    ac = link->conn.ac;
+    link->conn.ac = NULL;
 
     if (ac) {
         /* never called from inside a hiredis callback */
@@ -466,6 +498,26 @@ ngx_http_kv_aware_link_close(ngx_http_kv_aware_link_t *link)
         redisAsyncFree(ac);
         link->closing = 0;
     }
+}
+
+
+/* graceful shutdown: the consumer keeps the link or lets it go */
+static ngx_int_t
+ngx_http_kv_aware_link_closing(void *data)
+{
+    ngx_http_kv_aware_link_t  *link = data;
+
+    ngx_http_kv_aware_redis_t  *rd;
+
+    rd = link->redis;
+
+    if (rd->stopping) {
+        return NGX_OK;
+    }
+
+    rd->handlers.closing(rd->handlers.data);
+
+    return rd->stopping ? NGX_DONE : NGX_OK;
 }
 
 
@@ -541,7 +593,7 @@ ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
     }
 
     if (rd->pub.ready
-        && redisAsyncCommand(rd->pub.ac, NULL, NULL, "PUBLISH %b ping",
+        && redisAsyncCommand(rd->pub.conn.ac, NULL, NULL, "PUBLISH %b ping",
                              rd->ping_channel.data, rd->ping_channel.len)
            == REDIS_OK)
     {

@@ -1,6 +1,6 @@
 /*
- * ngx_http_kv_aware_module: a Redis link's hiredis context on nginx's
- * event loop (the way Nchan's adapter does it).
+ * ngx_http_kv_aware_module: a hiredis context on nginx's event loop; see
+ * the header.
  *
  * hiredis owns each socket: we wrap its fd in an ngx_connection_t for the
  * event loop, hiredis asks for read and write events through the hooks
@@ -8,7 +8,7 @@
  * fd, which hiredis does.
  */
 
-#include "ngx_http_kv_aware_redis_link.h"
+#include "ngx_http_kv_aware_redis_loop.h"
 
 
 static void ngx_http_kv_aware_read_handler(ngx_event_t *ev);
@@ -21,20 +21,20 @@ static void ngx_http_kv_aware_ev_cleanup(void *data);
 
 
 ngx_int_t
-ngx_http_kv_aware_redis_attach(ngx_http_kv_aware_link_t *link)
+ngx_http_kv_aware_redis_attach(ngx_http_kv_aware_redis_conn_t *conn)
 {
     ngx_connection_t   *c;
     redisAsyncContext  *ac;
 
-    ac = link->ac;
+    ac = conn->ac;
 
-    c = ngx_get_connection(ac->c.fd, link->redis->log);
+    c = ngx_get_connection(ac->c.fd, conn->log);
     if (c == NULL) {
         return NGX_ERROR;
     }
 
-    c->data = link;
-    c->log = link->redis->log;
+    c->data = conn;
+    c->log = conn->log;
     c->read->log = c->log;
     c->write->log = c->log;
     c->read->handler = ngx_http_kv_aware_read_handler;
@@ -43,9 +43,9 @@ ngx_http_kv_aware_redis_attach(ngx_http_kv_aware_link_t *link)
     /* graceful shutdown closes idle connections: let it close ours */
     c->idle = 1;
 
-    link->c = c;
+    conn->c = c;
 
-    ac->ev.data = link;
+    ac->ev.data = conn;
     ac->ev.addRead = ngx_http_kv_aware_ev_add_read;
     ac->ev.delRead = ngx_http_kv_aware_ev_del_read;
     ac->ev.addWrite = ngx_http_kv_aware_ev_add_write;
@@ -59,23 +59,16 @@ ngx_http_kv_aware_redis_attach(ngx_http_kv_aware_link_t *link)
 static void
 ngx_http_kv_aware_read_handler(ngx_event_t *ev)
 {
-    ngx_connection_t           *c = ev->data;
-    ngx_http_kv_aware_link_t   *link = c->data;
-    ngx_http_kv_aware_redis_t  *rd;
+    ngx_connection_t                *c = ev->data;
+    ngx_http_kv_aware_redis_conn_t  *conn = c->data;
 
-    rd = link->redis;
-
-    if (c->close && !rd->stopping) {
-        /* graceful shutdown: the consumer keeps the link or lets it go */
-        rd->handlers.closing(rd->handlers.data);
-
-        if (rd->stopping) {
-            return;
-        }
+    /* graceful shutdown: the owner keeps the connection or lets it go */
+    if (c->close && conn->closing(conn->data) == NGX_DONE) {
+        return;
     }
 
-    if (link->ac) {
-        redisAsyncHandleRead(link->ac);
+    if (conn->ac) {
+        redisAsyncHandleRead(conn->ac);
     }
 }
 
@@ -83,11 +76,11 @@ ngx_http_kv_aware_read_handler(ngx_event_t *ev)
 static void
 ngx_http_kv_aware_write_handler(ngx_event_t *ev)
 {
-    ngx_connection_t          *c = ev->data;
-    ngx_http_kv_aware_link_t  *link = c->data;
+    ngx_connection_t                *c = ev->data;
+    ngx_http_kv_aware_redis_conn_t  *conn = c->data;
 
-    if (link->ac) {
-        redisAsyncHandleWrite(link->ac);
+    if (conn->ac) {
+        redisAsyncHandleWrite(conn->ac);
     }
 }
 
@@ -95,11 +88,11 @@ ngx_http_kv_aware_write_handler(ngx_event_t *ev)
 static void
 ngx_http_kv_aware_ev_add_read(void *data)
 {
-    ngx_http_kv_aware_link_t  *link = data;
+    ngx_http_kv_aware_redis_conn_t  *conn = data;
 
     /* level-triggered: hiredis reads once per call, not until EAGAIN */
-    if (!link->c->read->active) {
-        (void) ngx_add_event(link->c->read, NGX_READ_EVENT, NGX_LEVEL_EVENT);
+    if (!conn->c->read->active) {
+        (void) ngx_add_event(conn->c->read, NGX_READ_EVENT, NGX_LEVEL_EVENT);
     }
 }
 
@@ -107,10 +100,10 @@ ngx_http_kv_aware_ev_add_read(void *data)
 static void
 ngx_http_kv_aware_ev_del_read(void *data)
 {
-    ngx_http_kv_aware_link_t  *link = data;
+    ngx_http_kv_aware_redis_conn_t  *conn = data;
 
-    if (link->c->read->active) {
-        (void) ngx_del_event(link->c->read, NGX_READ_EVENT, 0);
+    if (conn->c->read->active) {
+        (void) ngx_del_event(conn->c->read, NGX_READ_EVENT, 0);
     }
 }
 
@@ -118,10 +111,10 @@ ngx_http_kv_aware_ev_del_read(void *data)
 static void
 ngx_http_kv_aware_ev_add_write(void *data)
 {
-    ngx_http_kv_aware_link_t  *link = data;
+    ngx_http_kv_aware_redis_conn_t  *conn = data;
 
-    if (!link->c->write->active) {
-        (void) ngx_add_event(link->c->write, NGX_WRITE_EVENT,
+    if (!conn->c->write->active) {
+        (void) ngx_add_event(conn->c->write, NGX_WRITE_EVENT,
                              NGX_LEVEL_EVENT);
     }
 }
@@ -130,10 +123,10 @@ ngx_http_kv_aware_ev_add_write(void *data)
 static void
 ngx_http_kv_aware_ev_del_write(void *data)
 {
-    ngx_http_kv_aware_link_t  *link = data;
+    ngx_http_kv_aware_redis_conn_t  *conn = data;
 
-    if (link->c->write->active) {
-        (void) ngx_del_event(link->c->write, NGX_WRITE_EVENT, 0);
+    if (conn->c->write->active) {
+        (void) ngx_del_event(conn->c->write, NGX_WRITE_EVENT, 0);
     }
 }
 
@@ -142,17 +135,17 @@ ngx_http_kv_aware_ev_del_write(void *data)
 static void
 ngx_http_kv_aware_ev_cleanup(void *data)
 {
-    ngx_http_kv_aware_link_t  *link = data;
+    ngx_http_kv_aware_redis_conn_t  *conn = data;
 
     ngx_connection_t  *c;
 
-    c = link->c;
+    c = conn->c;
 
     if (c == NULL) {
         return;
     }
 
-    link->c = NULL;
+    conn->c = NULL;
 
     if (c->read->active) {
         (void) ngx_del_event(c->read, NGX_READ_EVENT, 0);
