@@ -46,9 +46,5 @@ ngx_int_t ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
 ngx_int_t ngx_http_kv_aware_plan_rank(ngx_http_request_t *r,
     ngx_uint_t *rank);
 
-/* "addr cost,addr cost,...", best first; NGX_DECLINED: no servers */
-ngx_int_t ngx_http_kv_aware_ranking(ngx_http_request_t *r,
-    ngx_http_kv_aware_srv_conf_t *kcf, ngx_str_t *out);
-
 
 #endif /* _NGX_HTTP_KV_AWARE_BALANCER_H_INCLUDED_ */

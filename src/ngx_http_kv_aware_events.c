@@ -7,14 +7,16 @@
  * trusting that server's events and ask it for a snapshot (resync); until
  * the snapshot is in, routing for it uses what nginx learned by routing.
  *
- * The functions here are the Redis link's handlers (the subscription
- * gives them to it): a message goes redis -> events -> the core, and
- * nothing here calls back into the link but to publish a resync.
+ * The subscription calls these for what the Redis link reports, once it
+ * knows that this subscriber is the one to apply: a message goes redis ->
+ * subscription -> events -> the core, and nothing here calls back into
+ * the link but to publish a resync.
  */
 
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_redis.h"
+#include "ngx_http_kv_aware_budget.h"
 #include "ngx_http_kv_aware_events.h"
 
 #include "kva_event.h"
@@ -32,106 +34,29 @@
 #define NGX_HTTP_KV_AWARE_SCAN_BUDGET   4000000
 
 
-static void ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf,
+static void ngx_http_kv_aware_apply(ngx_http_kv_aware_event_path_t *ep,
     ngx_uint_t slot, kva_batch_t *b);
 static void ngx_http_kv_aware_set_ev_state(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, ngx_uint_t state);
-static void ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf,
+static void ngx_http_kv_aware_resync(ngx_http_kv_aware_event_path_t *ep,
     ngx_uint_t slot);
-static void ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
+static void ngx_http_kv_aware_reject(ngx_http_kv_aware_event_path_t *ep,
     ngx_http_kv_aware_reject_e why, const char *detail, size_t len);
 static ngx_uint_t ngx_http_kv_aware_scans(kva_batch_t *b, size_t *first);
 static void ngx_http_kv_aware_apply_hashes(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, kva_batch_t *b, size_t first);
 static ngx_uint_t ngx_http_kv_aware_over_budget(
-    ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot, size_t len,
+    ngx_http_kv_aware_event_path_t *ep, ngx_uint_t slot, size_t len,
     kva_batch_t *b);
 static void ngx_http_kv_aware_degrade(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot);
-static ngx_uint_t ngx_http_kv_aware_applier(
-    ngx_http_kv_aware_srv_conf_t *kcf);
-static void ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
-    u_char *msg, size_t len);
 static char *ngx_http_kv_aware_rank_text(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_slot_t *sl, u_char *buf);
-static void ngx_http_kv_aware_hold(ngx_http_kv_aware_events_conf_t *ecf,
-    u_char *msg, size_t len);
 
 
-/* what ngx_http_kv_aware_applier() says of a message */
-#define NGX_HTTP_KV_AWARE_SKIP   0      /* the other subscriber's */
-#define NGX_HTTP_KV_AWARE_APPLY  1
-#define NGX_HTTP_KV_AWARE_HOLD   2      /* the old one may still apply it */
-
-
+/* a message this subscriber is to apply */
 void
-ngx_http_kv_aware_events_message(void *data, u_char *msg, size_t len)
-{
-    ngx_http_kv_aware_srv_conf_t *kcf = data;
-
-    ngx_uint_t                        i, n;
-    ngx_http_kv_aware_events_conf_t  *ecf;
-
-    ecf = kcf->events;
-
-    switch (ngx_http_kv_aware_applier(kcf)) {
-
-    case NGX_HTTP_KV_AWARE_HOLD:
-        ngx_http_kv_aware_hold(ecf, msg, len);
-        return;
-
-    case NGX_HTTP_KV_AWARE_SKIP:
-        return;
-
-    default:
-        break;
-    }
-
-    /* taken over: first what came while the old subscriber applied */
-
-    n = ecf->nheld;
-    ecf->nheld = 0;
-    ecf->held_bytes = 0;
-
-    for (i = 0; i < n; i++) {
-        ngx_http_kv_aware_apply_message(kcf, ecf->held[i].msg,
-                                        ecf->held[i].len);
-        ngx_free(ecf->held[i].msg);
-    }
-
-    ngx_http_kv_aware_apply_message(kcf, msg, len);
-}
-
-
-static void
-ngx_http_kv_aware_hold(ngx_http_kv_aware_events_conf_t *ecf, u_char *msg,
-    size_t len)
-{
-    u_char  *copy;
-
-    /* past the bound, what is lost shows as a gap: a resync mends it */
-
-    if (ecf->nheld == NGX_HTTP_KV_AWARE_HELD_MAX
-        || ecf->held_bytes + len > NGX_HTTP_KV_AWARE_HELD_BYTES)
-    {
-        return;
-    }
-
-    copy = ngx_alloc(len ? len : 1, ngx_cycle->log);
-    if (copy == NULL) {
-        return;
-    }
-
-    ngx_memcpy(copy, msg, len);
-    ecf->held[ecf->nheld].msg = copy;
-    ecf->held[ecf->nheld].len = len;
-    ecf->nheld++;
-    ecf->held_bytes += len;
-}
-
-
-static void
-ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
+ngx_http_kv_aware_events_message(ngx_http_kv_aware_event_path_t *ep,
     u_char *msg, size_t len)
 {
     char                              err[128];
@@ -140,21 +65,14 @@ ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_slot_t         *sl;
     kva_event_rc_e                    rc;
     kva_event_limits_t                lim;
+    ngx_http_kv_aware_srv_conf_t     *kcf;
     ngx_http_kv_aware_events_conf_t  *ecf;
 
+    kcf = ep->kcf;
     ecf = kcf->events;
 
-    /* a flood is cut off before it costs a parse */
-    if (ngx_current_msec - ecf->rate_start >= 1000) {
-        ecf->rate_start = ngx_current_msec;
-        ecf->rate_count = 0;
-        ecf->scanned = 0;
-        ngx_memzero(ecf->srv_bytes, sizeof(ecf->srv_bytes));
-        ngx_memzero(ecf->srv_hashes, sizeof(ecf->srv_hashes));
-    }
-
-    if (++ecf->rate_count > ecf->max_rate) {
-        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD,
+    if (ngx_http_kv_aware_budget_rate(&ep->budget, &ecf->budget)) {
+        ngx_http_kv_aware_reject(ep, NGX_HTTP_KV_AWARE_REJ_FLOOD,
                                  "over max_rate",
                                  sizeof("over max_rate") - 1);
         return;
@@ -167,7 +85,7 @@ ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
     rc = kva_event_decode((char *) msg, len, &lim, &b, err, sizeof(err));
 
     if (rc != KVA_EVENT_OK) {
-        ngx_http_kv_aware_reject(kcf, ngx_http_kv_aware_reject_class(rc),
+        ngx_http_kv_aware_reject(ep, ngx_http_kv_aware_reject_class(rc),
                                  err, ngx_strlen(err));
         return;
     }
@@ -176,7 +94,7 @@ ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
     if (b.keyspace != (kcf->keys == NGX_HTTP_KV_AWARE_KEYS_TOKENS
                        ? KVA_KEYSPACE_TOKEN_KEYS : KVA_KEYSPACE_TEXT_KEYS))
     {
-        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_KEYSPACE,
+        ngx_http_kv_aware_reject(ep, NGX_HTTP_KV_AWARE_REJ_KEYSPACE,
                                  kva_event_keyspace_names[b.keyspace],
                                  ngx_strlen(kva_event_keyspace_names[
                                                 b.keyspace]));
@@ -188,7 +106,7 @@ ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
                                           b.server_len, b.rank);
 
     if (slot == KVA_MAX_SLOTS) {
-        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_UNKNOWN_SERVER,
+        ngx_http_kv_aware_reject(ep, NGX_HTTP_KV_AWARE_REJ_UNKNOWN_SERVER,
                                  b.server, b.server_len);
         kva_batch_free(&b);
         return;
@@ -200,16 +118,16 @@ ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
      * Once the old subscriber has let go, the new one may still get a
      * message that the old one applied: a repeat, not a gap.
      */
-    if (ecf->took_over && sl->ev.has_seq && b.seq <= sl->ev.seq
+    if (ep->took_over && sl->ev.has_seq && b.seq <= sl->ev.seq
         && sl->ev.seq_gen != kcf->generation
-        && ngx_current_msec - ecf->took_over
+        && ngx_current_msec - ep->took_over
            < ecf->link.connect_timeout + 2 * NGX_HTTP_KV_AWARE_HANDOVER)
     {
         kva_batch_free(&b);
         return;
     }
 
-    if (ngx_http_kv_aware_over_budget(kcf, slot, len, &b)) {
+    if (ngx_http_kv_aware_over_budget(ep, slot, len, &b)) {
         kva_batch_free(&b);
         return;
     }
@@ -217,12 +135,12 @@ ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
     scan = ngx_http_kv_aware_scans(&b, NULL) * kcf->sh->index->high_water;
 
     /* the first scan of a second always passes, or a big index never syncs */
-    if (scan && ecf->scanned >= NGX_HTTP_KV_AWARE_SCAN_BUDGET) {
+    if (scan && ep->budget.scanned >= NGX_HTTP_KV_AWARE_SCAN_BUDGET) {
         /*
          * Skipping a clear is safe once the server is degraded: its event
          * entries are not trusted until a snapshot replaces them.
          */
-        ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD,
+        ngx_http_kv_aware_reject(ep, NGX_HTTP_KV_AWARE_REJ_FLOOD,
                                  "too many index clears a second",
                                  sizeof("too many index clears a second")
                                  - 1);
@@ -231,47 +149,35 @@ ngx_http_kv_aware_apply_message(ngx_http_kv_aware_srv_conf_t *kcf,
         return;
     }
 
-    ecf->scanned += scan;
+    ep->budget.scanned += scan;
 
-    ngx_http_kv_aware_apply(kcf, slot, &b);
+    ngx_http_kv_aware_apply(ep, slot, &b);
 
     kva_batch_free(&b);
 }
 
 
 /*
- * A server's own budgets a second, in bytes and in hashes: max_rate
- * counts messages whatever they cost, so one publisher could still take
- * the subscribing worker and the zone lock for itself.  Past a budget
- * the message is refused as a flood; the server has then lost events, so
- * it is degraded until a snapshot (asked for by the tick) brings it back.
+ * Past a server's budget the message is refused as a flood; the server
+ * has then lost events, so it is degraded until a snapshot (asked for by
+ * the tick) brings it back.
  */
 static ngx_uint_t
-ngx_http_kv_aware_over_budget(ngx_http_kv_aware_srv_conf_t *kcf,
+ngx_http_kv_aware_over_budget(ngx_http_kv_aware_event_path_t *ep,
     ngx_uint_t slot, size_t len, kva_batch_t *b)
 {
-    const char                       *what;
-    ngx_http_kv_aware_events_conf_t  *ecf;
+    const char  *what;
 
-    ecf = kcf->events;
-
-    /* refused messages count too: a flooding server stays cut off */
-    ecf->srv_bytes[slot] += len;
-    ecf->srv_hashes[slot] += b->hash_count;
-
-    if (ecf->srv_bytes[slot] > ecf->server_bytes) {
-        what = "server_bytes";
-
-    } else if (ecf->srv_hashes[slot] > ecf->server_hashes) {
-        what = "server_hashes";
-
-    } else {
+    what = ngx_http_kv_aware_budget_server(&ep->budget,
+                                           &ep->kcf->events->budget, slot,
+                                           len, b->hash_count);
+    if (what == NULL) {
         return 0;
     }
 
-    ngx_http_kv_aware_reject(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD, what,
+    ngx_http_kv_aware_reject(ep, NGX_HTTP_KV_AWARE_REJ_FLOOD, what,
                              ngx_strlen(what));
-    ngx_http_kv_aware_degrade(kcf, slot);
+    ngx_http_kv_aware_degrade(ep->kcf, slot);
 
     return 1;
 }
@@ -316,15 +222,17 @@ ngx_http_kv_aware_scans(kva_batch_t *b, size_t *first)
 
 
 static void
-ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
+ngx_http_kv_aware_apply(ngx_http_kv_aware_event_path_t *ep, ngx_uint_t slot,
     kva_batch_t *b)
 {
-    u_char                     rank[sizeof(" rank ") + NGX_INT_T_LEN];
-    size_t                     first;
-    uint64_t                   bit;
-    ngx_uint_t                 in_sequence;
-    ngx_http_kv_aware_slot_t  *sl;
+    u_char                         rank[sizeof(" rank ") + NGX_INT_T_LEN];
+    size_t                         first;
+    uint64_t                       bit;
+    ngx_uint_t                     in_sequence;
+    ngx_http_kv_aware_slot_t      *sl;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
 
+    kcf = ep->kcf;
     sl = &kcf->sh->slots[slot];
     bit = 1ULL << slot;
 
@@ -414,7 +322,7 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
 
         ngx_http_kv_aware_set_ev_state(kcf, slot,
                                        NGX_HTTP_KV_AWARE_EV_DEGRADED);
-        ngx_http_kv_aware_resync(kcf, slot);
+        ngx_http_kv_aware_resync(ep, slot);
         return;
     }
 
@@ -432,7 +340,7 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot,
         /* still waiting for the snapshot; ask again now and then */
         ngx_http_kv_aware_set_ev_state(kcf, slot,
                                        NGX_HTTP_KV_AWARE_EV_DEGRADED);
-        ngx_http_kv_aware_resync(kcf, slot);
+        ngx_http_kv_aware_resync(ep, slot);
     }
 }
 
@@ -510,12 +418,14 @@ ngx_http_kv_aware_set_ev_state(ngx_http_kv_aware_srv_conf_t *kcf,
 
 
 static void
-ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot)
+ngx_http_kv_aware_resync(ngx_http_kv_aware_event_path_t *ep, ngx_uint_t slot)
 {
-    char                      *msg;
-    size_t                     len;
-    ngx_http_kv_aware_slot_t  *sl;
+    char                          *msg;
+    size_t                         len;
+    ngx_http_kv_aware_slot_t      *sl;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
 
+    kcf = ep->kcf;
     sl = &kcf->sh->slots[slot];
 
     if (ngx_current_msec - sl->ev.resync < NGX_HTTP_KV_AWARE_RESYNC_EVERY
@@ -533,7 +443,7 @@ ngx_http_kv_aware_resync(ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot)
         return;
     }
 
-    if (ngx_http_kv_aware_redis_publish(kcf->events->redis,
+    if (ngx_http_kv_aware_redis_publish(ep->redis,
                                         &kcf->events->resync_channel,
                                         (u_char *) msg, len)
         == NGX_OK)
@@ -563,22 +473,22 @@ ngx_http_kv_aware_rank_text(ngx_http_kv_aware_srv_conf_t *kcf,
 
 /* counted always, logged at most once every few seconds per class */
 static void
-ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
+ngx_http_kv_aware_reject(ngx_http_kv_aware_event_path_t *ep,
     ngx_http_kv_aware_reject_e why, const char *detail, size_t len)
 {
-    ngx_atomic_uint_t                 n;
-    ngx_http_kv_aware_events_conf_t  *ecf;
+    ngx_atomic_uint_t              n;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
 
-    ecf = kcf->events;
+    kcf = ep->kcf;
     n = ngx_atomic_fetch_add(&kcf->sh->events.rejected[why], 1) + 1;
 
-    if (ngx_current_msec - ecf->logged[why] < NGX_HTTP_KV_AWARE_LOG_EVERY
-        && ecf->logged[why] != 0)
+    if (ngx_current_msec - ep->logged[why] < NGX_HTTP_KV_AWARE_LOG_EVERY
+        && ep->logged[why] != 0)
     {
         return;
     }
 
-    ecf->logged[why] = ngx_current_msec;
+    ep->logged[why] = ngx_current_msec;
 
     ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
                   "kv_aware: upstream \"%V\" ignored an event message: "
@@ -595,13 +505,13 @@ ngx_http_kv_aware_reject(ngx_http_kv_aware_srv_conf_t *kcf,
  * over from there.
  */
 void
-ngx_http_kv_aware_events_subscribed(void *data)
+ngx_http_kv_aware_events_subscribed(ngx_http_kv_aware_event_path_t *ep)
 {
-    ngx_http_kv_aware_srv_conf_t *kcf = data;
+    ngx_uint_t                     s, live;
+    ngx_http_kv_aware_shctx_t     *sh;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
 
-    ngx_uint_t                  s, live;
-    ngx_http_kv_aware_shctx_t  *sh;
-
+    kcf = ep->kcf;
     sh = kcf->sh;
     live = sh->events.sub_live;
 
@@ -609,8 +519,8 @@ ngx_http_kv_aware_events_subscribed(void *data)
         sh->events.sub_gen = kcf->generation;
     }
 
-    if (live && live < kcf->generation && kcf->events->took_over == 0) {
-        kcf->events->took_over = ngx_current_msec;
+    if (live && live < kcf->generation && ep->took_over == 0) {
+        ep->took_over = ngx_current_msec;
 
         ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
                       "kv_aware: upstream \"%V\" takes the subscription "
@@ -626,7 +536,7 @@ ngx_http_kv_aware_events_subscribed(void *data)
             ngx_http_kv_aware_set_ev_state(kcf, s,
                                            NGX_HTTP_KV_AWARE_EV_DEGRADED);
             kcf->sh->slots[s].ev.resync = 0;
-            ngx_http_kv_aware_resync(kcf, s);
+            ngx_http_kv_aware_resync(ep, s);
         }
     }
 }
@@ -634,11 +544,12 @@ ngx_http_kv_aware_events_subscribed(void *data)
 
 /* the subscription is gone: nothing said from now on will reach us */
 void
-ngx_http_kv_aware_events_lost(void *data)
+ngx_http_kv_aware_events_lost(ngx_http_kv_aware_event_path_t *ep)
 {
-    ngx_http_kv_aware_srv_conf_t *kcf = data;
+    ngx_uint_t                     s;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
 
-    ngx_uint_t  s;
+    kcf = ep->kcf;
 
     (void) ngx_atomic_cmp_set(&kcf->sh->events.sub_live, kcf->generation, 0);
 
@@ -661,11 +572,14 @@ ngx_http_kv_aware_events_lost(void *data)
 void
 ngx_http_kv_aware_events_tick(ngx_event_t *ev)
 {
-    ngx_http_kv_aware_srv_conf_t *kcf = ev->data;
+    ngx_http_kv_aware_event_path_t *ep = ev->data;
 
-    u_char                     rank[sizeof(" rank ") + NGX_INT_T_LEN];
-    ngx_uint_t                 s;
-    ngx_http_kv_aware_slot_t  *sl;
+    u_char                         rank[sizeof(" rank ") + NGX_INT_T_LEN];
+    ngx_uint_t                     s;
+    ngx_http_kv_aware_slot_t      *sl;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
+
+    kcf = ep->kcf;
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
         sl = &kcf->sh->slots[s];
@@ -692,52 +606,13 @@ ngx_http_kv_aware_events_tick(ngx_event_t *ev)
         if (sl->ev.state == NGX_HTTP_KV_AWARE_EV_DEGRADED
             || sl->ev.state == NGX_HTTP_KV_AWARE_EV_STALE)
         {
-            ngx_http_kv_aware_resync(kcf, s);
+            ngx_http_kv_aware_resync(ep, s);
         }
     }
 
     if (!(ngx_exiting || ngx_quit || ngx_terminate)) {
         ngx_add_timer(ev, NGX_HTTP_KV_AWARE_TICK);
     }
-}
-
-
-/*
- * Whether this subscriber applies what it gets.  On a reload the old
- * cycle's subscriber goes on applying until it lets go (or dies: the
- * new one waits a bounded time), so that each message is applied once
- * and in order; the new one then takes over.
- */
-static ngx_uint_t
-ngx_http_kv_aware_applier(ngx_http_kv_aware_srv_conf_t *kcf)
-{
-    ngx_uint_t                        live;
-    ngx_http_kv_aware_events_conf_t  *ecf;
-
-    ecf = kcf->events;
-    live = kcf->sh->events.sub_live;
-
-    if (live == kcf->generation) {
-        return NGX_HTTP_KV_AWARE_APPLY;
-    }
-
-    if (kcf->generation < kcf->sh->events.sub_gen) {
-        /* an old subscriber past its handover */
-        return NGX_HTTP_KV_AWARE_SKIP;
-    }
-
-    if (live && live < kcf->generation && ecf->took_over
-        && ngx_current_msec - ecf->took_over
-           < ecf->link.connect_timeout + NGX_HTTP_KV_AWARE_HANDOVER)
-    {
-        /* the old one still applies, unless it lets go before reading */
-        return NGX_HTTP_KV_AWARE_HOLD;
-    }
-
-    (void) ngx_atomic_cmp_set(&kcf->sh->events.sub_live, live, kcf->generation);
-
-    return (kcf->sh->events.sub_live == kcf->generation)
-           ? NGX_HTTP_KV_AWARE_APPLY : NGX_HTTP_KV_AWARE_SKIP;
 }
 
 

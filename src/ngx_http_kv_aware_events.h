@@ -9,6 +9,7 @@
 
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_redis.h"
+#include "ngx_http_kv_aware_budget.h"
 #include "kva_event.h"
 #include "kva_index.h"
 
@@ -21,11 +22,6 @@
  * and for this long both may see a message the other applied.
  */
 #define NGX_HTTP_KV_AWARE_HANDOVER      1000
-
-/* what a new subscriber keeps while the old one still applies */
-#define NGX_HTTP_KV_AWARE_HELD_MAX      256
-#define NGX_HTTP_KV_AWARE_HELD_BYTES    (8 * 1024 * 1024)
-
 
 /*
  * What the module knows of a server's cache, from its events: never heard
@@ -101,11 +97,6 @@ extern const char  *ngx_http_kv_aware_reject_keys[];
 extern const char  *ngx_http_kv_aware_reject_texts[];
 
 
-typedef struct {
-    u_char                         *msg;          /* ngx_alloc()ed */
-    size_t                          len;
-} ngx_http_kv_aware_held_t;
-
 
 /* kv_aware_events: where the upstream's KV events come from */
 struct ngx_http_kv_aware_events_conf_s {
@@ -116,52 +107,22 @@ struct ngx_http_kv_aware_events_conf_s {
     size_t                          max_message;
     ngx_uint_t                      max_hashes;
     ngx_uint_t                      max_events;
-    ngx_uint_t                      max_rate;     /* messages per second */
-    size_t                          server_bytes; /* a second, per server */
-    ngx_uint_t                      server_hashes;
+    ngx_http_kv_aware_budget_conf_t  budget;      /* either channel's */
     ngx_flag_t                      share;        /* CHANNEL:learned */
-
-    /* the subscribing worker's own state */
-    ngx_http_kv_aware_redis_t      *redis;
-    ngx_event_t                     tick;
-    ngx_event_t                     handover;     /* old cycle, exiting */
-    ngx_msec_t                      handover_start;
-    ngx_uint_t                      handover_last; /* the tick after */
-    ngx_msec_t                      took_over;    /* from a live older */
-
-    /*
-     * What this (new) subscriber heard while the old one still applied:
-     * applied in order once it lets go, those it applied skipped by seq,
-     * so that a message the old one never read before it let go is not
-     * lost.
-     */
-    ngx_http_kv_aware_held_t        held[NGX_HTTP_KV_AWARE_HELD_MAX];
-    ngx_uint_t                      nheld;
-    size_t                          held_bytes;
-    ngx_msec_t                      rate_start;
-    ngx_uint_t                      rate_count;
-    ngx_uint_t                      scanned;      /* entries, this window */
-    size_t                          srv_bytes[KVA_MAX_SLOTS];
-    ngx_uint_t                      srv_hashes[KVA_MAX_SLOTS];
-    ngx_msec_t                      logged[NGX_HTTP_KV_AWARE_REJ_LAST];
-
-    /* share=on: the sending timer, and what it takes out of the ring */
-    ngx_event_t                     share_tick;
-    uint64_t                        share_seq;
-    uint64_t                       *share_hashes;
-    u_char                         *share_slots;
-    ngx_msec_t                      share_logged;
-
-    /*
-     * The learned channel's budgets: max_rate, server_bytes and
-     * server_hashes as the events channel's, counted apart so that a
-     * flood on either channel costs the other nothing.
-     */
-    ngx_msec_t                      share_rate_start;
-    ngx_uint_t                      share_rate_count;
-    size_t                          share_srv_bytes[KVA_MAX_SLOTS];
-    ngx_uint_t                      share_srv_hashes[KVA_MAX_SLOTS];
 };
+
+
+/*
+ * The event path in the subscribing worker, a part of its subscriber
+ * (ngx_http_kv_aware_subscription.c): made at start, in the cycle's pool.
+ */
+typedef struct {
+    ngx_http_kv_aware_srv_conf_t   *kcf;
+    ngx_http_kv_aware_redis_t      *redis;        /* resync requests */
+    ngx_msec_t                      took_over;    /* from a live older */
+    ngx_http_kv_aware_budget_t      budget;
+    ngx_msec_t                      logged[NGX_HTTP_KV_AWARE_REJ_LAST];
+} ngx_http_kv_aware_event_path_t;
 
 
 /* ngx_http_kv_aware_events_conf.c */
@@ -173,12 +134,13 @@ ngx_int_t ngx_http_kv_aware_events_init_process(ngx_cycle_t *cycle);
 void ngx_http_kv_aware_events_exit_process(ngx_cycle_t *cycle);
 
 /*
- * ngx_http_kv_aware_events.c: the event path, the Redis link's handlers
- * (data is the upstream's ngx_http_kv_aware_srv_conf_t) and the tick.
+ * ngx_http_kv_aware_events.c: the event path, called by the subscription
+ * for what the Redis link reports; the tick's data is the event path.
  */
-void ngx_http_kv_aware_events_message(void *data, u_char *msg, size_t len);
-void ngx_http_kv_aware_events_subscribed(void *data);
-void ngx_http_kv_aware_events_lost(void *data);
+void ngx_http_kv_aware_events_message(ngx_http_kv_aware_event_path_t *ep,
+    u_char *msg, size_t len);
+void ngx_http_kv_aware_events_subscribed(ngx_http_kv_aware_event_path_t *ep);
+void ngx_http_kv_aware_events_lost(ngx_http_kv_aware_event_path_t *ep);
 void ngx_http_kv_aware_events_tick(ngx_event_t *ev);
 
 /* the reject class of a decoder's refusal (kva_event_rc_e) */

@@ -90,17 +90,17 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_events_params[] = {
 
     { ngx_string("max_rate"),
       ngx_http_kv_aware_conf_uint,
-      ngx_http_kv_aware_events_offset(max_rate),
+      ngx_http_kv_aware_events_offset(budget.max_rate),
       1, NGX_HTTP_KV_AWARE_NO_MAX, "20000" },
 
     { ngx_string("server_bytes"),
       ngx_http_kv_aware_conf_size,
-      ngx_http_kv_aware_events_offset(server_bytes),
+      ngx_http_kv_aware_events_offset(budget.server_bytes),
       1024, NGX_HTTP_KV_AWARE_NO_MAX, "8m" },
 
     { ngx_string("server_hashes"),
       ngx_http_kv_aware_conf_uint,
-      ngx_http_kv_aware_events_offset(server_hashes),
+      ngx_http_kv_aware_events_offset(budget.server_hashes),
       1, NGX_HTTP_KV_AWARE_NO_MAX, "1000000" },
 
     /* what this nginx routes, to the others on CHANNEL:learned */
@@ -158,11 +158,11 @@ ngx_http_kv_aware_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     /* a budget a single message can exceed would refuse it every time */
-    if (ecf->server_bytes < ecf->max_message) {
+    if (ecf->budget.server_bytes < ecf->max_message) {
         return "has server_bytes= below max_message=";
     }
 
-    if (ecf->server_hashes < ecf->max_hashes) {
+    if (ecf->budget.server_hashes < ecf->max_hashes) {
         return "has server_hashes= below max_hashes=";
     }
 

@@ -1,12 +1,10 @@
 /*
  * ngx_http_kv_aware_module: the Redis link, hiredis async on the nginx
- * event loop.  The only file that includes hiredis.
+ * event loop (ngx_http_kv_aware_redis_loop.c puts it there).
  *
  * Two connections per upstream, in one worker: a subscriber for the KV
  * events and a publisher for resync requests and liveness pings (a
- * subscribed connection cannot PUBLISH).  hiredis owns each socket: we
- * wrap its fd in an ngx_connection_t for the event loop, and on cleanup
- * give the connection back without closing the fd, which hiredis does.
+ * subscribed connection cannot PUBLISH).
  *
  * hiredis 0.14 has no timeouts, so connect and read timeouts are nginx
  * timers.  A subscriber that is silent is normal, so liveness is checked
@@ -14,27 +12,25 @@
  */
 
 #include "ngx_http_kv_aware_redis.h"
-
-#include <hiredis/hiredis.h>
-#include <hiredis/async.h>
+#include "ngx_http_kv_aware_redis_loop.h"
 
 
 #define NGX_HTTP_KV_AWARE_BACKOFF_MIN   100
 #define NGX_HTTP_KV_AWARE_BACKOFF_MAX   3000
 
 
+/* one connection to Redis: the subscriber or the publisher */
 typedef struct {
-    ngx_http_kv_aware_redis_t     *redis;
-    redisAsyncContext             *ac;
-    ngx_connection_t              *c;
-    ngx_event_t                    retry;     /* reconnect after backoff */
-    ngx_event_t                    watch;     /* connect timeout, pings */
-    ngx_msec_t                     backoff;
-    unsigned                       subscriber:1;
-    unsigned                       connected:1;
-    unsigned                       ready:1;   /* authenticated, subscribed */
-    unsigned                       ping_out:1;
-    unsigned                       closing:1; /* we free it: no callbacks */
+    ngx_http_kv_aware_redis_conn_t   conn;      /* hiredis, on the loop */
+    ngx_http_kv_aware_redis_t       *redis;
+    ngx_event_t                      retry;     /* reconnect after backoff */
+    ngx_event_t                      watch;     /* connect timeout, pings */
+    ngx_msec_t                       backoff;
+    unsigned                         subscriber:1;
+    unsigned                         connected:1;
+    unsigned                         ready:1;   /* authenticated, subscribed */
+    unsigned                         ping_out:1;
+    unsigned                         closing:1; /* we free it: no callbacks */
 } ngx_http_kv_aware_link_t;
 
 
@@ -54,8 +50,7 @@ static void ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link);
 static void ngx_http_kv_aware_link_lost(ngx_http_kv_aware_link_t *link,
     const char *why);
 static void ngx_http_kv_aware_link_close(ngx_http_kv_aware_link_t *link);
-static ngx_int_t ngx_http_kv_aware_link_attach(
-    ngx_http_kv_aware_link_t *link);
+static ngx_int_t ngx_http_kv_aware_link_closing(void *data);
 static void ngx_http_kv_aware_link_send_setup(ngx_http_kv_aware_link_t *link);
 static void ngx_http_kv_aware_on_connect(const redisAsyncContext *ac,
     int status);
@@ -65,15 +60,8 @@ static void ngx_http_kv_aware_on_auth(redisAsyncContext *ac, void *r,
     void *data);
 static void ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r,
     void *data);
-static void ngx_http_kv_aware_read_handler(ngx_event_t *ev);
-static void ngx_http_kv_aware_write_handler(ngx_event_t *ev);
 static void ngx_http_kv_aware_retry_handler(ngx_event_t *ev);
 static void ngx_http_kv_aware_watch_handler(ngx_event_t *ev);
-static void ngx_http_kv_aware_ev_add_read(void *data);
-static void ngx_http_kv_aware_ev_del_read(void *data);
-static void ngx_http_kv_aware_ev_add_write(void *data);
-static void ngx_http_kv_aware_ev_del_write(void *data);
-static void ngx_http_kv_aware_ev_cleanup(void *data);
 static void ngx_http_kv_aware_set_state(ngx_http_kv_aware_redis_t *rd);
 
 
@@ -124,6 +112,10 @@ ngx_http_kv_aware_redis_start(ngx_cycle_t *cycle,
         links[i]->redis = rd;
         links[i]->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
 
+        links[i]->conn.log = cycle->log;
+        links[i]->conn.closing = ngx_http_kv_aware_link_closing;
+        links[i]->conn.data = links[i];
+
         links[i]->retry.handler = ngx_http_kv_aware_retry_handler;
         links[i]->retry.data = links[i];
         links[i]->retry.log = cycle->log;
@@ -171,7 +163,7 @@ ngx_http_kv_aware_redis_publish(ngx_http_kv_aware_redis_t *rd,
         return NGX_DECLINED;
     }
 
-    if (redisAsyncCommand(rd->pub.ac, NULL, NULL, "PUBLISH %b %b",
+    if (redisAsyncCommand(rd->pub.conn.ac, NULL, NULL, "PUBLISH %b %b",
                           channel->data, channel->len, data, len)
         != REDIS_OK)
     {
@@ -204,57 +196,21 @@ ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link)
     }
 
     ac->data = link;
-    link->ac = ac;
+    link->conn.ac = ac;
 
-    if (ngx_http_kv_aware_link_attach(link) != NGX_OK) {
-        link->ac = NULL;
+    if (ngx_http_kv_aware_redis_attach(&link->conn) != NGX_OK) {
+        link->conn.ac = NULL;
         redisAsyncFree(ac);
         ngx_http_kv_aware_link_lost(link, "cannot attach to event loop");
         return;
     }
 
-    ngx_http_kv_aware_link_send_setup(link);
-
-    ngx_add_timer(&link->watch, conf->connect_timeout);
-}
-
-
-static ngx_int_t
-ngx_http_kv_aware_link_attach(ngx_http_kv_aware_link_t *link)
-{
-    ngx_connection_t   *c;
-    redisAsyncContext  *ac;
-
-    ac = link->ac;
-
-    c = ngx_get_connection(ac->c.fd, link->redis->log);
-    if (c == NULL) {
-        return NGX_ERROR;
-    }
-
-    c->data = link;
-    c->log = link->redis->log;
-    c->read->log = c->log;
-    c->write->log = c->log;
-    c->read->handler = ngx_http_kv_aware_read_handler;
-    c->write->handler = ngx_http_kv_aware_write_handler;
-
-    /* graceful shutdown closes idle connections: let it close ours */
-    c->idle = 1;
-
-    link->c = c;
-
-    ac->ev.data = link;
-    ac->ev.addRead = ngx_http_kv_aware_ev_add_read;
-    ac->ev.delRead = ngx_http_kv_aware_ev_del_read;
-    ac->ev.addWrite = ngx_http_kv_aware_ev_add_write;
-    ac->ev.delWrite = ngx_http_kv_aware_ev_del_write;
-    ac->ev.cleanup = ngx_http_kv_aware_ev_cleanup;
-
     redisAsyncSetConnectCallback(ac, ngx_http_kv_aware_on_connect);
     redisAsyncSetDisconnectCallback(ac, ngx_http_kv_aware_on_disconnect);
 
-    return NGX_OK;
+    ngx_http_kv_aware_link_send_setup(link);
+
+    ngx_add_timer(&link->watch, conf->connect_timeout);
 }
 
 
@@ -266,7 +222,7 @@ ngx_http_kv_aware_link_send_setup(ngx_http_kv_aware_link_t *link)
     ngx_http_kv_aware_redis_t       *rd;
     ngx_http_kv_aware_redis_conf_t  *conf;
 
-    ac = link->ac;
+    ac = link->conn.ac;
     rd = link->redis;
     conf = rd->conf;
 
@@ -315,7 +271,7 @@ ngx_http_kv_aware_on_connect(const redisAsyncContext *ac, int status)
 
     if (status != REDIS_OK) {
         /* hiredis frees the context after this callback */
-        link->ac = NULL;
+        link->conn.ac = NULL;
         ngx_http_kv_aware_link_lost(link, ac->errstr);
         return;
     }
@@ -346,7 +302,7 @@ ngx_http_kv_aware_on_disconnect(const redisAsyncContext *ac, int status)
     ngx_http_kv_aware_link_t  *link = ac->data;
 
     /* hiredis frees the context after this callback */
-    link->ac = NULL;
+    link->conn.ac = NULL;
 
     if (!link->redis->stopping && !link->closing) {
         ngx_http_kv_aware_link_lost(link, status == REDIS_OK
@@ -533,8 +489,8 @@ ngx_http_kv_aware_link_close(ngx_http_kv_aware_link_t *link)
         ngx_del_timer(&link->watch);
     }
 
-    ac = link->ac;
-    link->ac = NULL;
+    ac = link->conn.ac;
+    link->conn.ac = NULL;
 
     if (ac) {
         /* never called from inside a hiredis callback */
@@ -542,6 +498,26 @@ ngx_http_kv_aware_link_close(ngx_http_kv_aware_link_t *link)
         redisAsyncFree(ac);
         link->closing = 0;
     }
+}
+
+
+/* graceful shutdown: the consumer keeps the link or lets it go */
+static ngx_int_t
+ngx_http_kv_aware_link_closing(void *data)
+{
+    ngx_http_kv_aware_link_t  *link = data;
+
+    ngx_http_kv_aware_redis_t  *rd;
+
+    rd = link->redis;
+
+    if (rd->stopping) {
+        return NGX_OK;
+    }
+
+    rd->handlers.closing(rd->handlers.data);
+
+    return rd->stopping ? NGX_DONE : NGX_OK;
 }
 
 
@@ -561,42 +537,6 @@ ngx_http_kv_aware_set_state(ngx_http_kv_aware_redis_t *rd)
     }
 
     rd->stats->state = state;
-}
-
-
-static void
-ngx_http_kv_aware_read_handler(ngx_event_t *ev)
-{
-    ngx_connection_t           *c = ev->data;
-    ngx_http_kv_aware_link_t   *link = c->data;
-    ngx_http_kv_aware_redis_t  *rd;
-
-    rd = link->redis;
-
-    if (c->close && !rd->stopping) {
-        /* graceful shutdown: the consumer keeps the link or lets it go */
-        rd->handlers.closing(rd->handlers.data);
-
-        if (rd->stopping) {
-            return;
-        }
-    }
-
-    if (link->ac) {
-        redisAsyncHandleRead(link->ac);
-    }
-}
-
-
-static void
-ngx_http_kv_aware_write_handler(ngx_event_t *ev)
-{
-    ngx_connection_t          *c = ev->data;
-    ngx_http_kv_aware_link_t  *link = c->data;
-
-    if (link->ac) {
-        redisAsyncHandleWrite(link->ac);
-    }
 }
 
 
@@ -653,7 +593,7 @@ ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
     }
 
     if (rd->pub.ready
-        && redisAsyncCommand(rd->pub.ac, NULL, NULL, "PUBLISH %b ping",
+        && redisAsyncCommand(rd->pub.conn.ac, NULL, NULL, "PUBLISH %b ping",
                              rd->ping_channel.data, rd->ping_channel.len)
            == REDIS_OK)
     {
@@ -661,79 +601,4 @@ ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
     }
 
     ngx_add_timer(&link->watch, conf->read_timeout);
-}
-
-
-static void
-ngx_http_kv_aware_ev_add_read(void *data)
-{
-    ngx_http_kv_aware_link_t  *link = data;
-
-    /* level-triggered: hiredis reads once per call, not until EAGAIN */
-    if (!link->c->read->active) {
-        (void) ngx_add_event(link->c->read, NGX_READ_EVENT, NGX_LEVEL_EVENT);
-    }
-}
-
-
-static void
-ngx_http_kv_aware_ev_del_read(void *data)
-{
-    ngx_http_kv_aware_link_t  *link = data;
-
-    if (link->c->read->active) {
-        (void) ngx_del_event(link->c->read, NGX_READ_EVENT, 0);
-    }
-}
-
-
-static void
-ngx_http_kv_aware_ev_add_write(void *data)
-{
-    ngx_http_kv_aware_link_t  *link = data;
-
-    if (!link->c->write->active) {
-        (void) ngx_add_event(link->c->write, NGX_WRITE_EVENT,
-                             NGX_LEVEL_EVENT);
-    }
-}
-
-
-static void
-ngx_http_kv_aware_ev_del_write(void *data)
-{
-    ngx_http_kv_aware_link_t  *link = data;
-
-    if (link->c->write->active) {
-        (void) ngx_del_event(link->c->write, NGX_WRITE_EVENT, 0);
-    }
-}
-
-
-/* hiredis is freeing the context and will close the fd itself */
-static void
-ngx_http_kv_aware_ev_cleanup(void *data)
-{
-    ngx_http_kv_aware_link_t  *link = data;
-
-    ngx_connection_t  *c;
-
-    c = link->c;
-
-    if (c == NULL) {
-        return;
-    }
-
-    link->c = NULL;
-
-    if (c->read->active) {
-        (void) ngx_del_event(c->read, NGX_READ_EVENT, 0);
-    }
-
-    if (c->write->active) {
-        (void) ngx_del_event(c->write, NGX_WRITE_EVENT, 0);
-    }
-
-    c->fd = (ngx_socket_t) -1;
-    ngx_free_connection(c);
 }

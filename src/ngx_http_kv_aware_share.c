@@ -11,21 +11,21 @@
 
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_zone.h"
+#include "ngx_http_kv_aware_budget.h"
 #include "ngx_http_kv_aware_events.h"
 #include "ngx_http_kv_aware_share.h"
 
 #include "kva_event.h"
 
 
-static void ngx_http_kv_aware_share_send(ngx_http_kv_aware_srv_conf_t *kcf,
-    ngx_uint_t slot, uint64_t *hashes, ngx_uint_t n);
+static void ngx_http_kv_aware_share_send(
+    ngx_http_kv_aware_share_channel_t *sc, ngx_uint_t slot, uint64_t *hashes,
+    ngx_uint_t n);
 static void ngx_http_kv_aware_share_apply(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, uint64_t *hashes, size_t n);
-static ngx_uint_t ngx_http_kv_aware_share_over(
-    ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot, size_t len,
-    kva_batch_t *b);
-static void ngx_http_kv_aware_share_refuse(ngx_http_kv_aware_srv_conf_t *kcf,
-    ngx_http_kv_aware_reject_e why, const char *detail);
+static void ngx_http_kv_aware_share_refuse(
+    ngx_http_kv_aware_share_channel_t *sc, ngx_http_kv_aware_reject_e why,
+    const char *detail);
 
 
 void
@@ -54,6 +54,25 @@ ngx_http_kv_aware_share_queue(ngx_http_kv_aware_srv_conf_t *kcf,
 }
 
 
+/* what the sending takes out of the ring goes here, a ring at most */
+ngx_int_t
+ngx_http_kv_aware_share_init(ngx_http_kv_aware_share_channel_t *sc,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_pool_t *pool)
+{
+    sc->kcf = kcf;
+
+    sc->hashes = ngx_palloc(pool, NGX_HTTP_KV_AWARE_SHARE_RING
+                                  * sizeof(uint64_t));
+    sc->slots = ngx_palloc(pool, NGX_HTTP_KV_AWARE_SHARE_RING);
+
+    if (sc->hashes == NULL || sc->slots == NULL) {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
 /*
  * The subscribing worker takes what queued up, a ring at most per tick
  * (so what goes out is bounded by the ring's size every SHARE_EVERY ms),
@@ -62,13 +81,13 @@ ngx_http_kv_aware_share_queue(ngx_http_kv_aware_srv_conf_t *kcf,
 void
 ngx_http_kv_aware_share_tick(ngx_event_t *ev)
 {
-    ngx_http_kv_aware_srv_conf_t *kcf = ev->data;
+    ngx_http_kv_aware_share_channel_t *sc = ev->data;
 
-    ngx_uint_t                        i, n, run, at;
-    ngx_http_kv_aware_share_t        *sr;
-    ngx_http_kv_aware_events_conf_t  *ecf;
+    ngx_uint_t                     i, n, run, at;
+    ngx_http_kv_aware_share_t     *sr;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
 
-    ecf = kcf->events;
+    kcf = sc->kcf;
     sr = kcf->sh->share;
 
     ngx_shmtx_lock(&kcf->shpool->mutex);
@@ -77,8 +96,8 @@ ngx_http_kv_aware_share_tick(ngx_event_t *ev)
 
     for (i = 0; i < n; i++) {
         at = (sr->head + i) & (NGX_HTTP_KV_AWARE_SHARE_RING - 1);
-        ecf->share_hashes[i] = sr->hashes[at];
-        ecf->share_slots[i] = sr->slots[at];
+        sc->hashes[i] = sr->hashes[at];
+        sc->slots[i] = sr->slots[at];
     }
 
     sr->head += n;
@@ -87,13 +106,12 @@ ngx_http_kv_aware_share_tick(ngx_event_t *ev)
 
     for (i = 0; i < n; i += run) {
         for (run = 1; i + run < n; run++) {
-            if (ecf->share_slots[i + run] != ecf->share_slots[i]) {
+            if (sc->slots[i + run] != sc->slots[i]) {
                 break;
             }
         }
 
-        ngx_http_kv_aware_share_send(kcf, ecf->share_slots[i],
-                                     &ecf->share_hashes[i], run);
+        ngx_http_kv_aware_share_send(sc, sc->slots[i], &sc->hashes[i], run);
     }
 
     if (!ngx_exiting) {
@@ -104,7 +122,7 @@ ngx_http_kv_aware_share_tick(ngx_event_t *ev)
 
 /* one server's blocks, in messages within what nginx accepts of one */
 static void
-ngx_http_kv_aware_share_send(ngx_http_kv_aware_srv_conf_t *kcf,
+ngx_http_kv_aware_share_send(ngx_http_kv_aware_share_channel_t *sc,
     ngx_uint_t slot, uint64_t *hashes, ngx_uint_t n)
 {
     char                             *msg;
@@ -114,8 +132,10 @@ ngx_http_kv_aware_share_send(ngx_http_kv_aware_srv_conf_t *kcf,
     kva_batch_t                       b;
     ngx_http_kv_aware_slot_t         *sl;
     ngx_http_kv_aware_share_t        *sr;
+    ngx_http_kv_aware_srv_conf_t     *kcf;
     ngx_http_kv_aware_events_conf_t  *ecf;
 
+    kcf = sc->kcf;
     ecf = kcf->events;
     sr = kcf->sh->share;
     sl = &kcf->sh->slots[slot];
@@ -137,7 +157,7 @@ ngx_http_kv_aware_share_send(ngx_http_kv_aware_srv_conf_t *kcf,
         b.rank = sl->rank;
         b.has_origin = 1;
         b.origin = sr->origin;
-        b.seq = ++ecf->share_seq;
+        b.seq = ++sc->seq;
         b.keyspace = (kcf->keys == NGX_HTTP_KV_AWARE_KEYS_TOKENS)
                      ? KVA_KEYSPACE_TOKEN_KEYS : KVA_KEYSPACE_TEXT_KEYS;
 
@@ -151,7 +171,7 @@ ngx_http_kv_aware_share_send(ngx_http_kv_aware_srv_conf_t *kcf,
         msg = kva_event_encode(&b, &len);
 
         if (msg == NULL
-            || ngx_http_kv_aware_redis_publish(ecf->redis,
+            || ngx_http_kv_aware_redis_publish(sc->redis,
                                                &ecf->link.second,
                                                (u_char *) msg, len)
                != NGX_OK)
@@ -176,32 +196,26 @@ ngx_http_kv_aware_share_send(ngx_http_kv_aware_srv_conf_t *kcf,
  * same limits while decoding, the same budgets per server after.
  */
 void
-ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
+ngx_http_kv_aware_share_message(ngx_http_kv_aware_share_channel_t *sc,
+    u_char *msg, size_t len)
 {
-    ngx_http_kv_aware_srv_conf_t *kcf = data;
-
     char                              err[128];
     size_t                            i;
     ngx_uint_t                        slot;
+    const char                       *what;
     kva_batch_t                       b;
     kva_event_rc_e                    rc;
     kva_event_limits_t                lim;
     ngx_http_kv_aware_share_t        *sr;
+    ngx_http_kv_aware_srv_conf_t     *kcf;
     ngx_http_kv_aware_events_conf_t  *ecf;
 
+    kcf = sc->kcf;
     ecf = kcf->events;
     sr = kcf->sh->share;
 
-    if (ngx_current_msec - ecf->share_rate_start >= 1000) {
-        ecf->share_rate_start = ngx_current_msec;
-        ecf->share_rate_count = 0;
-        ngx_memzero(ecf->share_srv_bytes, sizeof(ecf->share_srv_bytes));
-        ngx_memzero(ecf->share_srv_hashes, sizeof(ecf->share_srv_hashes));
-    }
-
-    /* a flood is cut off before it costs a parse */
-    if (++ecf->share_rate_count > ecf->max_rate) {
-        ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD,
+    if (ngx_http_kv_aware_budget_rate(&sc->budget, &ecf->budget)) {
+        ngx_http_kv_aware_share_refuse(sc, NGX_HTTP_KV_AWARE_REJ_FLOOD,
                                        "over max_rate");
         return;
     }
@@ -213,14 +227,14 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
     rc = kva_event_decode((char *) msg, len, &lim, &b, err, sizeof(err));
 
     if (rc != KVA_EVENT_OK) {
-        ngx_http_kv_aware_share_refuse(kcf,
+        ngx_http_kv_aware_share_refuse(sc,
                                        ngx_http_kv_aware_reject_class(rc),
                                        err);
         return;
     }
 
     if (!b.has_origin) {
-        ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_BAD_FIELD,
+        ngx_http_kv_aware_share_refuse(sc, NGX_HTTP_KV_AWARE_REJ_BAD_FIELD,
                                        "no origin");
         goto done;
     }
@@ -233,7 +247,7 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
     if (b.keyspace != ((kcf->keys == NGX_HTTP_KV_AWARE_KEYS_TOKENS)
                        ? KVA_KEYSPACE_TOKEN_KEYS : KVA_KEYSPACE_TEXT_KEYS))
     {
-        ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_KEYSPACE,
+        ngx_http_kv_aware_share_refuse(sc, NGX_HTTP_KV_AWARE_REJ_KEYSPACE,
                                        "another key space");
         goto done;
     }
@@ -246,7 +260,14 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
         goto done;
     }
 
-    if (ngx_http_kv_aware_share_over(kcf, slot, len, &b)) {
+    /*
+     * Unlike on the events channel the server is not degraded past its
+     * budget: no event of its own was lost, only hints.
+     */
+    what = ngx_http_kv_aware_budget_server(&sc->budget, &ecf->budget, slot,
+                                           len, b.hash_count);
+    if (what) {
+        ngx_http_kv_aware_share_refuse(sc, NGX_HTTP_KV_AWARE_REJ_FLOOD, what);
         goto done;
     }
 
@@ -267,39 +288,6 @@ ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len)
 done:
 
     kva_batch_free(&b);
-}
-
-
-/*
- * A server's bytes and hashes a second on this channel.  Refused messages
- * count too, so that a flood stays cut off for the rest of its second.
- * Unlike on the events channel the server is not degraded: no event of
- * its own was lost, only hints.
- */
-static ngx_uint_t
-ngx_http_kv_aware_share_over(ngx_http_kv_aware_srv_conf_t *kcf,
-    ngx_uint_t slot, size_t len, kva_batch_t *b)
-{
-    ngx_http_kv_aware_events_conf_t  *ecf;
-
-    ecf = kcf->events;
-
-    ecf->share_srv_bytes[slot] += len;
-    ecf->share_srv_hashes[slot] += b->hash_count;
-
-    if (ecf->share_srv_bytes[slot] > ecf->server_bytes) {
-        ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD,
-                                       "server_bytes");
-        return 1;
-    }
-
-    if (ecf->share_srv_hashes[slot] > ecf->server_hashes) {
-        ngx_http_kv_aware_share_refuse(kcf, NGX_HTTP_KV_AWARE_REJ_FLOOD,
-                                       "server_hashes");
-        return 1;
-    }
-
-    return 0;
 }
 
 
@@ -340,26 +328,24 @@ ngx_http_kv_aware_share_apply(ngx_http_kv_aware_srv_conf_t *kcf,
  * (and as "refused" under "share"), logged at most once every 5 s.
  */
 static void
-ngx_http_kv_aware_share_refuse(ngx_http_kv_aware_srv_conf_t *kcf,
+ngx_http_kv_aware_share_refuse(ngx_http_kv_aware_share_channel_t *sc,
     ngx_http_kv_aware_reject_e why, const char *detail)
 {
-    ngx_http_kv_aware_events_conf_t  *ecf;
+    ngx_http_kv_aware_srv_conf_t  *kcf;
 
-    ecf = kcf->events;
+    kcf = sc->kcf;
 
     (void) ngx_atomic_fetch_add(&kcf->sh->share->stats.refused, 1);
     (void) ngx_atomic_fetch_add(&kcf->sh->events.rejected[why], 1);
 
-    if (ngx_current_msec - ecf->share_logged < 5000
-        && ecf->share_logged != 0)
-    {
+    if (ngx_current_msec - sc->logged < 5000 && sc->logged != 0) {
         return;
     }
 
-    ecf->share_logged = ngx_current_msec;
+    sc->logged = ngx_current_msec;
 
     ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
                   "kv_aware: upstream \"%V\" refused a message on \"%V\": "
-                  "%s: %s", &kcf->upstream, &ecf->link.second,
+                  "%s: %s", &kcf->upstream, &kcf->events->link.second,
                   ngx_http_kv_aware_reject_texts[why], detail);
 }

@@ -15,6 +15,8 @@
 
 
 #include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_redis.h"
+#include "ngx_http_kv_aware_budget.h"
 
 
 /* hashes waiting to go out: a power of two */
@@ -45,6 +47,21 @@ typedef struct {
     u_char                          slots[NGX_HTTP_KV_AWARE_SHARE_RING];
 } ngx_http_kv_aware_share_t;
 
+/*
+ * CHANNEL:learned in the subscribing worker, a part of its subscriber
+ * (ngx_http_kv_aware_subscription.c): made at start, in the cycle's pool.
+ */
+typedef struct {
+    ngx_http_kv_aware_srv_conf_t   *kcf;
+    ngx_http_kv_aware_redis_t      *redis;
+    uint64_t                        seq;          /* of what we send */
+    uint64_t                       *hashes;       /* taken out of the ring */
+    u_char                         *slots;        /* SHARE_RING each */
+    ngx_http_kv_aware_budget_t      budget;
+    ngx_msec_t                      logged;
+} ngx_http_kv_aware_share_channel_t;
+
+
 /* what the zone grows by for it (kv_aware adds it to index_size) */
 #define ngx_http_kv_aware_share_size()                                        \
     ngx_align(sizeof(ngx_http_kv_aware_share_t), ngx_pagesize)
@@ -54,9 +71,15 @@ typedef struct {
 void ngx_http_kv_aware_share_queue(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, const uint64_t *hashes, ngx_uint_t n);
 
-/* the subscribing worker: its timer, and messages on CHANNEL:learned */
+/*
+ * The subscribing worker: the channel made at its start, its timer (the
+ * data is the channel), and the messages on CHANNEL:learned.
+ */
+ngx_int_t ngx_http_kv_aware_share_init(ngx_http_kv_aware_share_channel_t *sc,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_pool_t *pool);
 void ngx_http_kv_aware_share_tick(ngx_event_t *ev);
-void ngx_http_kv_aware_share_message(void *data, u_char *msg, size_t len);
+void ngx_http_kv_aware_share_message(ngx_http_kv_aware_share_channel_t *sc,
+    u_char *msg, size_t len);
 
 
 #endif /* _NGX_HTTP_KV_AWARE_SHARE_H_INCLUDED_ */

@@ -5,6 +5,7 @@
 #include "ngx_http_kv_aware_module.h"
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_balancer.h"
+#include "ngx_http_kv_aware_ranking.h"
 #include "ngx_http_kv_aware_variables.h"
 
 

@@ -1,0 +1,267 @@
+/*
+ * ngx_http_kv_aware_module: the candidates of a choice and what each
+ * weighs, for the balancer and for $kv_aware_ranking_NAME.
+ *
+ * A choice is among the servers (ranks) a try may take; each weighs the
+ * blocks of the prompt it holds, by the index, and its load.  The
+ * balancer scores them to pick one (ngx_http_kv_aware_balancer.c); the
+ * ranking variable orders them all by the same costs.
+ */
+
+#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_zone.h"
+#include "ngx_http_kv_aware_prompt.h"
+#include "ngx_http_kv_aware_members.h"
+#include "ngx_http_kv_aware_ranking.h"
+
+
+/* the prompt's keys, once a request (counted then) */
+void
+ngx_http_kv_aware_ranking_hash(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx)
+{
+    /* the context may come from kv_aware_tokenize, with the ids */
+    if (ctx->hashed) {
+        return;
+    }
+
+    ctx->hashed = 1;
+
+    /* a prompt we cannot read only costs the request its affinity */
+    (void) ngx_http_kv_aware_prompt_hashes(r, kcf, ctx);
+
+    (void) ngx_atomic_fetch_add(&kcf->sh->routing.requests, 1);
+
+    if (ctx->ids) {
+        (void) ngx_atomic_fetch_add(&kcf->sh->routing.tokenized, 1);
+    }
+
+    if (ctx->fallback != NGX_HTTP_KV_AWARE_ROUTED) {
+        (void) ngx_atomic_fetch_add(&kcf->sh->routing.fallbacks, 1);
+        (void) ngx_atomic_fetch_add(&kcf->sh->routing.fallback[ctx->fallback], 1);
+    }
+}
+
+
+/*
+ * $kv_aware_ranking_NAME: the servers of upstream NAME for this request,
+ * best first, each with the cost kv_aware weighs (lower is better), for a
+ * balancer of one's own (balancer_by_lua) to choose among.  Read-only:
+ * nothing is charged or learned, since kv_aware does not choose.
+ */
+ngx_int_t
+ngx_http_kv_aware_ranking(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_str_t *out)
+{
+    u_char                         *p;
+    double                          cost[KVA_MAX_SLOTS];
+    ngx_uint_t                      i, j, k, n, dp, order[KVA_MAX_SLOTS];
+    kva_why_e                       why;
+    kva_clock_t                     clk;
+    kva_candidate_t                 cand[KVA_MAX_SLOTS];
+    ngx_http_kv_aware_ctx_t        *ctx;
+    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
+    ngx_http_upstream_rr_peers_t   *peers;
+
+    ctx = ngx_http_kv_aware_request_ctx(r);
+    if (ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_http_kv_aware_ranking_hash(r, kcf, ctx);
+
+    if (kcf->dynamic) {
+        ngx_http_kv_aware_members_sync(kcf);
+    }
+
+    dp = kcf->data_parallel;
+    peers = kcf->uscf->peer.data;
+
+    ngx_http_upstream_rr_peers_rlock(peers);
+
+    if (!ngx_http_kv_aware_members_current(kcf, peers)
+        || peers->number > kcf->npeers)
+    {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return NGX_DECLINED;
+    }
+
+    /* the servers a first try could take: not down, failed, or full */
+    n = ngx_http_kv_aware_ranking_candidates(kcf, peers, 0, NULL, picks,
+                                             ngx_time());
+
+    if (n == 0) {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return NGX_DECLINED;
+    }
+
+    ngx_http_kv_aware_clock(kcf, &clk);
+
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+    ngx_http_kv_aware_ranking_weigh_locked(kcf, ctx, picks, n, &clk, cand);
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
+
+    /* the one kv_aware would pick first (ties broken alike), then by cost */
+    order[0] = kva_score_costs(&kcf->score, cand, n, ctx->nblocks, 0, cost,
+                               &why);
+
+    for (i = 0, k = 1; i < n; i++) {
+        if (i == order[0]) {
+            continue;
+        }
+
+        for (j = k; j > 1 && cost[order[j - 1]] > cost[i]; j--) {
+            order[j] = order[j - 1];
+        }
+
+        order[j] = i;
+        k++;
+    }
+
+    out->data = ngx_pnalloc(r->pool, n * (NGX_SOCKADDR_STRLEN
+                                          + sizeof(" #63 ,") + 32));
+    if (out->data == NULL) {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return NGX_ERROR;
+    }
+
+    p = out->data;
+
+    for (i = 0; i < n; i++) {
+        k = order[i];
+
+        p = ngx_sprintf(p, "%s%V", i ? "," : "",
+                        &picks[k].peer->name);
+
+        if (dp > 1) {
+            p = ngx_sprintf(p, "#%ui", picks[k].rank);
+        }
+
+        p = ngx_sprintf(p, " %.3f", cost[k] < 1e15 ? cost[k] : 1e15);
+    }
+
+    out->len = p - out->data;
+
+    ngx_http_upstream_rr_peers_unlock(peers);
+
+    return NGX_OK;
+}
+
+
+/*
+ * The servers (ranks) a try may take, those of tried aside (NULL: none
+ * tried, for the ranking); the peers' lock is held.
+ */
+ngx_uint_t
+ngx_http_kv_aware_ranking_candidates(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_upstream_rr_peers_t *peers, ngx_uint_t base, uintptr_t *tried,
+    ngx_http_kv_aware_pick_t *picks, time_t now)
+{
+    uintptr_t                     m;
+    ngx_uint_t                    i, n, r, dp;
+    ngx_http_upstream_rr_peer_t  *peer;
+
+    dp = kcf->data_parallel;
+    n = 0;
+
+    for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
+
+        m = (uintptr_t) 1 << i % (8 * sizeof(uintptr_t));
+
+        if (tried && (tried[i / (8 * sizeof(uintptr_t))] & m)) {
+            continue;
+        }
+
+        if (peer->down) {
+            continue;
+        }
+
+        if (peer->max_fails
+            && peer->fails >= peer->max_fails
+            && now - peer->checked <= peer->fail_timeout)
+        {
+            continue;
+        }
+
+        if (peer->max_conns && peer->conns >= peer->max_conns) {
+            continue;
+        }
+
+        /* init_upstream allowed at most KVA_MAX_SLOTS of these */
+        for (r = 0; r < dp; r++) {
+            picks[n].peer = peer;
+            picks[n].number = i;
+            picks[n].slot = kcf->slot_of[(base + i) * dp + r];
+            picks[n].rank = r;
+            n++;
+        }
+    }
+
+    return n;
+}
+
+
+/*
+ * Looks the prompt up for the candidates and fills cand[]: the blocks
+ * each holds, its load.  Called with the zone's lock held, and returns
+ * with it held; a long prompt lets it go between pieces.
+ */
+void
+ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
+    ngx_uint_t n, kva_clock_t *clk, kva_candidate_t *cand)
+{
+    uint32_t                   depth[KVA_MAX_SLOTS], nblocks, from, piece;
+    uint64_t                   mask;
+    ngx_int_t                  reqs, blocks;
+    ngx_uint_t                 i, slot;
+    ngx_http_kv_aware_slot_t  *sl;
+
+    nblocks = ctx->nblocks;
+
+    ngx_memzero(depth, sizeof(depth));
+
+    mask = 0;
+
+    for (i = 0; i < n; i++) {
+        mask |= 1ULL << picks[i].slot;
+    }
+
+    /* the lookup too goes a piece per hold of the lock */
+    for (from = 0; from < nblocks && mask; from = piece) {
+        if (from) {
+            ngx_shmtx_unlock(&kcf->shpool->mutex);
+            ngx_shmtx_lock(&kcf->shpool->mutex);
+        }
+
+        piece = kva_index_match_part(kcf->sh->index, ctx->hashes, from,
+                                     ngx_min(nblocks, from + KVA_ADD_CHUNK),
+                                     &mask, clk, depth, ctx->found);
+    }
+
+    (void) kva_index_match_done(nblocks, from, mask, depth, ctx->found);
+
+    for (i = 0; i < n; i++) {
+        slot = picks[i].slot;
+        sl = &kcf->sh->slots[slot];
+
+        /* other workers update these without the lock: never below zero */
+        reqs = (ngx_int_t) kcf->load[slot].reqs;
+        blocks = (ngx_int_t) kcf->load[slot].blocks;
+
+        /* a server's own figures also count other routers' requests */
+        if (sl->ev.has_load && sl->ev.state != NGX_HTTP_KV_AWARE_EV_STALE
+            && (ngx_int_t) (sl->ev.waiting + sl->ev.running) > reqs)
+        {
+            reqs = sl->ev.waiting + sl->ev.running;
+        }
+
+        cand[i].matched = depth[slot];
+        cand[i].weight = picks[i].peer->weight;
+        cand[i].inflight_reqs = reqs > 0 ? reqs : 0;
+        cand[i].inflight_blocks = blocks > 0 ? blocks : 0;
+        cand[i].routed = sl->routing.routed;
+        cand[i].fill = kva_fill_get(&sl->routing.fill, ngx_current_msec,
+                                    kcf->learned_ttl);
+    }
+}
