@@ -206,7 +206,9 @@ sub write_conf {
 
 # A whole nginx.conf around $o{http} (the http{} block's body): the
 # module loaded, $o{workers} workers (1), the error log at $o{log_level}
-# (info) and temporary files in the prefix; written as write_conf does.
+# (info), $o{connections} connections a worker (1024) and temporary files
+# in the prefix; written as write_conf does.  Shell scripts have it as
+# "kva-launch conf".
 sub write_nginx_conf {
     my ($self, %o) = @_;
     my $prefix = $self->{prefix};
@@ -215,7 +217,7 @@ sub write_nginx_conf {
         'worker_processes ', $o{workers} // 1, ";\n",
         'error_log logs/error.log ', $o{log_level} // 'info', ";\n",
         "pid logs/nginx.pid;\n",
-        "events { worker_connections 1024; }\n",
+        'events { worker_connections ', $o{connections} // 1024, "; }\n",
         "http {\n",
         "    access_log off;\n",
         "    client_body_temp_path $prefix/body;\n",
