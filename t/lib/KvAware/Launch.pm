@@ -572,11 +572,17 @@ sub free_ports {
     return map { $_->sockport } @socks;
 }
 
-# The first of $n consecutive free 127.0.0.1 ports (kvsim listens on a run).
+# The first of $n consecutive free 127.0.0.1 ports (kvsim listens on a run),
+# drawn below the kernel's ephemeral ports: those are what free_ports and
+# every outgoing connection take, so that tests running side by side
+# never draw one port from both.
 sub free_run {
     my ($n) = @_;
+    my ($low) = (slurp('/proc/sys/net/ipv4/ip_local_port_range') // '')
+                =~ /^(\d+)/;
+    $low = 32768 unless $low && $low > 20000 + 1000 + $n;
     for (1 .. 100) {
-        my $base = 20000 + int(rand(40000));
+        my $base = 20000 + int(rand($low - 20000 - $n));
         my @socks = map {
             IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
                                   LocalPort => $_, ReuseAddr => 1)
