@@ -64,26 +64,29 @@ PROVE      := prove -I t/lib
 # The stages run the tests side by side, TEST_JOBS at a time: most of a
 # test's time is waiting (timeouts, heartbeats, reconnects, delays it
 # asks for), and each has its own prefix, ports, Redis and kvsim.  The
-# ones that load the CPU or measure time or memory under load run after
-# them, one at a time (prove runs the tests no --rules names last, in
-# sequence): kvload's stages, the floods whose requests must stay fast
-# (sub-second bounds), the bridge's snapshot pacing and its memory with
-# Redis hung, the status page under load, the Docker build (a compiler),
-# the fuzz targets and the two soaks.  The longest start first, so that
-# none is left running alone at the end.  TEST_JOBS=1: one at a time.
-TEST_JOBS   ?= 4
+# fuzz targets and the soaks last a fixed time whatever runs beside them
+# (the fuzzer niced, the soaks' load light): they start first, the
+# longest waiting tests next, the Docker build (a niced compiler) last,
+# beside the end of the fuzzing.  The ones that bound times or memory
+# under load run after all of them, one at a time (prove runs the tests
+# no --rules names last, in sequence): kvload's stages, the floods whose
+# requests must stay fast (sub-second bounds), the bridge's snapshot
+# pacing and its memory with Redis hung, the status page under load.
+# TEST_JOBS=1: one at a time.
+TEST_JOBS   ?= 5
 TESTS_ALONE := t/23-kvload-stages.t t/36-clear-flood.t t/37-clear-message.t \
                t/38-hash-flood.t t/45-status-under-load.t \
-               t/65-kvbridge-engine.t t/71-docker-build.t \
-               t/74-kvbridge-redis-hung.t t/90-fuzz.t t/95-soak.t \
-               t/96-bridge-soak.t
-TESTS_FIRST := t/16-config.t t/10-affinity.t t/59-share-learned.t \
+               t/65-kvbridge-engine.t t/74-kvbridge-redis-hung.t
+TESTS_FIRST := t/90-fuzz.t t/95-soak.t t/96-bridge-soak.t \
+               t/16-config.t t/10-affinity.t t/59-share-learned.t \
                t/70-openai-js.t t/66-kvbridge-nginx.t t/12-failover.t \
                t/15-reload.t t/11-spread.t t/56-prometheus.t
-TESTS_SIDE   = $(TESTS_FIRST) $(filter-out $(TESTS_ALONE) $(TESTS_FIRST), \
-                                           $(wildcard t/*.t))
+TESTS_LAST  := t/71-docker-build.t
+TESTS_SIDE   = $(TESTS_FIRST) $(filter-out $(TESTS_ALONE) $(TESTS_FIRST) \
+                                           $(TESTS_LAST), $(wildcard t/*.t))
 PROVE_JOBS   = -j$(TEST_JOBS) $(foreach t,$(TESTS_SIDE),--rules='par=$(t)') \
-               --rules='par=**/unit/test_*'
+               --rules='par=**/unit/test_*' \
+               $(foreach t,$(TESTS_LAST),--rules='par=$(t)')
 
 # make test-asan: everything rebuilt with the sanitizers under build/asan/
 ASAN_BUILD := $(BUILD)/asan
