@@ -64,23 +64,24 @@ PROVE      := prove -I t/lib
 # The stages run the tests side by side, TEST_JOBS at a time: most of a
 # test's time is waiting (timeouts, heartbeats, reconnects, delays it
 # asks for), and each has its own prefix, ports, Redis and kvsim.  The
-# fuzz targets and the soaks last a fixed time whatever runs beside them
-# (the fuzzer niced, the soaks' load light): they start first, the
-# longest waiting tests next, the Docker build (a niced compiler) last,
-# beside the end of the fuzzing.  The ones that bound times or memory
-# under load run after all of them, one at a time (prove runs the tests
-# no --rules names last, in sequence): kvload's stages, the floods whose
-# requests must stay fast (sub-second bounds), the bridge's snapshot
-# pacing and its memory with Redis hung, the status page under load.
+# fuzz targets run for a fixed time whatever runs beside them (niced:
+# the others get the CPU first): they start first, the longest waiting
+# tests next, the Docker build (a niced compiler) last.  The ones that
+# bound times or memory under load run after all of them, one at a time
+# (prove runs the tests no --rules names last, in sequence): kvload's
+# stages, the floods whose requests must stay fast (sub-second bounds),
+# the bridge's snapshot pacing and its memory with Redis hung, the
+# status page under load, and the two soaks (side by side with the
+# others, both once lost every request to a flood of connections).
 # TEST_JOBS=1: one at a time.
 TEST_JOBS   ?= 5
 TESTS_ALONE := t/23-kvload-stages.t t/36-clear-flood.t t/37-clear-message.t \
                t/38-hash-flood.t t/45-status-under-load.t \
-               t/65-kvbridge-engine.t t/74-kvbridge-redis-hung.t
-TESTS_FIRST := t/90-fuzz.t t/95-soak.t t/96-bridge-soak.t \
-               t/16-config.t t/10-affinity.t t/59-share-learned.t \
-               t/70-openai-js.t t/66-kvbridge-nginx.t t/12-failover.t \
-               t/15-reload.t t/11-spread.t t/56-prometheus.t
+               t/65-kvbridge-engine.t t/74-kvbridge-redis-hung.t \
+               t/95-soak.t t/96-bridge-soak.t
+TESTS_FIRST := t/90-fuzz.t t/16-config.t t/10-affinity.t \
+               t/59-share-learned.t t/70-openai-js.t t/66-kvbridge-nginx.t \
+               t/12-failover.t t/15-reload.t t/11-spread.t t/56-prometheus.t
 TESTS_LAST  := t/71-docker-build.t
 TESTS_SIDE   = $(TESTS_FIRST) $(filter-out $(TESTS_ALONE) $(TESTS_FIRST) \
                                            $(TESTS_LAST), $(wildcard t/*.t))
