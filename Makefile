@@ -68,12 +68,13 @@ PROVE      := prove -I t/lib
 # the others get the CPU first): they start first, the longest waiting
 # tests next, the Docker build (a niced compiler) last.  The ones that
 # bound times or memory under load run after all of them, one at a time
-# (prove runs the tests no --rules names last, in sequence): kvload's
-# stages, the floods whose requests must stay fast (sub-second bounds),
-# the bridge's snapshot pacing and its memory with Redis hung, the
-# status page under load, and the two soaks (side by side with the
-# others, both once lost every request to a flood of connections).
-# TEST_JOBS=1: one at a time.
+# (prove runs the tests no --rules names last, in sequence): the unit
+# tests (kvbridge's stream and loop time their slices in milliseconds;
+# all of them take under a minute), kvload's stages, the floods whose
+# requests must stay fast (sub-second bounds), the bridge's snapshot
+# pacing and its memory with Redis hung, the status page under load, and
+# the two soaks (side by side with the others, both once lost every
+# request to a flood of connections).  TEST_JOBS=1: one at a time.
 TEST_JOBS   ?= 5
 TESTS_ALONE := t/23-kvload-stages.t t/36-clear-flood.t t/37-clear-message.t \
                t/38-hash-flood.t t/45-status-under-load.t \
@@ -85,9 +86,8 @@ TESTS_FIRST := t/90-fuzz.t t/16-config.t t/10-affinity.t \
 TESTS_LAST  := t/71-docker-build.t
 TESTS_SIDE   = $(TESTS_FIRST) $(filter-out $(TESTS_ALONE) $(TESTS_FIRST) \
                                            $(TESTS_LAST), $(wildcard t/*.t))
-PROVE_JOBS   = -j$(TEST_JOBS) $(foreach t,$(TESTS_SIDE),--rules='par=$(t)') \
-               --rules='par=**/unit/test_*' \
-               $(foreach t,$(TESTS_LAST),--rules='par=$(t)')
+PROVE_JOBS   = -j$(TEST_JOBS) \
+               $(foreach t,$(TESTS_SIDE) $(TESTS_LAST),--rules='par=$(t)')
 
 # make test-asan: everything rebuilt with the sanitizers under build/asan/
 ASAN_BUILD := $(BUILD)/asan
