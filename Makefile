@@ -61,6 +61,34 @@ NGINX_VERSION := 1.30.4
 NGINX_DIR   = $(BUILD)/nginx-$(NGINX_VERSION)
 PROVE      := prove -I t/lib
 
+# The stages run the tests side by side, TEST_JOBS at a time: most of a
+# test's time is waiting (timeouts, heartbeats, reconnects, delays it
+# asks for), and each has its own prefix, ports, Redis and kvsim.  The
+# fuzz targets run for a fixed time whatever runs beside them (niced:
+# the others get the CPU first): they start first, the longest waiting
+# tests next, the Docker build (a niced compiler) last.  The ones that
+# bound times or memory under load run after all of them, one at a time
+# (prove runs the tests no --rules names last, in sequence): the unit
+# tests (kvbridge's stream and loop time their slices in milliseconds;
+# all of them take under a minute), kvload's stages, the floods whose
+# requests must stay fast (sub-second bounds), the bridge's snapshot
+# pacing and its memory with Redis hung, the status page under load, and
+# the two soaks (side by side with the others, both once lost every
+# request to a flood of connections).  TEST_JOBS=1: one at a time.
+TEST_JOBS   ?= 5
+TESTS_ALONE := t/23-kvload-stages.t t/36-clear-flood.t t/37-clear-message.t \
+               t/38-hash-flood.t t/45-status-under-load.t \
+               t/65-kvbridge-engine.t t/74-kvbridge-redis-hung.t \
+               t/95-soak.t t/96-bridge-soak.t
+TESTS_FIRST := t/90-fuzz.t t/16-config.t t/10-affinity.t \
+               t/59-share-learned.t t/70-openai-js.t t/66-kvbridge-nginx.t \
+               t/12-failover.t t/15-reload.t t/11-spread.t t/56-prometheus.t
+TESTS_LAST  := t/71-docker-build.t
+TESTS_SIDE   = $(TESTS_FIRST) $(filter-out $(TESTS_ALONE) $(TESTS_FIRST) \
+                                           $(TESTS_LAST), $(wildcard t/*.t))
+PROVE_JOBS   = -j$(TEST_JOBS) \
+               $(foreach t,$(TESTS_SIDE) $(TESTS_LAST),--rules='par=$(t)')
+
 # make test-asan: everything rebuilt with the sanitizers under build/asan/
 ASAN_BUILD := $(BUILD)/asan
 ASAN_NGINX := $(BUILD)/nginx-$(NGINX_VERSION)-asan
@@ -157,7 +185,7 @@ test: test-debian test-nginx test-asan
 # soak (t/95, two minutes) run here, the soak again, shorter, under ASan
 test-debian: deps module unit tools
 	@echo "== unit tests, integration tests: Debian's nginx 1.22.1"
-	$(PROVE) $(UNIT_TESTS) -r t/
+	$(PROVE) $(PROVE_JOBS) $(UNIT_TESTS) -r t/
 
 # what most users run: the same integration tests against nginx.org's
 # stable (or NGINX_VERSION=1.31.4, mainline) built with the module; the
@@ -169,7 +197,7 @@ test-nginx: deps unit tools
 	KVA_FUZZ_SECONDS=0 KVA_SOAK_SECONDS=0 KVA_NGINX_FREE=0 \
 	TEST_NGINX_BINARY=$(NGINX_DIR)/objs/nginx \
 	KV_AWARE_MODULE=$(NGINX_DIR)/objs/ngx_http_kv_aware_module.so \
-	    $(PROVE) -r t/
+	    $(PROVE) $(PROVE_JOBS) -r t/
 
 # ASan and UBSan: the unit tests and kvsim rebuilt with them, and nginx
 # itself built with them from source (tools/build-nginx.sh --asan) rather
@@ -179,8 +207,10 @@ test-nginx: deps unit tools
 # configuration memory is caught instead of landing in the next object of
 # the pool block (and nginx's code, which the module drives, is checked
 # too).  Reports of nginx land in each test's prefix and fail that test
-# (t/lib/Test/KvAware.pm).
-test-asan: deps
+# (t/lib/Test/KvAware.pm).  The tests' hasher (build/kva_hashes, with
+# build/libkva.a) is built first: tests running side by side would each
+# make it at once.
+test-asan: deps $(KVA_HASHES)
 	@echo "== unit tests, integration tests: ASan/UBSan, nginx $(NGINX_VERSION)"
 	$(MAKE) -s BUILD=$(ASAN_BUILD) CC=clang SAN_CFLAGS="$(SAN)" unit tools
 	bash tools/build-nginx.sh --asan $(NGINX_VERSION)
@@ -189,7 +219,7 @@ test-asan: deps
 	KV_AWARE_MODULE=$(ASAN_NGINX)/objs/ngx_http_kv_aware_module.so \
 	KVSIM_BINARY=$(ASAN_BUILD)/kvsim KVLOAD_BINARY=$(ASAN_BUILD)/kvload \
 	KVBRIDGE_BINARY=$(ASAN_BUILD)/kvbridge \
-	    $(PROVE) $(UNIT_TESTS:$(BUILD)/%=$(ASAN_BUILD)/%) -r t/
+	    $(PROVE) $(PROVE_JOBS) $(UNIT_TESTS:$(BUILD)/%=$(ASAN_BUILD)/%) -r t/
 
 # the fault soaks for ten minutes each (make test runs two): t/95 reloads,
 # Redis and a server killed, a hostile publisher; t/96 the bridge's

@@ -57,20 +57,9 @@ trap cleanup EXIT INT TERM
 "$launch" start redis "$prefix" "$rport" \
     --client-output-buffer-limit pubsub 0 0 0
 
-user=""
-[ "$(id -u)" -eq 0 ] && user="user root;"
-cat > "$prefix/conf/nginx.conf" <<EOF
-load_module $module;
-$user
-worker_processes 1;
-error_log logs/error.log notice;
-pid logs/nginx.pid;
-events { worker_connections 4096; }
-http {
-    access_log off;
+KV_AWARE_MODULE=$module "$launch" conf "$prefix" --log-level notice \
+    --connections 4096 <<EOF
     client_body_buffer_size 64k;
-    client_body_temp_path $prefix/body;
-    proxy_temp_path $prefix/proxy;
 
     upstream llm {
         kv_aware keys=tokens block_tokens=16 index_size=256m;
@@ -100,7 +89,6 @@ http {
         listen 127.0.0.1:$b3;
         location / { return 200 '{"ok":true}'; }
     }
-}
 EOF
 "$launch" start nginx "$prefix"
 

@@ -31,24 +31,13 @@ base=$("$launch" port-run 4)
 command -v wrk >/dev/null || { echo "wrk is missing: make deps" >&2; exit 1; }
 
 rm -rf "$prefix" && "$launch" prefix "$prefix" >/dev/null
-user=""
-[ "$(id -u)" -eq 0 ] && user="user root;"
 
 servers=""
 for i in 0 1 2 3; do servers="$servers server 127.0.0.1:$((base+i));"; done
 
-cat > "$prefix/conf/nginx.conf" <<CONF
-load_module $module;
-$user
-worker_processes 1;
-error_log logs/error.log warn;
-pid logs/nginx.pid;
-events { worker_connections 4096; }
-http {
-    access_log off;
+KV_AWARE_MODULE=$module "$launch" conf "$prefix" --log-level warn \
+    --connections 4096 <<CONF
     client_body_buffer_size 64k;
-    client_body_temp_path $prefix/body;
-    proxy_temp_path $prefix/proxy;
     proxy_http_version 1.1;
     proxy_set_header Connection "";
 
@@ -75,33 +64,12 @@ http {
             subrequest_output_buffer_size 256k;
         }
     }
-}
 CONF
 
 # 64 conversations sharing 8 system prompts, about 2k tokens each
-cat > "$prefix/body.lua" <<'LUA'
-local bodies = {}
-local function words(seed, n)
-    local t = {}
-    for i = 1, n do
-        t[i] = string.char(97 + (seed * 7 + i * 13) % 26,
-                           97 + (seed * 11 + i * 5) % 26,
-                           97 + (i * 3 + seed) % 26, 32)
-    end
-    return table.concat(t)
-end
-for c = 1, 64 do
-    bodies[c] = '{"model":"kvsim","messages":[{"role":"system","content":"'
-        .. words(c % 8, 1900) .. '"},{"role":"user","content":"'
-        .. words(1000 + c, 100) .. '"}],"max_tokens":1}'
-end
-local n = 0
-request = function()
-    n = n + 1
-    return wrk.format("POST", nil, {["Content-Type"] = "application/json"},
-                      bodies[n % 64 + 1])
-end
-LUA
+# (bench/wrk_bodies.lua)
+export BODY_MODEL=kvsim BODY_SYSTEM_WORDS=1900 BODY_USER_WORDS=100 \
+       BODY_MAX_TOKENS=1
 
 "$launch" start kvsim "$prefix" "$base" 4 --keyspace tokens --redis off \
     --time-scale 10000 --quiet
@@ -110,7 +78,7 @@ trap '"$launch" stop "$prefix"' EXIT
 
 # "p50 p99 req/s", latencies in ms
 run() {
-    wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$prefix/body.lua" \
+    wrk -t1 -c"$conns" -d"${secs}s" --latency -s bench/wrk_bodies.lua \
         "http://127.0.0.1:$port/$1/v1/chat/completions" | awk '
         function ms(v) {
             if (v ~ /us$/) return v / 1000;

@@ -27,22 +27,11 @@ port=$("$launch" port-run 5)
 command -v wrk >/dev/null || { echo "wrk is missing: make deps" >&2; exit 1; }
 
 rm -rf "$prefix" && "$launch" prefix "$prefix" >/dev/null
-user=""
-[ "$(id -u)" -eq 0 ] && user="user root;"
 
-cat > "$prefix/conf/nginx.conf" <<CONF
-load_module $module;
-$user
-worker_processes 1;
-error_log logs/error.log warn;
-pid logs/nginx.pid;
-events { worker_connections 4096; }
-http {
-    access_log off;
+"$launch" conf "$prefix" --log-level warn \
+    --connections 4096 <<CONF
     client_body_buffer_size 64k;     # 8k-token bodies stay in memory
     client_max_body_size 1m;
-    client_body_temp_path $prefix/body;
-    proxy_temp_path $prefix/proxy;
 
     upstream rr {
         server 127.0.0.1:$((port+1)); server 127.0.0.1:$((port+2));
@@ -72,33 +61,12 @@ http {
         listen 127.0.0.1:$((port+4));
         location / { return 200 '{"ok":true}'; }
     }
-}
 CONF
 
 # 64 conversations sharing 8 system prompts, ~8k tokens each
-cat > "$prefix/body.lua" <<'LUA'
-local bodies = {}
-local function words(seed, n)
-    local t = {}
-    for i = 1, n do
-        t[i] = string.char(97 + (seed * 7 + i * 13) % 26,
-                           97 + (seed * 11 + i * 5) % 26,
-                           97 + (i * 3 + seed) % 26, 32)
-    end
-    return table.concat(t)
-end
-for c = 1, 64 do
-    bodies[c] = '{"model":"m","messages":[{"role":"system","content":"'
-        .. words(c % 8, 7800) .. '"},{"role":"user","content":"'
-        .. words(1000 + c, 392) .. '"}],"max_tokens":64}'
-end
-local n = 0
-request = function()
-    n = n + 1
-    return wrk.format("POST", nil, {["Content-Type"] = "application/json"},
-                      bodies[n % 64 + 1])
-end
-LUA
+# (bench/wrk_bodies.lua)
+export BODY_MODEL=m BODY_SYSTEM_WORDS=7800 BODY_USER_WORDS=392 \
+       BODY_MAX_TOKENS=64
 
 "$launch" start nginx "$prefix"
 trap '"$launch" stop "$prefix"' EXIT
@@ -114,7 +82,7 @@ ticks() { awk '{ print $14 + $15 }' "/proc/$worker/stat"; }
 run() {
     local t0 t1 out
     t0=$(ticks)
-    out=$(wrk -t1 -c"$conns" -d"${secs}s" -s "$prefix/body.lua" \
+    out=$(wrk -t1 -c"$conns" -d"${secs}s" -s bench/wrk_bodies.lua \
               "http://127.0.0.1:$port/$1/v1/chat/completions")
     t1=$(ticks)
     awk -v t="$((t1 - t0))" -v hz="$hz" '

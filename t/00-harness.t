@@ -109,15 +109,20 @@ subtest 'backend keep-alive and Connection: close' => sub {
 subtest 'X-Delay-Ms with concurrent()' => sub {
     my $t0 = time;
     my @r = $env->concurrent([ map { [GET => "/slow$_", undef,
-                                      { 'X-Delay-Ms' => 300 }] } 1 .. 4 ]);
+                                      { 'X-Delay-Ms' => 1000 }] } 1 .. 4 ]);
     my $wall = time - $t0;
     is(scalar @r, 4, '4 responses');
     is_deeply([map { $_->{status} } @r], [(200) x 4], 'all 200');
     is_deeply([map { $_->{json}{uri} } @r], [map { "/slow$_" } 1 .. 4],
               'responses in request order');
-    ok(!grep({ $_->{elapsed} < 0.29 } @r), 'each took >= 300 ms');
-    # one after the other would take >= 1.2 s
-    cmp_ok($wall, '<', 1.1, 'ran in parallel') or diag "wall $wall s";
+    ok(!grep({ $_->{elapsed} < 0.99 } @r), 'each took >= 1 s');
+    # one after the other, the wall time would be at least the sum of
+    # their times; side by side, about one of them (a machine loaded by
+    # the tests running beside this one stretches both alike)
+    my $sum = 0;
+    $sum += $_->{elapsed} for @r;
+    cmp_ok($wall, '<', 0.75 * $sum, 'ran in parallel')
+        or diag "wall $wall s, the four took $sum s";
 };
 
 subtest 'backend_stop / modes / SIGUSR1: failover' => sub {

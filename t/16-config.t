@@ -8,6 +8,9 @@
 #
 #     DIRECTIVE: invalid NAME "VALUE", expected WHAT
 #     DIRECTIVE: unknown parameter "NAME"
+#
+# The refused parameters are tables (one block each, made by refused());
+# the blocks of __DATA__ are the rest.
 
 use strict;
 use warnings;
@@ -20,403 +23,131 @@ use Test::KvAware qw(run_blocks);
 our $BODY = '{"model":"m","messages":[{"role":"user","content":"'
           . ('configuration test prompt. ' x 24) . '"}]}';
 
-run_blocks();
+# kv_aware PARAMETERS => what nginx -t says after "kv_aware: "
+my @KV_AWARE = (
+    'block_size=64 block_size=abc'
+        => 'invalid block_size "abc", expected a size from 16 to 64k',
+    'block_size=64 block_size=8'
+        => 'invalid block_size "8", expected a size from 16 to 64k',
+    'block_size=64 block_size=15'      => 'invalid block_size "15"',
+    'block_size=64 block_size=65537'   => 'invalid block_size "65537"',
+    'block_size=64 block_size='        => 'invalid block_size ""',
+    'block_size=64 overlap_weight=-1'
+        => 'invalid overlap_weight "-1", expected a number from 0 to 1000',
+    'block_size=64 overlap_weight=1000.5'
+        => 'invalid overlap_weight "1000.5"',
+    'block_size=64 overlap_weight=abc' => 'invalid overlap_weight "abc"',
+    'block_size=64 learned_ttl=0'
+        => 'invalid learned_ttl "0", expected a time from 1s to 30d',
+    'block_size=64 learned_ttl=500ms'  => 'invalid learned_ttl "500ms"',
+    'block_size=64 learned_ttl=31d'    => 'invalid learned_ttl "31d"',
+    'block_size=64 learned_ttl=soon'   => 'invalid learned_ttl "soon"',
+    'block_size=64 index_size=10k'
+        => 'invalid index_size "10k", expected a size of at least 256k',
+    'block_size=64 index_size=255k'    => 'invalid index_size "255k"',
+    'block_size=64 index_size=big'     => 'invalid index_size "big"',
+    'block_size=64 imbalance=x'
+        => 'invalid imbalance "x", expected a number from 0 to 1000000',
+    'block_size=64 imbalance=-1'       => 'invalid imbalance "-1"',
+    'block_size=64 imbalance_ratio=0.5'
+        => 'invalid imbalance_ratio "0.5", expected a number from 1 to 1000',
+    'block_size=64 imbalance_ratio=x'  => 'invalid imbalance_ratio "x"',
+    'block_size=64 max_body=1'
+        => 'invalid max_body "1", expected a size of at least 1k',
+    'block_size=64 max_body=1023'      => 'invalid max_body "1023"',
+    'block_size=64 max_body=lots'      => 'invalid max_body "lots"',
+    'block_size=64 unknown=1'          => 'unknown parameter "unknown"',
+    'block_size=64 Block_Size=64'      => 'unknown parameter "Block_Size"',
+    'block_size=64 noequals'
+        => 'invalid parameter "noequals", expected name=value',
+    'block_size=64 =64'                => 'unknown parameter ""',
+    'keys=words' => 'invalid keys "words", expected text or tokens',
+    'keys=tokens block_tokens=0'
+        => 'invalid block_tokens "0", expected a number from 1 to 65536',
+    'keys=tokens block_tokens=65537'
+        => 'invalid block_tokens "65537", expected a number from 1 to 65536',
+    'data_parallel=0'
+        => 'invalid data_parallel "0", expected a number from 1 to 64',
+);
+
+# kv_aware_events PARAMETERS (beside a bare kv_aware) => what nginx -t
+# says after "kv_aware_events: ", worded as kv_aware's
+my @EVENTS = (
+    'redis=127.0.0.1:1 max_rate=0'
+        => 'invalid max_rate "0", expected a number of at least 1',
+    'redis=127.0.0.1:1 heartbeat=5ms'
+        => 'invalid heartbeat "5ms", expected a time from 10ms to 1d',
+    'redis=127.0.0.1:1 max_message=255'
+        => 'invalid max_message "255", expected a size of at least 256',
+    'redis=127.0.0.1:1 pattern=yes'
+        => 'invalid pattern "yes", expected on or off',
+    'redis=127.0.0.1:99999'
+        => 'invalid redis "127.0.0.1:99999", expected an address[:port]',
+    'redis=127.0.0.1:1 chanel=kv'   => 'unknown parameter "chanel"',
+    'redis=127.0.0.1:1 pattern'
+        => 'invalid parameter "pattern", expected name=value',
+    'redis=127.0.0.1:1 channel='
+        => 'invalid channel "", expected a non-empty value',
+    'redis=127.0.0.1:1 share=maybe'
+        => 'invalid share "maybe", expected on or off',
+);
+
+# kv_aware_tokenize PARAMETERS (in front of kv_aware keys=tokens) => what
+# nginx -t says after "kv_aware_tokenize: "
+my @TOKENIZE = (
+    '/_tok timeout=0'
+        => 'invalid timeout "0", expected a time from 1ms to 1m',
+    '/_tok timout=10ms' => 'unknown parameter "timout"',
+    'tokenize' => 'invalid uri "tokenize", expected one that starts with'
+                  . ' "/", or "off"',
+);
+
+# One block: nginx -t refuses the upstream's lines @$upstream and the
+# location's @$location with an [emerg] saying $says, file:line.
+sub refused {
+    my ($upstream, $location, $says) = @_;
+    my $what = (grep { /^kv_aware/ } @$location, reverse @$upstream)[0];
+    my $indent = sub { join '', map { ' ' x 8 . "$_;\n" } @_ };
+    return "=== refused: $what\n"
+         . "--- http_config\n    upstream llm {\n"
+         . $indent->(@$upstream, 'server 127.0.0.1:1') . "    }\n"
+         . "--- config\n    location / {\n"
+         . $indent->(@$location, 'proxy_pass http://llm') . "    }\n"
+         . "--- backends: 0\n--- must_die\n--- error_log\n[emerg]\n$says\n"
+         . "qr/nginx\\.conf:\\d+/\n\n";
+}
+
+sub pairs { my @l = @_; map { [@l[2 * $_, 2 * $_ + 1]] } 0 .. $#l / 2 }
+
+my $refused = join '',
+    (map { refused(["kv_aware $_->[0]"], [], "kv_aware: $_->[1]") }
+         pairs(@KV_AWARE)),
+    (map { refused(['kv_aware', "kv_aware_events $_->[0]"], [],
+                   "kv_aware_events: $_->[1]") } pairs(@EVENTS)),
+    (map { refused(['kv_aware keys=tokens'], ["kv_aware_tokenize $_->[0]"],
+                   "kv_aware_tokenize: $_->[1]") } pairs(@TOKENIZE));
+
+# The upstream "llm": kv_aware's line, then @servers.
+sub llm {
+    my ($kv_aware, @servers) = @_;
+    return "    upstream llm {\n        $kv_aware\n"
+         . join('', map { "        $_;\n" } @servers) . "    }\n";
+}
+
+# $n servers on 127.0.0.2 that nginx never connects to, each with @flags
+sub servers {
+    my ($n, @flags) = @_;
+    return map { join ' ', 'server', "127.0.0.2:$_", @flags }
+               1000 .. 999 + $n;
+}
+
+run_blocks(data => $refused . do { local $/; <DATA> });
 
 done_testing;
 
 __DATA__
 
-=== TEST 1: invalid block_size=abc
---- http_config
-    upstream llm {
-        kv_aware block_size=64 block_size=abc;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid block_size "abc", expected a size from 16 to 64k
-qr/nginx\.conf:\d+/
-
-=== TEST 2: invalid block_size=8
---- http_config
-    upstream llm {
-        kv_aware block_size=64 block_size=8;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid block_size "8", expected a size from 16 to 64k
-qr/nginx\.conf:\d+/
-
-=== TEST 3: invalid block_size=15
---- http_config
-    upstream llm {
-        kv_aware block_size=64 block_size=15;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid block_size "15"
-qr/nginx\.conf:\d+/
-
-=== TEST 4: invalid block_size=65537
---- http_config
-    upstream llm {
-        kv_aware block_size=64 block_size=65537;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid block_size "65537"
-qr/nginx\.conf:\d+/
-
-=== TEST 5: invalid block_size=
---- http_config
-    upstream llm {
-        kv_aware block_size=64 block_size=;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid block_size ""
-qr/nginx\.conf:\d+/
-
-=== TEST 6: invalid overlap_weight=-1
---- http_config
-    upstream llm {
-        kv_aware block_size=64 overlap_weight=-1;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid overlap_weight "-1", expected a number from 0 to 1000
-qr/nginx\.conf:\d+/
-
-=== TEST 7: invalid overlap_weight=1000.5
---- http_config
-    upstream llm {
-        kv_aware block_size=64 overlap_weight=1000.5;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid overlap_weight "1000.5"
-qr/nginx\.conf:\d+/
-
-=== TEST 8: invalid overlap_weight=abc
---- http_config
-    upstream llm {
-        kv_aware block_size=64 overlap_weight=abc;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid overlap_weight "abc"
-qr/nginx\.conf:\d+/
-
-=== TEST 9: invalid learned_ttl=0
---- http_config
-    upstream llm {
-        kv_aware block_size=64 learned_ttl=0;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid learned_ttl "0", expected a time from 1s to 30d
-qr/nginx\.conf:\d+/
-
-=== TEST 10: invalid learned_ttl=500ms
---- http_config
-    upstream llm {
-        kv_aware block_size=64 learned_ttl=500ms;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid learned_ttl "500ms"
-qr/nginx\.conf:\d+/
-
-=== TEST 11: invalid learned_ttl=31d
---- http_config
-    upstream llm {
-        kv_aware block_size=64 learned_ttl=31d;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid learned_ttl "31d"
-qr/nginx\.conf:\d+/
-
-=== TEST 12: invalid learned_ttl=soon
---- http_config
-    upstream llm {
-        kv_aware block_size=64 learned_ttl=soon;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid learned_ttl "soon"
-qr/nginx\.conf:\d+/
-
-=== TEST 13: invalid index_size=10k
---- http_config
-    upstream llm {
-        kv_aware block_size=64 index_size=10k;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid index_size "10k", expected a size of at least 256k
-qr/nginx\.conf:\d+/
-
-=== TEST 14: invalid index_size=255k
---- http_config
-    upstream llm {
-        kv_aware block_size=64 index_size=255k;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid index_size "255k"
-qr/nginx\.conf:\d+/
-
-=== TEST 15: invalid index_size=big
---- http_config
-    upstream llm {
-        kv_aware block_size=64 index_size=big;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid index_size "big"
-qr/nginx\.conf:\d+/
-
-=== TEST 16: invalid imbalance=x
---- http_config
-    upstream llm {
-        kv_aware block_size=64 imbalance=x;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid imbalance "x", expected a number from 0 to 1000000
-qr/nginx\.conf:\d+/
-
-=== TEST 17: invalid imbalance=-1
---- http_config
-    upstream llm {
-        kv_aware block_size=64 imbalance=-1;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid imbalance "-1"
-qr/nginx\.conf:\d+/
-
-=== TEST 18: invalid imbalance_ratio=0.5
---- http_config
-    upstream llm {
-        kv_aware block_size=64 imbalance_ratio=0.5;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid imbalance_ratio "0.5", expected a number from 1 to 1000
-qr/nginx\.conf:\d+/
-
-=== TEST 19: invalid imbalance_ratio=x
---- http_config
-    upstream llm {
-        kv_aware block_size=64 imbalance_ratio=x;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid imbalance_ratio "x"
-qr/nginx\.conf:\d+/
-
-=== TEST 20: invalid max_body=1
---- http_config
-    upstream llm {
-        kv_aware block_size=64 max_body=1;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid max_body "1", expected a size of at least 1k
-qr/nginx\.conf:\d+/
-
-=== TEST 21: invalid max_body=1023
---- http_config
-    upstream llm {
-        kv_aware block_size=64 max_body=1023;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid max_body "1023"
-qr/nginx\.conf:\d+/
-
-=== TEST 22: invalid max_body=lots
---- http_config
-    upstream llm {
-        kv_aware block_size=64 max_body=lots;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid max_body "lots"
-qr/nginx\.conf:\d+/
-
-=== TEST 23: invalid unknown=1
---- http_config
-    upstream llm {
-        kv_aware block_size=64 unknown=1;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: unknown parameter "unknown"
-qr/nginx\.conf:\d+/
-
-=== TEST 24: invalid Block_Size=64
---- http_config
-    upstream llm {
-        kv_aware block_size=64 Block_Size=64;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: unknown parameter "Block_Size"
-qr/nginx\.conf:\d+/
-
-=== TEST 25: invalid noequals
---- http_config
-    upstream llm {
-        kv_aware block_size=64 noequals;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid parameter "noequals", expected name=value
-qr/nginx\.conf:\d+/
-
-=== TEST 26: invalid =64
---- http_config
-    upstream llm {
-        kv_aware block_size=64 =64;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: unknown parameter ""
-qr/nginx\.conf:\d+/
-
-=== TEST 27: duplicate kv_aware directive
+=== TEST 1: duplicate kv_aware directive
 --- http_config
     upstream llm {
         kv_aware block_size=64;
@@ -431,9 +162,7 @@ qr/nginx\.conf:\d+/
 [emerg]
 qr/"kv_aware" directive is duplicate in \S+nginx\.conf:\d+/
 
-
-
-=== TEST 28: kv_aware in a location
+=== TEST 2: kv_aware in a location
 --- config
     location / {
         kv_aware;
@@ -444,9 +173,7 @@ qr/"kv_aware" directive is duplicate in \S+nginx\.conf:\d+/
 --- error_log
 qr/\[emerg\].*"kv_aware" directive is not allowed here/
 
-
-
-=== TEST 29: kv_aware in the http block
+=== TEST 3: kv_aware in the http block
 --- http_config
     kv_aware;
 --- config
@@ -456,78 +183,9 @@ qr/\[emerg\].*"kv_aware" directive is not allowed here/
 --- error_log
 qr/\[emerg\].*"kv_aware" directive is not allowed here/
 
-
-
-=== TEST 30: 65 servers
---- http_config
-    upstream llm {
-        kv_aware;
-        server 127.0.0.2:1000;
-        server 127.0.0.2:1001;
-        server 127.0.0.2:1002;
-        server 127.0.0.2:1003;
-        server 127.0.0.2:1004;
-        server 127.0.0.2:1005;
-        server 127.0.0.2:1006;
-        server 127.0.0.2:1007;
-        server 127.0.0.2:1008;
-        server 127.0.0.2:1009;
-        server 127.0.0.2:1010;
-        server 127.0.0.2:1011;
-        server 127.0.0.2:1012;
-        server 127.0.0.2:1013;
-        server 127.0.0.2:1014;
-        server 127.0.0.2:1015;
-        server 127.0.0.2:1016;
-        server 127.0.0.2:1017;
-        server 127.0.0.2:1018;
-        server 127.0.0.2:1019;
-        server 127.0.0.2:1020;
-        server 127.0.0.2:1021;
-        server 127.0.0.2:1022;
-        server 127.0.0.2:1023;
-        server 127.0.0.2:1024;
-        server 127.0.0.2:1025;
-        server 127.0.0.2:1026;
-        server 127.0.0.2:1027;
-        server 127.0.0.2:1028;
-        server 127.0.0.2:1029;
-        server 127.0.0.2:1030;
-        server 127.0.0.2:1031;
-        server 127.0.0.2:1032;
-        server 127.0.0.2:1033;
-        server 127.0.0.2:1034;
-        server 127.0.0.2:1035;
-        server 127.0.0.2:1036;
-        server 127.0.0.2:1037;
-        server 127.0.0.2:1038;
-        server 127.0.0.2:1039;
-        server 127.0.0.2:1040;
-        server 127.0.0.2:1041;
-        server 127.0.0.2:1042;
-        server 127.0.0.2:1043;
-        server 127.0.0.2:1044;
-        server 127.0.0.2:1045;
-        server 127.0.0.2:1046;
-        server 127.0.0.2:1047;
-        server 127.0.0.2:1048;
-        server 127.0.0.2:1049;
-        server 127.0.0.2:1050;
-        server 127.0.0.2:1051;
-        server 127.0.0.2:1052;
-        server 127.0.0.2:1053;
-        server 127.0.0.2:1054;
-        server 127.0.0.2:1055;
-        server 127.0.0.2:1056;
-        server 127.0.0.2:1057;
-        server 127.0.0.2:1058;
-        server 127.0.0.2:1059;
-        server 127.0.0.2:1060;
-        server 127.0.0.2:1061;
-        server 127.0.0.2:1062;
-        server 127.0.0.2:1063;
-        server 127.0.0.2:1064;
-    }
+=== TEST 4: 65 servers
+--- http_config eval
+llm('kv_aware;', servers(65))
 --- config
     location / { proxy_pass http://llm; }
 --- backends: 0
@@ -536,78 +194,9 @@ qr/\[emerg\].*"kv_aware" directive is not allowed here/
 [emerg]
 kv_aware: upstream "llm" has 65 servers, at most 64 are supported
 
-
-
-=== TEST 31: 64 servers and a backup are 65
---- http_config
-    upstream llm {
-        kv_aware;
-        server 127.0.0.2:1000;
-        server 127.0.0.2:1001;
-        server 127.0.0.2:1002;
-        server 127.0.0.2:1003;
-        server 127.0.0.2:1004;
-        server 127.0.0.2:1005;
-        server 127.0.0.2:1006;
-        server 127.0.0.2:1007;
-        server 127.0.0.2:1008;
-        server 127.0.0.2:1009;
-        server 127.0.0.2:1010;
-        server 127.0.0.2:1011;
-        server 127.0.0.2:1012;
-        server 127.0.0.2:1013;
-        server 127.0.0.2:1014;
-        server 127.0.0.2:1015;
-        server 127.0.0.2:1016;
-        server 127.0.0.2:1017;
-        server 127.0.0.2:1018;
-        server 127.0.0.2:1019;
-        server 127.0.0.2:1020;
-        server 127.0.0.2:1021;
-        server 127.0.0.2:1022;
-        server 127.0.0.2:1023;
-        server 127.0.0.2:1024;
-        server 127.0.0.2:1025;
-        server 127.0.0.2:1026;
-        server 127.0.0.2:1027;
-        server 127.0.0.2:1028;
-        server 127.0.0.2:1029;
-        server 127.0.0.2:1030;
-        server 127.0.0.2:1031;
-        server 127.0.0.2:1032;
-        server 127.0.0.2:1033;
-        server 127.0.0.2:1034;
-        server 127.0.0.2:1035;
-        server 127.0.0.2:1036;
-        server 127.0.0.2:1037;
-        server 127.0.0.2:1038;
-        server 127.0.0.2:1039;
-        server 127.0.0.2:1040;
-        server 127.0.0.2:1041;
-        server 127.0.0.2:1042;
-        server 127.0.0.2:1043;
-        server 127.0.0.2:1044;
-        server 127.0.0.2:1045;
-        server 127.0.0.2:1046;
-        server 127.0.0.2:1047;
-        server 127.0.0.2:1048;
-        server 127.0.0.2:1049;
-        server 127.0.0.2:1050;
-        server 127.0.0.2:1051;
-        server 127.0.0.2:1052;
-        server 127.0.0.2:1053;
-        server 127.0.0.2:1054;
-        server 127.0.0.2:1055;
-        server 127.0.0.2:1056;
-        server 127.0.0.2:1057;
-        server 127.0.0.2:1058;
-        server 127.0.0.2:1059;
-        server 127.0.0.2:1060;
-        server 127.0.0.2:1061;
-        server 127.0.0.2:1062;
-        server 127.0.0.2:1063;
-        server 127.0.0.3:1000 backup;
-    }
+=== TEST 5: 64 servers and a backup are 65
+--- http_config eval
+llm('kv_aware;', servers(64), 'server 127.0.0.3:1000 backup')
 --- config
     location / { proxy_pass http://llm; }
 --- backends: 0
@@ -615,78 +204,10 @@ kv_aware: upstream "llm" has 65 servers, at most 64 are supported
 --- error_log
 kv_aware: upstream "llm" has 65 servers, at most 64 are supported
 
-
-
-=== TEST 32: 64 servers are fine (63 down, one live)
+=== TEST 6: 64 servers are fine (63 down, one live)
 --- backends: 1
---- http_config
-    upstream llm {
-        kv_aware;
-        server 127.0.0.2:1000 down;
-        server 127.0.0.2:1001 down;
-        server 127.0.0.2:1002 down;
-        server 127.0.0.2:1003 down;
-        server 127.0.0.2:1004 down;
-        server 127.0.0.2:1005 down;
-        server 127.0.0.2:1006 down;
-        server 127.0.0.2:1007 down;
-        server 127.0.0.2:1008 down;
-        server 127.0.0.2:1009 down;
-        server 127.0.0.2:1010 down;
-        server 127.0.0.2:1011 down;
-        server 127.0.0.2:1012 down;
-        server 127.0.0.2:1013 down;
-        server 127.0.0.2:1014 down;
-        server 127.0.0.2:1015 down;
-        server 127.0.0.2:1016 down;
-        server 127.0.0.2:1017 down;
-        server 127.0.0.2:1018 down;
-        server 127.0.0.2:1019 down;
-        server 127.0.0.2:1020 down;
-        server 127.0.0.2:1021 down;
-        server 127.0.0.2:1022 down;
-        server 127.0.0.2:1023 down;
-        server 127.0.0.2:1024 down;
-        server 127.0.0.2:1025 down;
-        server 127.0.0.2:1026 down;
-        server 127.0.0.2:1027 down;
-        server 127.0.0.2:1028 down;
-        server 127.0.0.2:1029 down;
-        server 127.0.0.2:1030 down;
-        server 127.0.0.2:1031 down;
-        server 127.0.0.2:1032 down;
-        server 127.0.0.2:1033 down;
-        server 127.0.0.2:1034 down;
-        server 127.0.0.2:1035 down;
-        server 127.0.0.2:1036 down;
-        server 127.0.0.2:1037 down;
-        server 127.0.0.2:1038 down;
-        server 127.0.0.2:1039 down;
-        server 127.0.0.2:1040 down;
-        server 127.0.0.2:1041 down;
-        server 127.0.0.2:1042 down;
-        server 127.0.0.2:1043 down;
-        server 127.0.0.2:1044 down;
-        server 127.0.0.2:1045 down;
-        server 127.0.0.2:1046 down;
-        server 127.0.0.2:1047 down;
-        server 127.0.0.2:1048 down;
-        server 127.0.0.2:1049 down;
-        server 127.0.0.2:1050 down;
-        server 127.0.0.2:1051 down;
-        server 127.0.0.2:1052 down;
-        server 127.0.0.2:1053 down;
-        server 127.0.0.2:1054 down;
-        server 127.0.0.2:1055 down;
-        server 127.0.0.2:1056 down;
-        server 127.0.0.2:1057 down;
-        server 127.0.0.2:1058 down;
-        server 127.0.0.2:1059 down;
-        server 127.0.0.2:1060 down;
-        server 127.0.0.2:1061 down;
-        server 127.0.0.2:1062 down;
-        server $TEST_NGINX_BACKEND_1;
-    }
+--- http_config eval
+llm('kv_aware;', servers(63, 'down'), 'server $TEST_NGINX_BACKEND_1')
 --- config
     location / {
         proxy_pass http://llm;
@@ -697,9 +218,7 @@ kv_aware: upstream "llm" has 65 servers, at most 64 are supported
 --- response_headers eval
 ["X-Backend: b1\nX-KV-Reason: load", "X-Backend: b1\nX-KV-Reason: affinity"]
 
-
-
-=== TEST 33: bare kv_aware: defaults route
+=== TEST 7: bare kv_aware: defaults route
 --- http_config
     upstream llm {
         kv_aware;
@@ -719,9 +238,7 @@ kv_aware: upstream "llm" has 65 servers, at most 64 are supported
 --- no_error_log
 [warn]
 
-
-
-=== TEST 34: lowest accepted values
+=== TEST 8: lowest accepted values
 --- http_config
     upstream llm {
         kv_aware block_size=16 overlap_weight=0 learned_ttl=1s
@@ -741,9 +258,7 @@ kv_aware: upstream "llm" has 65 servers, at most 64 are supported
 X-KV-Reason: load
 X-KV-Blocks: 40
 
-
-
-=== TEST 35: highest accepted values
+=== TEST 9: highest accepted values
 --- http_config
     upstream llm {
         kv_aware block_size=64k overlap_weight=1000 learned_ttl=30d
@@ -764,9 +279,7 @@ X-KV-Blocks: 40
 X-KV-Reason: load
 X-KV-Blocks: 0
 
-
-
-=== TEST 36: block_size=16, overlap_weight with decimals
+=== TEST 10: block_size=16, overlap_weight with decimals
 --- http_config
     upstream llm {
         kv_aware block_size=16 overlap_weight=0.5 imbalance_ratio=2.25;
@@ -784,9 +297,7 @@ X-KV-Blocks: 0
 --- response_headers eval
 ["X-KV-Reason: load\nX-KV-Blocks: 40", "X-KV-Reason: affinity\nX-KV-Blocks: 40"]
 
-
-
-=== TEST 37: two kv_aware upstreams, each with its own zone
+=== TEST 11: two kv_aware upstreams, each with its own zone
 --- backends: 3
 --- http_config
     upstream one {
@@ -816,9 +327,7 @@ X-KV-Blocks: 0
 kv_aware: upstream "one" indexes up to
 kv_aware: upstream "two" indexes up to
 
-
-
-=== TEST 38: upstream zone (peers in shared memory) with kv_aware
+=== TEST 12: upstream zone (peers in shared memory) with kv_aware
 --- http_config
     upstream llm {
         zone llm_peers 64k;
@@ -836,9 +345,7 @@ kv_aware: upstream "two" indexes up to
 --- response_headers eval
 ["X-KV-Reason: load", "X-KV-Reason: affinity", "X-KV-Reason: affinity"]
 
-
-
-=== TEST 39: kv_aware after least_conn: kv_aware routes
+=== TEST 13: kv_aware after least_conn: kv_aware routes
 --- http_config
     upstream llm {
         least_conn;
@@ -856,264 +363,7 @@ kv_aware: upstream "two" indexes up to
 --- response_headers eval
 ["X-KV-Reason: load", "X-KV-Reason: affinity"]
 
-
-
-=== TEST 40: kv_aware_events: an invalid value, worded as kv_aware's
---- http_config
-    upstream llm {
-        kv_aware;
-        kv_aware_events redis=127.0.0.1:1 max_rate=0;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_events: invalid max_rate "0", expected a number of at least 1
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 41: kv_aware_events: an invalid time, with its range
---- http_config
-    upstream llm {
-        kv_aware;
-        kv_aware_events redis=127.0.0.1:1 heartbeat=5ms;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_events: invalid heartbeat "5ms", expected a time from 10ms to 1d
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 42: kv_aware_events: an invalid size, with its range
---- http_config
-    upstream llm {
-        kv_aware;
-        kv_aware_events redis=127.0.0.1:1 max_message=255;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_events: invalid max_message "255", expected a size of at least 256
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 43: kv_aware_events: pattern is on or off
---- http_config
-    upstream llm {
-        kv_aware;
-        kv_aware_events redis=127.0.0.1:1 pattern=yes;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_events: invalid pattern "yes", expected on or off
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 44: kv_aware_events: an invalid redis address
---- http_config
-    upstream llm {
-        kv_aware;
-        kv_aware_events redis=127.0.0.1:99999;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_events: invalid redis "127.0.0.1:99999", expected an address[:port]
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 45: kv_aware_events: an unknown parameter, worded as kv_aware's
---- http_config
-    upstream llm {
-        kv_aware;
-        kv_aware_events redis=127.0.0.1:1 chanel=kv;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_events: unknown parameter "chanel"
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 46: kv_aware_events: a parameter without a value
---- http_config
-    upstream llm {
-        kv_aware;
-        kv_aware_events redis=127.0.0.1:1 pattern;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_events: invalid parameter "pattern", expected name=value
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 47: kv_aware_events: an empty value
---- http_config
-    upstream llm {
-        kv_aware;
-        kv_aware_events redis=127.0.0.1:1 channel=;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_events: invalid channel "", expected a non-empty value
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 48: invalid keys=
---- http_config
-    upstream llm {
-        kv_aware keys=words;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid keys "words", expected text or tokens
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 49: invalid block_tokens=0
---- http_config
-    upstream llm {
-        kv_aware keys=tokens block_tokens=0;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid block_tokens "0", expected a number from 1 to 65536
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 50: invalid block_tokens=65537
---- http_config
-    upstream llm {
-        kv_aware keys=tokens block_tokens=65537;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid block_tokens "65537", expected a number from 1 to 65536
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 51: kv_aware_tokenize: invalid timeout, worded as kv_aware's
---- http_config
-    upstream llm {
-        kv_aware keys=tokens;
-        server 127.0.0.1:1;
-    }
---- config
-    location / {
-        kv_aware_tokenize /_tok timeout=0;
-        proxy_pass http://llm;
-    }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_tokenize: invalid timeout "0", expected a time from 1ms to 1m
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 52: kv_aware_tokenize: an unknown parameter
---- http_config
-    upstream llm {
-        kv_aware keys=tokens;
-        server 127.0.0.1:1;
-    }
---- config
-    location / {
-        kv_aware_tokenize /_tok timout=10ms;
-        proxy_pass http://llm;
-    }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_tokenize: unknown parameter "timout"
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 53: kv_aware_tokenize: a uri that is not one
---- http_config
-    upstream llm {
-        kv_aware keys=tokens;
-        server 127.0.0.1:1;
-    }
---- config
-    location / {
-        kv_aware_tokenize tokenize;
-        proxy_pass http://llm;
-    }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_tokenize: invalid uri "tokenize", expected one that starts with "/", or "off"
-qr/nginx\.conf:\d+/
-
-
-
-=== TEST 54: kv_aware_tokenize off in a location turns an inherited one off
+=== TEST 14: kv_aware_tokenize off in a location turns an inherited one off
 --- http_config
     upstream llm {
         kv_aware keys=tokens;
@@ -1133,37 +383,9 @@ POST /v1/chat/completions
 --- response_headers
 X-KV-Reason: fallback:no_tokens
 
-=== TEST 55: data_parallel=0
---- http_config
-    upstream llm {
-        kv_aware data_parallel=0;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware: invalid data_parallel "0", expected a number from 1 to 64
-qr/nginx\.conf:\d+/
-
-=== TEST 56: 33 servers of 2 ranks are 66 ranks
---- http_config
-    upstream llm {
-        kv_aware data_parallel=2;
-        server 127.0.0.2:1000; server 127.0.0.2:1001; server 127.0.0.2:1002;
-        server 127.0.0.2:1003; server 127.0.0.2:1004; server 127.0.0.2:1005;
-        server 127.0.0.2:1006; server 127.0.0.2:1007; server 127.0.0.2:1008;
-        server 127.0.0.2:1009; server 127.0.0.2:1010; server 127.0.0.2:1011;
-        server 127.0.0.2:1012; server 127.0.0.2:1013; server 127.0.0.2:1014;
-        server 127.0.0.2:1015; server 127.0.0.2:1016; server 127.0.0.2:1017;
-        server 127.0.0.2:1018; server 127.0.0.2:1019; server 127.0.0.2:1020;
-        server 127.0.0.2:1021; server 127.0.0.2:1022; server 127.0.0.2:1023;
-        server 127.0.0.2:1024; server 127.0.0.2:1025; server 127.0.0.2:1026;
-        server 127.0.0.2:1027; server 127.0.0.2:1028; server 127.0.0.2:1029;
-        server 127.0.0.2:1030; server 127.0.0.2:1031; server 127.0.0.2:1032;
-    }
+=== TEST 15: 33 servers of 2 ranks are 66 ranks
+--- http_config eval
+llm('kv_aware data_parallel=2;', servers(33))
 --- config
     location / { proxy_pass http://llm; }
 --- backends: 0
@@ -1172,7 +394,7 @@ qr/nginx\.conf:\d+/
 [emerg]
 kv_aware: upstream "llm" has 33 servers of 2 ranks, at most 64 ranks in all are supported
 
-=== TEST 57: data_parallel=64 of one server routes, and says a rank
+=== TEST 16: data_parallel=64 of one server routes, and says a rank
 --- http_config
     upstream llm {
         kv_aware data_parallel=64 block_size=16;
@@ -1193,7 +415,7 @@ X-Backend: b1
 X-KV-Rank: ^([0-9]|[1-5][0-9]|6[0-3])$
 X-Backend-Rank: ^([0-9]|[1-5][0-9]|6[0-3])$
 
-=== TEST 58: kv_aware_events share=on needs one channel, not a pattern
+=== TEST 17: kv_aware_events share=on needs one channel, not a pattern
 --- http_config
     upstream llm {
         kv_aware;
@@ -1209,18 +431,3 @@ X-Backend-Rank: ^([0-9]|[1-5][0-9]|6[0-3])$
 [emerg]
 "kv_aware_events" directive needs pattern=off with share=on
 qr/nginx\.conf:\d+/
-
-=== TEST 59: kv_aware_events share=maybe
---- http_config
-    upstream llm {
-        kv_aware;
-        kv_aware_events redis=127.0.0.1:1 share=maybe;
-        server 127.0.0.1:1;
-    }
---- config
-    location / { proxy_pass http://llm; }
---- backends: 0
---- must_die
---- error_log
-[emerg]
-kv_aware_events: invalid share "maybe", expected on or off

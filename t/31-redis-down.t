@@ -84,7 +84,9 @@ subtest 'redis restarted under traffic' => sub {
        'snapshot: fresh again');
 
     my @r = $tr->stop;
-    cmp_ok(scalar @r, '>=', 20, 'traffic: ' . scalar(@r) . ' requests');
+    # a floor, not a rate: a loaded machine (tests side by side) answers
+    # fewer in the same seconds
+    cmp_ok(scalar @r, '>=', 10, 'traffic: ' . scalar(@r) . ' requests');
     my @bad = grep { $_->[0] != 200 } @r;
     is(scalar @bad, 0, 'every request answered 200')
         or diag explain [@bad[0 .. ($#bad < 9 ? $#bad : 9)]];

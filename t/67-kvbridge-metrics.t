@@ -157,8 +157,11 @@ is(value($m2, 'kvbridge_redis_link_up', { link => 'subscribe' }), 1,
 my $idle = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$page")
     or die "connect: $!";
 print $idle "GET /metr";                        # and nothing more
+# the page's own fetch is timed, not the parser's start (python3, slow
+# on a loaded machine)
 my $t0 = time;
-ok(scrape(), 'a client that never finishes its request holds up no other');
+ok($http->get("http://127.0.0.1:$page/metrics")->{success},
+   'a client that never finishes its request holds up no other');
 cmp_ok(time - $t0, '<', 3, 'the page came at once');
 
 is($http->get("http://127.0.0.1:$page/nothing")->{status}, 404,

@@ -17,13 +17,12 @@
 use strict;
 use warnings;
 
-use IO::Socket::INET;
 use JSON::PP;
-use POSIX qw(WNOHANG);
 use Test::More;
 use Time::HiRes qw(time sleep);
 
 use Test::KvAware qw(wait_until free_run);
+use Test::KvAware::Children qw(listening);
 use Test::KvAware::Events qw(preflight publisher stored cleared status);
 
 my $KVSIM   = $ENV{KVSIM_BINARY} || 'build/kvsim';
@@ -44,42 +43,15 @@ my $base = free_run(4);
 my @names = map { "127.0.0.1:$_" } $base .. $base + 3;
 my $env = Test::KvAware->new(backends => 0, redis => 1, workers => 2);
 my $logs = $env->prefix . '/logs';
-my %kids;
-
-sub spawn {
-    my ($name, @cmd) = @_;
-    my $pid = fork // die "fork: $!";
-    if ($pid == 0) {
-        open STDOUT, '>>', "$logs/$name.log";
-        open STDERR, '>&', \*STDOUT;
-        { exec @cmd }
-        POSIX::_exit(127);
-    }
-    $kids{$name} = $pid;
-    return $pid;
-}
-
-sub reap {
-    my ($name, $sig) = @_;
-    my $pid = delete $kids{$name} or return;
-    kill $sig // 'TERM', $pid;
-    waitpid $pid, 0;
-}
-
-END { local $?; reap($_, 'KILL') for keys %kids }
+my $kids = Test::KvAware::Children->new($logs);
 
 sub kvsim {
     my ($name, $n, $port) = @_;
-    spawn($name, $KVSIM, '--servers', $n, '--base-port', $port,
-          '--time-scale', $SCALE, '--block-tokens', 64, '--num-blocks', 2000,
-          '--redis', '127.0.0.1:' . $env->redis_port, '--heartbeat-ms', 500,
-          '--seed', $port, '--quiet');
-}
-
-sub listening {
-    my ($port) = @_;
-    return IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port",
-                                 Timeout => 0.2);
+    $kids->spawn($name, $KVSIM, '--servers', $n, '--base-port', $port,
+                 '--time-scale', $SCALE, '--block-tokens', 64,
+                 '--num-blocks', 2000,
+                 '--redis', '127.0.0.1:' . $env->redis_port,
+                 '--heartbeat-ms', 500, '--seed', $port, '--quiet');
 }
 
 kvsim('kvsim-a', 3, $base);
@@ -126,12 +98,12 @@ ok(wait_until(15, \&all_fresh), 'every server publishes and is precise');
 my $result = $env->prefix . '/kvload.json';
 my $t0 = time;
 
-spawn('kvload', $KVLOAD, '--target', '127.0.0.1:' . $env->port,
-      '--workload', 'multi-turn', '--qps-ladder', 3,
-      '--stage-seconds', $SECONDS * $SCALE, '--time-scale', $SCALE,
-      '--groups', 40, '--turns', 4, '--system-tokens', 1500,
-      '--question-tokens', 150, '--output-tokens', 30,
-      '--timeout', 60 * $SCALE, '--json', $result);
+$kids->spawn('kvload', $KVLOAD, '--target', '127.0.0.1:' . $env->port,
+             '--workload', 'multi-turn', '--qps-ladder', 3,
+             '--stage-seconds', $SECONDS * $SCALE, '--time-scale', $SCALE,
+             '--groups', 40, '--turns', 4, '--system-tokens', 1500,
+             '--question-tokens', 150, '--output-tokens', 30,
+             '--timeout', 60 * $SCALE, '--json', $result);
 
 # --- the hostile publisher -------------------------------------------------
 
@@ -235,10 +207,10 @@ while (time < $end) {
     }
 
     if (!$b_down_at && $t > $SECONDS * 0.55) {
-        reap('kvsim-b', 'KILL');
+        $kids->reap('kvsim-b', 'KILL');
         $b_down_at = time;
         push @events_log, sprintf('%.0fs kvsim B killed', $t);
-    } elsif ($b_down_at && !$kids{'kvsim-b'} && time - $b_down_at > 5) {
+    } elsif ($b_down_at && !$kids->pid('kvsim-b') && time - $b_down_at > 5) {
         kvsim('kvsim-b', 1, $base + 3);
         push @events_log, sprintf('%.0fs kvsim B back', $t);
     }
@@ -253,10 +225,7 @@ if ($bs != 256) {
     $reloads++;
 }
 
-my $kv = $kids{kvload};
-ok(wait_until(60 + 30, sub { waitpid($kv, WNOHANG) == $kv }),
-   'kvload finished') or reap('kvload', 'KILL');
-delete $kids{kvload};
+ok($kids->finished('kvload', 60 + 30), 'kvload finished');
 
 ok(wait_until(20, \&all_fresh), 'every server precise at the end');
 

@@ -22,13 +22,13 @@
 use strict;
 use warnings;
 
-use IO::Socket::INET;
 use JSON::PP;
 use POSIX qw(WNOHANG);
 use Test::More;
 use Time::HiRes qw(time sleep);
 
 use Test::KvAware qw(wait_until free_run);
+use Test::KvAware::Children qw(listening);
 use Test::KvAware::Events qw(preflight status);
 
 my $KVSIM    = $ENV{KVSIM_BINARY} || 'build/kvsim';
@@ -67,43 +67,15 @@ my $collect = $zmq + 8;
 
 my $env = Test::KvAware->new(backends => 0, redis => 1, workers => 2);
 my $logs = $env->prefix . '/logs';
-my %kids;
-
-sub spawn {
-    my ($name, @cmd) = @_;
-    my $pid = fork // die "fork: $!";
-    if ($pid == 0) {
-        open STDOUT, '>>', "$logs/$name.log";
-        open STDERR, '>&', \*STDOUT;
-        { exec @cmd }
-        POSIX::_exit(127);
-    }
-    $kids{$name} = $pid;
-    return $pid;
-}
-
-sub reap {
-    my ($name, $sig) = @_;
-    my $pid = delete $kids{$name} or return;
-    kill $sig // 'TERM', $pid;
-    waitpid $pid, 0;
-}
-
-END { local $?; reap($_, 'KILL') for keys %kids }
-
-sub listening {
-    my ($port) = @_;
-    return IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port",
-                                 Timeout => 0.2);
-}
+my $kids = Test::KvAware::Children->new($logs);
 
 sub kvsim {
     my ($name, $n, $first) = @_;
-    spawn($name, $KVSIM, '--servers', $n, '--base-port', $base + $first,
-          '--time-scale', $SCALE, '--keyspace', 'tokens',
-          '--num-blocks', 2000, '--redis', 'off', '--events', 'zmq',
-          '--zmq-port', $zmq + 2 * $first, '--seed', $base + $first,
-          '--quiet');
+    $kids->spawn($name, $KVSIM, '--servers', $n, '--base-port', $base + $first,
+                 '--time-scale', $SCALE, '--keyspace', 'tokens',
+                 '--num-blocks', 2000, '--redis', 'off', '--events', 'zmq',
+                 '--zmq-port', $zmq + 2 * $first, '--seed', $base + $first,
+                 '--quiet');
 }
 
 # --- the fake engine F: a real PUB and ROUTER, a hostile replay -----------
@@ -219,7 +191,7 @@ kvsim('kvsim-a', 2, 0);
 kvsim('kvsim-b', 1, 2);
 ok(wait_until(10, sub { !grep { !listening($_) } $base .. $base + 2 }),
    'kvsim listens');
-$kids{fake} = fake_engine();
+$kids->adopt(fake => fake_engine());
 
 my $redis_port = $env->redis_port;
 
@@ -233,9 +205,9 @@ sub bridge {
                    . ' events=tcp://127.0.0.1:' . ($zmq + 6)
                    . ' replay=tcp://127.0.0.1:' . ($zmq + 7),
                    '--engine', '127.0.0.1:2 model=kvsim topic=col';
-    spawn('kvbridge', $KVBRIDGE, '--redis', "127.0.0.1:$redis_port",
-          '--heartbeat', 500, '--collect', "tcp://127.0.0.1:$collect",
-          @engines);
+    $kids->spawn('kvbridge', $KVBRIDGE, '--redis', "127.0.0.1:$redis_port",
+                 '--heartbeat', 500, '--collect', "tcp://127.0.0.1:$collect",
+                 @engines);
 }
 
 bridge();
@@ -288,12 +260,12 @@ ok(wait_until(20, sub { fresh(@names) }),
 my $result = $env->prefix . '/kvload.json';
 my $t0 = time;
 
-spawn('kvload', $KVLOAD, '--target', '127.0.0.1:' . $env->port,
-      '--workload', 'multi-turn', '--prompt-ids', 1, '--qps-ladder', 3,
-      '--stage-seconds', $SECONDS * $SCALE, '--time-scale', $SCALE,
-      '--groups', 40, '--turns', 4, '--system-tokens', 1500,
-      '--question-tokens', 150, '--output-tokens', 30,
-      '--timeout', 60 * $SCALE, '--json', $result);
+$kids->spawn('kvload', $KVLOAD, '--target', '127.0.0.1:' . $env->port,
+             '--workload', 'multi-turn', '--prompt-ids', 1, '--qps-ladder', 3,
+             '--stage-seconds', $SECONDS * $SCALE, '--time-scale', $SCALE,
+             '--groups', 40, '--turns', 4, '--system-tokens', 1500,
+             '--question-tokens', 150, '--output-tokens', 30,
+             '--timeout', 60 * $SCALE, '--json', $result);
 
 # --- chaos -----------------------------------------------------------------
 
@@ -301,7 +273,7 @@ my (%fault_at, %back_at, %sync_in, @events_log, $bridge_rss_max);
 my ($floods, $hostile) = (0, 0);
 
 sub bridge_rss {
-    my $pid = $kids{kvbridge} or return;
+    my $pid = $kids->pid('kvbridge') or return;
     open my $fh, '<', "/proc/$pid/status" or return;
     while (<$fh>) {
         next unless /^VmRSS:\s+(\d+)/;
@@ -333,7 +305,7 @@ while (time < $end) {
     track($_) for keys %back_at;
 
     if ($tick % 7 == 3) {
-        kill 'USR1', $kids{fake};
+        kill 'USR1', $kids->pid('fake');
         $floods++;
     }
 
@@ -355,7 +327,7 @@ while (time < $end) {
     }
 
     if (!$fault_at{engine} && $t > 0.45) {
-        reap('kvsim-b', 'KILL');
+        $kids->reap('kvsim-b', 'KILL');
         $fault_at{engine} = time;
         note_event('kvsim B killed');
     } elsif ($fault_at{engine} && !$back_at{engine}
@@ -390,14 +362,11 @@ ok(wait_until(2 * $SYNC_MAX, sub {
     !grep { !defined $sync_in{$_} } keys %back_at;
 }), 'the soak ends with every fault over and every engine precise');
 
-my $kv = $kids{kvload};
-ok(wait_until(90, sub { waitpid($kv, WNOHANG) == $kv }),
-   'kvload finished') or reap('kvload', 'KILL');
-delete $kids{kvload};
+ok($kids->finished('kvload', 90), 'kvload finished');
 
 # --- what an operator would notice ------------------------------------------
 
-my $bpid = $kids{kvbridge};
+my $bpid = $kids->pid('kvbridge');
 ok($bpid && kill(0, $bpid) && waitpid($bpid, WNOHANG) == 0,
    'the bridge survived every fault');
 

@@ -206,7 +206,9 @@ sub write_conf {
 
 # A whole nginx.conf around $o{http} (the http{} block's body): the
 # module loaded, $o{workers} workers (1), the error log at $o{log_level}
-# (info) and temporary files in the prefix; written as write_conf does.
+# (info), $o{connections} connections a worker (1024) and temporary files
+# in the prefix; written as write_conf does.  Shell scripts have it as
+# "kva-launch conf".
 sub write_nginx_conf {
     my ($self, %o) = @_;
     my $prefix = $self->{prefix};
@@ -215,7 +217,7 @@ sub write_nginx_conf {
         'worker_processes ', $o{workers} // 1, ";\n",
         'error_log logs/error.log ', $o{log_level} // 'info', ";\n",
         "pid logs/nginx.pid;\n",
-        "events { worker_connections 1024; }\n",
+        'events { worker_connections ', $o{connections} // 1024, "; }\n",
         "http {\n",
         "    access_log off;\n",
         "    client_body_temp_path $prefix/body;\n",
@@ -570,11 +572,17 @@ sub free_ports {
     return map { $_->sockport } @socks;
 }
 
-# The first of $n consecutive free 127.0.0.1 ports (kvsim listens on a run).
+# The first of $n consecutive free 127.0.0.1 ports (kvsim listens on a run),
+# drawn below the kernel's ephemeral ports: those are what free_ports and
+# every outgoing connection take, so that tests running side by side
+# never draw one port from both.
 sub free_run {
     my ($n) = @_;
+    my ($low) = (slurp('/proc/sys/net/ipv4/ip_local_port_range') // '')
+                =~ /^(\d+)/;
+    $low = 32768 unless $low && $low > 20000 + 1000 + $n;
     for (1 .. 100) {
-        my $base = 20000 + int(rand(40000));
+        my $base = 20000 + int(rand($low - 20000 - $n));
         my @socks = map {
             IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
                                   LocalPort => $_, ReuseAddr => 1)

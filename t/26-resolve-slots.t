@@ -1,7 +1,7 @@
 # Servers that come and go by DNS (nginx 1.27.3 and later) when the zone's
 # 64 slots (ranks) are all taken: a newcomer takes a slot freed in the
 # same change, and routing goes back to kv_aware at once, without waiting
-# for DNS to change again (t/59-resolve.t has the machinery).
+# for DNS to change again (t/25-resolve.t has the machinery).
 #
 #   * a.test: 100 addresses, 64 of them get a slot; then 3, one of which
 #     had none: the three are listed, a prompt sticks to one server by

@@ -22,7 +22,7 @@ use Time::HiRes qw(sleep);
 
 use KvAware::Launch qw(free_ports wait_until);
 use Test::KvAware ();
-use Test::KvAware::Events qw(prompt chat show);
+use Test::KvAware::Events qw($LOCATIONS prompt chat show);
 
 my $v = `${\ KvAware::Launch::nginx_binary()} -v 2>&1` // '';
 my ($maj, $min, $pat) = $v =~ m{nginx/(\d+)\.(\d+)\.(\d+)};
@@ -60,7 +60,7 @@ answer(qw(b1 b2));
 $l->spawn('dns', [$^X, 't/lib/dns.pl', '--port', $dns, '--zone', $zone],
           what => "dns on 127.0.0.1:$dns", ready => sub { sleep 0.3; 1 });
 
-$env->conf(http_config => <<"EOF", config => <<'EOF');
+$env->conf(http_config => <<"EOF", config => $LOCATIONS);
     upstream llm {
         zone llm 256k;
         kv_aware block_size=64;
@@ -68,16 +68,6 @@ $env->conf(http_config => <<"EOF", config => <<'EOF');
         resolver_timeout 2s;
         server llm.test:$port resolve max_fails=0;
     }
-EOF
-        location / {
-            proxy_pass http://llm;
-            add_header X-KV-Reason $kv_aware_reason always;
-            add_header X-KV-Blocks $kv_aware_blocks always;
-            add_header X-KV-Matched $kv_aware_matched always;
-        }
-        location = /kv_status {
-            kv_aware_status;
-        }
 EOF
 $env->start_nginx or BAIL_OUT('nginx did not start: ' . $env->last_error);
 

@@ -15,24 +15,12 @@ use Time::HiRes qw(sleep);
 
 use KvAware::Launch qw(free_ports wait_until);
 use Test::KvAware ();
-use Test::KvAware::Events qw(preflight upstream_conf);
+use Test::KvAware::Events qw($LOCATIONS preflight upstream_conf);
 
 preflight();
 
 my $json = JSON::PP->new->utf8->canonical;
 my $http = HTTP::Tiny->new(timeout => 10);
-
-my $LOCATIONS = <<'EOF';
-        location / {
-            proxy_pass http://llm;
-            add_header X-KV-Reason $kv_aware_reason always;
-            add_header X-KV-Blocks $kv_aware_blocks always;
-            add_header X-KV-Matched $kv_aware_matched always;
-        }
-        location = /kv_status {
-            kv_aware_status;
-        }
-EOF
 
 # nginx A: the harness's, with its backends and Redis
 my $env = Test::KvAware->new(backends => 3, redis => 1, workers => 2);
