@@ -56,7 +56,7 @@ typedef enum {
 } ngx_http_kv_aware_fallback_e;
 
 
-/* defined by the headers of their concerns (zone, events) */
+/* defined by zone.h, balancer_slice.h and events.h */
 typedef struct ngx_http_kv_aware_shctx_s        ngx_http_kv_aware_shctx_t;
 typedef struct ngx_http_kv_aware_load_s         ngx_http_kv_aware_load_t;
 typedef struct ngx_http_kv_aware_events_conf_s  ngx_http_kv_aware_events_conf_t;
