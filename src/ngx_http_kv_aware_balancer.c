@@ -6,7 +6,7 @@
  * among the candidates ngx_http_kv_aware_ranking.c finds and weighs.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_events.h"
 #include "ngx_http_kv_aware_share.h"

@@ -2,7 +2,7 @@
  * ngx_http_kv_aware_module: a channel's budgets a second; see the header.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_budget.h"
 
 

@@ -9,7 +9,7 @@
 #define _NGX_HTTP_KV_AWARE_CONF_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 
 
 #define NGX_HTTP_KV_AWARE_NO_MAX   0          /* max: no upper bound */

@@ -13,7 +13,7 @@
  * the link but to publish a resync.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_budget.h"

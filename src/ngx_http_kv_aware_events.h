@@ -7,7 +7,8 @@
 #define _NGX_HTTP_KV_AWARE_EVENTS_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
+#include "ngx_http_kv_aware_events_slice.h"
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_budget.h"
 #include "kva_event.h"
@@ -22,80 +23,6 @@
  * and for this long both may see a message the other applied.
  */
 #define NGX_HTTP_KV_AWARE_HANDOVER      1000
-
-/*
- * What the module knows of a server's cache, from its events: never heard
- * from (learned only), events in sequence (precise), a snapshot arriving,
- * events lost (resync asked), silent past the heartbeat.
- */
-#define NGX_HTTP_KV_AWARE_EV_STATES(X)                                        \
-    X(EV_NONE, "learned")                                                     \
-    X(EV_FRESH, "fresh")                                                      \
-    X(EV_SYNCING, "syncing")                                                  \
-    X(EV_DEGRADED, "degraded")                                                \
-    X(EV_STALE, "stale")
-
-typedef enum {
-    NGX_HTTP_KV_AWARE_EV_STATES(NGX_HTTP_KV_AWARE_ENUM2)
-    NGX_HTTP_KV_AWARE_EV_LAST
-} ngx_http_kv_aware_ev_state_e;
-
-
-/* classes of rejected event messages: status key, and what logs say */
-#define NGX_HTTP_KV_AWARE_REJECTS(X)                                          \
-    X(REJ_MALFORMED, "malformed", "malformed")                                \
-    X(REJ_BAD_FIELD, "bad_field", "bad field")                                \
-    X(REJ_VERSION, "version", "unsupported version")                          \
-    X(REJ_TOO_BIG, "too_big", "over a size limit")                            \
-    X(REJ_UNKNOWN_SERVER, "unknown_server", "unknown server")                 \
-    X(REJ_FLOOD, "flood", "flood")                                            \
-    X(REJ_KEYSPACE, "keyspace", "another key space than the upstream's keys")
-
-typedef enum {
-    NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_ENUM3)
-    NGX_HTTP_KV_AWARE_REJ_LAST
-} ngx_http_kv_aware_reject_e;
-
-
-/* the event path's slice of the zone (ngx_http_kv_aware_zone.h) */
-
-/* a server's, in its slot: written by the subscribing worker, read by all */
-typedef struct {
-    ngx_uint_t                      state;
-    ngx_uint_t                      has_seq;
-    ngx_uint_t                      synced;       /* nothing missed since */
-    uint64_t                        seq;
-    ngx_msec_t                      heard;        /* ngx_current_msec */
-    ngx_msec_t                      resync;       /* last resync asked */
-    ngx_atomic_t                    messages;
-    ngx_atomic_t                    hashes;
-    ngx_atomic_t                    gaps;
-    ngx_uint_t                      seq_gen;      /* subscriber of seq */
-    ngx_uint_t                      has_load;
-    uint32_t                        waiting;
-    uint32_t                        running;
-    uint32_t                        kv_usage;     /* per mille */
-    uint64_t                        kv_tokens;    /* its pool, 0: unsaid */
-} ngx_http_kv_aware_events_slot_t;
-
-
-/* the upstream's */
-typedef struct {
-    ngx_atomic_t                    sub_gen;      /* newest subscriber's */
-    ngx_atomic_t                    sub_live;     /* the one that applies */
-    ngx_atomic_t                    precise;      /* slots EV_FRESH */
-    ngx_atomic_t                    messages;
-    ngx_atomic_t                    hashes;
-    ngx_atomic_t                    rejected[NGX_HTTP_KV_AWARE_REJ_LAST];
-    ngx_atomic_t                    resyncs;
-} ngx_http_kv_aware_events_sh_t;
-
-
-/* indexed by the enums above */
-extern const char  *ngx_http_kv_aware_ev_state_names[];
-extern const char  *ngx_http_kv_aware_reject_keys[];
-extern const char  *ngx_http_kv_aware_reject_texts[];
-
 
 
 /* kv_aware_events: where the upstream's KV events come from */

@@ -8,7 +8,7 @@
  * or it could free the slot of a server another worker just took in.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_members.h"
 

@@ -14,7 +14,8 @@
 #define _NGX_HTTP_KV_AWARE_MEMBERS_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
+#include "ngx_http_kv_aware_members_slice.h"
 
 
 #if (NGX_HTTP_UPSTREAM_ZONE && nginx_version >= 1027003)
@@ -22,17 +23,6 @@
 #else
 #define NGX_HTTP_KV_AWARE_RESOLVE  0
 #endif
-
-/* slot_of[] for a peer that has none (more than KVA_MAX_SLOTS ranks) */
-#define NGX_HTTP_KV_AWARE_NO_SLOT  0xff
-
-
-/* the members' slice of the zone (ngx_http_kv_aware_zone.h) */
-typedef struct {
-    uint64_t                        reserved;     /* slots of servers gone */
-    ngx_uint_t                      map_gen;      /* the view that last */
-    ngx_uint_t                      map_config;   /* changed the slots */
-} ngx_http_kv_aware_members_sh_t;
 
 
 /*

@@ -2,7 +2,7 @@
  * ngx_http_kv_aware_module: the kv_aware directive and module definition.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_conf.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_balancer.h"

@@ -13,7 +13,7 @@
  * value at its widest), then into a buffer of the size measured.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_events.h"

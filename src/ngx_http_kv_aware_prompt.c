@@ -6,7 +6,7 @@
  * Nothing here changes what is sent upstream: we read copies or in place.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_prompt.h"
 
 #include "kva_keys.h"

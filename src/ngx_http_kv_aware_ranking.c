@@ -8,7 +8,7 @@
  * ranking variable orders them all by the same costs.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_members.h"

@@ -7,7 +7,7 @@
 #define _NGX_HTTP_KV_AWARE_RANKING_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 
 #include "kva_index.h"
 

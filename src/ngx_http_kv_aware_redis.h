@@ -8,7 +8,7 @@
 #define _NGX_HTTP_KV_AWARE_REDIS_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 
 
 /* the Redis link, as the status page reports it */

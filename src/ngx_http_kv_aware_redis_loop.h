@@ -9,7 +9,7 @@
 #define _NGX_HTTP_KV_AWARE_REDIS_LOOP_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>

@@ -9,7 +9,7 @@
  * and a lost message only costs the affinity it would have given.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_budget.h"
 #include "ngx_http_kv_aware_events.h"

@@ -14,38 +14,15 @@
 #define _NGX_HTTP_KV_AWARE_SHARE_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
+#include "ngx_http_kv_aware_share_slice.h"
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_budget.h"
 
 
-/* hashes waiting to go out: a power of two */
-#define NGX_HTTP_KV_AWARE_SHARE_RING     8192
-
 /* how often the subscribing worker sends what queued up */
 #define NGX_HTTP_KV_AWARE_SHARE_EVERY    50     /* ms */
 
-
-/* the share ring's counters, as the status pages show them */
-typedef struct {
-    ngx_atomic_t                    sent;         /* hashes */
-    ngx_atomic_t                    received;     /* hashes applied */
-    ngx_atomic_t                    dropped;      /* ring full, or Redis */
-    ngx_atomic_t                    refused;      /* messages */
-    ngx_atomic_t                    messages_out;
-    ngx_atomic_t                    messages_in;
-} ngx_http_kv_aware_share_stats_t;
-
-
-/* the share ring's slice of the zone, written under its lock */
-typedef struct {
-    uint64_t                        origin;       /* this instance's */
-    ngx_uint_t                      head;         /* next to send */
-    ngx_uint_t                      tail;         /* next free */
-    ngx_http_kv_aware_share_stats_t  stats;
-    uint64_t                        hashes[NGX_HTTP_KV_AWARE_SHARE_RING];
-    u_char                          slots[NGX_HTTP_KV_AWARE_SHARE_RING];
-} ngx_http_kv_aware_share_t;
 
 /*
  * CHANNEL:learned in the subscribing worker, a part of its subscriber
@@ -60,11 +37,6 @@ typedef struct {
     ngx_http_kv_aware_budget_t      budget;
     ngx_msec_t                      logged;
 } ngx_http_kv_aware_share_channel_t;
-
-
-/* what the zone grows by for it (kv_aware adds it to index_size) */
-#define ngx_http_kv_aware_share_size()                                        \
-    ngx_align(sizeof(ngx_http_kv_aware_share_t), ngx_pagesize)
 
 
 /* queues a request's newly learned blocks; the zone's lock is held */

@@ -8,7 +8,7 @@
  * (ngx_http_kv_aware_prometheus.c).
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_status.h"
 #include "ngx_http_kv_aware_status_snapshot.h"
 #include "ngx_http_kv_aware_status_json.h"

@@ -7,7 +7,7 @@
 #define _NGX_HTTP_KV_AWARE_STATUS_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 
 
 char *ngx_http_kv_aware_status_directive(ngx_conf_t *cf, ngx_command_t *cmd,

@@ -6,7 +6,7 @@
 #define _NGX_HTTP_KV_AWARE_STATUS_JSON_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_status_snapshot.h"
 
 

@@ -7,7 +7,7 @@
  * routing waits for one chunk at most.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_members.h"
 #include "ngx_http_kv_aware_events.h"

@@ -10,7 +10,7 @@
 #define _NGX_HTTP_KV_AWARE_STATUS_SNAPSHOT_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_zone.h"
 
 #include "kva_token.h"

@@ -12,7 +12,7 @@
  * pool; the configuration is only read.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_zone.h"
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_events.h"

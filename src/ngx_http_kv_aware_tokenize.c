@@ -16,7 +16,7 @@
  * reference on the main request, so a late answer still finds it.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_conf.h"
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_tokenize.h"

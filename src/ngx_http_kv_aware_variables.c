@@ -2,7 +2,7 @@
  * ngx_http_kv_aware_module: $kv_aware_* variables, for the access log.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_balancer.h"
 #include "ngx_http_kv_aware_ranking.h"

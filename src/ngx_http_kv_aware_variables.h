@@ -6,7 +6,7 @@
 #define _NGX_HTTP_KV_AWARE_VARIABLES_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 
 
 ngx_int_t ngx_http_kv_aware_add_variables(ngx_conf_t *cf);

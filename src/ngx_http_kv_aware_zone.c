@@ -7,10 +7,8 @@
  * slots of servers that left the upstream are wiped.
  */
 
-#include "ngx_http_kv_aware_module.h"
+#include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_zone.h"
-#include "ngx_http_kv_aware_share.h"
-#include "ngx_http_kv_aware_members.h"
 
 #if (NGX_LINUX)
 #include <sys/random.h>

@@ -1,21 +1,22 @@
 /*
  * ngx_http_kv_aware_module: the per-upstream shared memory zone, its
  * layout and the index clock.  Each concern declares its slice of the
- * zone in its own header (the balancer's counters, the event path's, the
- * Redis link's, the share ring, the members' bookkeeping); this header
- * composes them, with the index, the server slots and the load tables.
+ * zone in a header of its own with no .c (balancer_slice.h, events_slice.h,
+ * share_slice.h, members_slice.h; the Redis link's stats in redis.h);
+ * this header composes them, with the index, the server slots and the
+ * load tables, and includes no concern whose .c includes it back.
  */
 
 #ifndef _NGX_HTTP_KV_AWARE_ZONE_H_INCLUDED_
 #define _NGX_HTTP_KV_AWARE_ZONE_H_INCLUDED_
 
 
-#include "ngx_http_kv_aware_module.h"
-#include "ngx_http_kv_aware_balancer.h"
-#include "ngx_http_kv_aware_events.h"
+#include "ngx_http_kv_aware_common.h"
+#include "ngx_http_kv_aware_balancer_slice.h"
+#include "ngx_http_kv_aware_events_slice.h"
 #include "ngx_http_kv_aware_redis.h"
-#include "ngx_http_kv_aware_share.h"
-#include "ngx_http_kv_aware_members.h"
+#include "ngx_http_kv_aware_share_slice.h"
+#include "ngx_http_kv_aware_members_slice.h"
 
 #include "kva_index.h"
 

@@ -1,13 +1,14 @@
 /*
  * ngx_http_kv_aware_module: KV-cache-aware upstream balancing for LLM
  * inference servers.  What every nginx-facing file shares: the module,
- * its upstream configuration and the per-request context.  Each concern
- * has its own header, which includes this one and nothing that includes
- * it back.
+ * its upstream configuration and the per-request context (defined in
+ * ngx_http_kv_aware_module.c).  This header has no .c of its own, so that
+ * module.c can include every concern's header to register it while each
+ * concern includes only this one: no include goes back up.
  */
 
-#ifndef _NGX_HTTP_KV_AWARE_MODULE_H_INCLUDED_
-#define _NGX_HTTP_KV_AWARE_MODULE_H_INCLUDED_
+#ifndef _NGX_HTTP_KV_AWARE_COMMON_H_INCLUDED_
+#define _NGX_HTTP_KV_AWARE_COMMON_H_INCLUDED_
 
 
 #include <ngx_config.h>
@@ -55,7 +56,7 @@ typedef enum {
 } ngx_http_kv_aware_fallback_e;
 
 
-/* defined by the headers of their concerns (zone, events) */
+/* defined by zone.h, balancer_slice.h and events.h */
 typedef struct ngx_http_kv_aware_shctx_s        ngx_http_kv_aware_shctx_t;
 typedef struct ngx_http_kv_aware_load_s         ngx_http_kv_aware_load_t;
 typedef struct ngx_http_kv_aware_events_conf_s  ngx_http_kv_aware_events_conf_t;
@@ -148,4 +149,4 @@ ngx_uint_t ngx_http_kv_aware_rc_reason(const ngx_http_kv_aware_rc_map_t *map,
     ngx_uint_t n, ngx_uint_t rc, ngx_uint_t dflt);
 
 
-#endif /* _NGX_HTTP_KV_AWARE_MODULE_H_INCLUDED_ */
+#endif /* _NGX_HTTP_KV_AWARE_COMMON_H_INCLUDED_ */
