@@ -3,7 +3,7 @@
 #   make deps    install what is missing from Debian's archive (apt-get)
 #   make module  build/ngx_http_kv_aware_module.so against Debian's nginx
 #   make test    unit tests, then the integration tests against Debian's
-#                nginx 1.22.1, nginx 1.30.4 built from ../shared/vendor/,
+#                nginx 1.22.1, nginx 1.30.4 built from vendor/nginx/,
 #                and the same under ASan/UBSan (make test-asan)
 #   make test-nginx [NGINX_VERSION=1.31.4]   one nginx from source only
 #   make demo    nginx + the module in front of kvsim servers, narrated
@@ -38,11 +38,18 @@ UNIT_TESTS := $(patsubst %,$(BUILD)/unit/test_%,prompt prompt_ref hash index sco
               event event_encode event_limits)
 TOOLS      :=
 
+# everything the tests use that a minimal Debian 12 (debootstrap minbase,
+# the debian:12 image) lacks: netbase for /etc/protocols, without which
+# Net::DNS's test server opens no socket (t/59); llvm for the unversioned
+# llvm-symbolizer, without which LeakSanitizer's stacks have no function
+# names for the suppressions to match (test_kvbridge_conf's); git for
+# t/01 and the clone test
 PACKAGES   := build-essential nginx nginx-dev libhiredis-dev libjansson-dev \
               libxxhash-dev libevent-dev redis-server redis-tools wrk \
               gnuplot-nox perl libredis-perl libnet-dns-perl curl python3 \
               procps libpcre2-dev zlib1g-dev clang libclang-rt-14-dev \
-              python3-prometheus-client nodejs npm libnginx-mod-http-lua
+              python3-prometheus-client nodejs npm libnginx-mod-http-lua \
+              netbase llvm git
 
 # libFuzzer targets: fuzz/fuzz_<name>.c, seeds in fuzz/corpus/<name>/
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))

@@ -3,7 +3,7 @@
 # and ends with that nginx's "nginx -t" loading it.  Under Debian's nginx
 # (make test-debian) the "debian" build, against nginx-dev with Debian's
 # configure arguments, as docker/Dockerfile does; under an nginx built
-# from ../shared/vendor/ (make test-nginx) the "nginx-org" build from the
+# from vendor/nginx/ (make test-nginx) the "nginx-org" build from the
 # same tarball, configured --with-compat alone, as docker/Dockerfile.nginx
 # does for the official image, whose nginx is configured otherwise: the
 # nginx under test is (--with-debug, --with-http_v2_module), so a module
@@ -23,7 +23,7 @@ use KvAware::Launch qw(slurp);
 
 my $root   = abs_path('.');
 my $NGINX  = KvAware::Launch::nginx_binary();
-my $vendor = $ENV{NGINX_VENDOR} || "$root/../shared/vendor";
+my $vendor = $ENV{NGINX_VENDOR} || "$root/vendor/nginx";
 
 my $V = `$NGINX -V 2>&1`;
 plan skip_all => "no nginx at $NGINX" unless $V =~ m{nginx/(\d+\.\d+\.\d+)};

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds an nginx release from ../shared/vendor/ with this module as a
+# Builds an nginx release from vendor/nginx/ with this module as a
 # dynamic module, for the tests that run against current nginx.
 #
 #   tools/build-nginx.sh [--asan] VERSION      e.g. 1.30.4
@@ -16,12 +16,17 @@
 # pool memory (in a normal build they land silently in the next object of
 # the same pool block).
 #
+# The tarball must match its SHA-256 in vendor/nginx/SHA256SUMS, checked
+# before anything is unpacked; NGINX_VENDOR=DIR reads it from DIR instead
+# (the sums stay the repository's).
+#
 # Prints two lines, NGINX=<binary> and MODULE=<.so>; the build's output
 # goes to its build.log.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-vendor=${NGINX_VENDOR:-$repo/../shared/vendor}
+vendor=${NGINX_VENDOR:-$repo/vendor/nginx}
+sums=$repo/vendor/nginx/SHA256SUMS
 
 variant=
 if [ "${1:-}" = --asan ]; then
@@ -31,6 +36,20 @@ fi
 ver=${1:?usage: $0 [--asan] VERSION}
 tarball=$vendor/nginx-$ver.tar.gz
 [ -f "$tarball" ] || { echo "$0: no $tarball" >&2; exit 1; }
+
+# the pinned SHA-256: a tarball that differs (truncated, another release,
+# tampered with) is never unpacked
+want=$(awk -v f="nginx-$ver.tar.gz" '$2 == f || $2 == "*" f { print $1 }' \
+           "$sums")
+[ -n "$want" ] \
+    || { echo "$0: nginx-$ver.tar.gz is not in $sums" >&2; exit 1; }
+have=$(sha256sum < "$tarball" | cut -d' ' -f1)
+if [ "$have" != "$want" ]; then
+    echo "$0: SHA-256 mismatch for $tarball:" >&2
+    echo "    expected $want ($sums)" >&2
+    echo "    got      $have" >&2
+    exit 1
+fi
 
 dir=$repo/build/nginx-$ver$variant
 args=(--prefix="$dir/prefix" --with-compat --with-debug
@@ -48,8 +67,8 @@ if [ -n "$variant" ]; then
 fi
 
 # what the build depends on: a change in any of these redoes some of it
-conf_stamp=$( { sha1sum "$tarball" "$repo/config" \
-                      "$repo/tools/asan-ignorelist.txt"
+conf_stamp=$( { echo "$have"
+                sha1sum "$repo/config" "$repo/tools/asan-ignorelist.txt"
                 printf '%s\n' "${args[@]}"; } | sha1sum | cut -c1-40)
 src_stamp=$( { echo "$conf_stamp"; cd "$repo" && sha1sum src/*.[ch] src/core/*; } \
              | sha1sum | cut -c1-40)
