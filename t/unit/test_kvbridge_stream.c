@@ -512,6 +512,27 @@ main(void)
        "handed on", (unsigned) ngot);
     kvb_stream_destroy(st);
 
+    /* the dropped batches are freed a slice a tick, not in one call */
+    {
+        unsigned  ticks;
+
+        st = fresh(EP, 200);
+        live(st, 0);
+        for (i = 2; i < 203; i++) {
+            live(st, i);
+        }
+        from = replay_request(id, &id_len);
+        for (ticks = 0; ticks < 100 && kvb_stream_deadline(st) == 0;
+             ticks++)
+        {
+            kvb_stream_tick(st, 0);
+        }
+        ok(from == 0 && resets == 1 && ticks == 4
+           && kvb_stream_deadline(st) == UINT64_MAX,
+           "200 dropped batches freed over %u ticks", ticks);
+        kvb_stream_destroy(st);
+    }
+
     /* a rebuild: all the engine buffers from seq 0, live ones held */
     st = fresh(EP, 64);
     ok(kvb_stream_rebuild(st, 0) == 0 && kvb_stream_socket(st) != NULL,

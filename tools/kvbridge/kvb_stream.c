@@ -17,6 +17,15 @@
 /* what batches held during a replay may take, whatever their number */
 #define KVB_HOLD_BYTES_MAX  (64 * 1024 * 1024)
 
+/*
+ * Held batches dropped at once are freed a slice a tick: glibc gives the
+ * freed top of its heap back to the kernel as it goes, and 64 MB of
+ * batches freed in one call held the loop 11-220 ms (bench_loop.sh, the
+ * event flood, at the replay's give-up).
+ */
+#define KVB_FREE_SLICE      64
+#define KVB_FREE_BYTES      (4 * 1024 * 1024)
+
 #define KVB_SEQ_END         UINT64_MAX      /* -1: the replay's end */
 
 /* past this, time since the stream moved adds nothing to a plausible jump */
@@ -63,6 +72,8 @@ struct kvb_stream_s {
 
     kvb_held_t             *held;           /* [drained, nheld) to go */
     size_t                  nheld, drained, hold_max, held_bytes;
+    kvb_held_t             *dead;           /* dropped, to be freed */
+    size_t                  ndead;
     kvb_held_t              cand;
 
     kvb_stream_stats_t      st;
@@ -91,6 +102,7 @@ static int kvb_stream_hold(kvb_stream_t *st, uint64_t seq,
     const char *payload, size_t len);
 static void kvb_stream_ended(kvb_stream_t *st);
 static void kvb_stream_drop_held(kvb_stream_t *st);
+static void kvb_stream_free_dead(kvb_stream_t *st);
 static void kvb_stream_drain(kvb_stream_t *st, kvb_budget_t *b);
 static void kvb_stream_give_up(kvb_stream_t *st, const char *detail);
 static void kvb_stream_close(kvb_stream_t *st);
@@ -113,7 +125,10 @@ kvb_stream_create(void *zctx, const char *replay, unsigned timeout_ms,
     }
 
     st->held = calloc(hold_max ? hold_max : 1, sizeof(kvb_held_t));
-    if (st->held == NULL) {
+    st->dead = calloc(hold_max ? hold_max : 1, sizeof(kvb_held_t));
+    if (st->held == NULL || st->dead == NULL) {
+        free(st->held);
+        free(st->dead);
         free(st);
         return NULL;
     }
@@ -122,6 +137,7 @@ kvb_stream_create(void *zctx, const char *replay, unsigned timeout_ms,
         st->replay_ep = strdup(replay);
         if (st->replay_ep == NULL) {
             free(st->held);
+            free(st->dead);
             free(st);
             return NULL;
         }
@@ -149,8 +165,13 @@ kvb_stream_destroy(kvb_stream_t *st)
         free(st->held[--st->nheld].payload);
     }
 
+    while (st->ndead) {
+        free(st->dead[--st->ndead].payload);
+    }
+
     free(st->cand.payload);
     free(st->held);
+    free(st->dead);
     free(st->replay_ep);
     free(st);
 }
@@ -244,9 +265,19 @@ kvb_stream_take(kvb_stream_t *st, uint64_t seq, const char *payload,
 static void
 kvb_stream_drop_held(kvb_stream_t *st)
 {
+    kvb_held_t  *h;
+
     while (st->nheld > st->drained) {
-        free(st->held[--st->nheld].payload);
-        st->held[st->nheld].payload = NULL;
+        h = &st->held[--st->nheld];
+
+        if (st->ndead < st->hold_max) {
+            st->dead[st->ndead++] = *h;     /* freed by the ticks */
+
+        } else {
+            free(h->payload);
+        }
+
+        h->payload = NULL;
     }
 
     st->nheld = 0;
@@ -366,7 +397,7 @@ kvb_stream_reply(kvb_stream_t *st, kvb_zmsg_t *m)
 uint64_t
 kvb_stream_deadline(const kvb_stream_t *st)
 {
-    if (st->draining) {
+    if (st->draining || st->ndead) {
         return 0;
     }
 
@@ -388,6 +419,27 @@ kvb_stream_tick(kvb_stream_t *st, uint64_t now_ms)
     if (st->draining) {
         kvb_budget_start(&b);
         kvb_stream_drain(st, &b);
+    }
+
+    kvb_stream_free_dead(st);
+}
+
+
+/* a slice of the dropped batches freed (KVB_FREE_SLICE) */
+
+static void
+kvb_stream_free_dead(kvb_stream_t *st)
+{
+    size_t  n, bytes;
+
+    for (n = 0, bytes = 0;
+         st->ndead && n < KVB_FREE_SLICE && bytes < KVB_FREE_BYTES;
+         n++)
+    {
+        st->ndead--;
+        bytes += st->dead[st->ndead].len;
+        free(st->dead[st->ndead].payload);
+        st->dead[st->ndead].payload = NULL;
     }
 }
 
