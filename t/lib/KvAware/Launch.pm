@@ -562,25 +562,33 @@ sub run_cmd {
 # ports, processes, files
 
 # $n distinct free 127.0.0.1 ports: bind port 0, all at once.
+# $n free 127.0.0.1 ports, drawn at random below the kernel's ephemeral
+# ports (those every outgoing connection takes its source port from: a
+# port the kernel handed out here and released could be a client's by
+# the time nginx binds it, and with tests side by side it was:
+# "bind() ... Address already in use" in t/46)
 sub free_ports {
     my ($n) = @_;
-    my @socks = map {
-        IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
-                              Proto => 'tcp', Listen => 1)
-            or croak "cannot bind a free port: $@";
-    } 1 .. $n;
+    my $low = ephemeral_low($n);
+    my (@socks, %tried);
+    for (1 .. 1000) {
+        last if @socks == $n;
+        my $port = 20000 + int(rand($low - 20000));
+        next if $tried{$port}++;
+        my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
+                                      LocalPort => $port, Proto => 'tcp')
+            or next;
+        push @socks, $s;
+    }
+    croak "cannot find $n free ports" unless @socks == $n;
     return map { $_->sockport } @socks;
 }
 
 # The first of $n consecutive free 127.0.0.1 ports (kvsim listens on a run),
-# drawn below the kernel's ephemeral ports: those are what free_ports and
-# every outgoing connection take, so that tests running side by side
-# never draw one port from both.
+# drawn below the kernel's ephemeral ports too.
 sub free_run {
     my ($n) = @_;
-    my ($low) = (slurp('/proc/sys/net/ipv4/ip_local_port_range') // '')
-                =~ /^(\d+)/;
-    $low = 32768 unless $low && $low > 20000 + 1000 + $n;
+    my $low = ephemeral_low($n);
     for (1 .. 100) {
         my $base = 20000 + int(rand($low - 20000 - $n));
         my @socks = map {
@@ -592,6 +600,14 @@ sub free_run {
         return $base;
     }
     croak "no free run of $n ports";
+}
+
+# the lowest of the kernel's ephemeral ports, with room below for $n
+sub ephemeral_low {
+    my ($n) = @_;
+    my ($low) = (slurp('/proc/sys/net/ipv4/ip_local_port_range') // '')
+                =~ /^(\d+)/;
+    return ($low && $low > 20000 + 1000 + $n) ? $low : 32768;
 }
 
 sub port_open {
