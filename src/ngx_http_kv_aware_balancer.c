@@ -50,7 +50,7 @@ static ngx_int_t ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
 
 
 ngx_int_t
-ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
+ngx_http_kv_aware_balancer_init_upstream(ngx_conf_t *cf,
     ngx_http_upstream_srv_conf_t *us)
 {
     ngx_str_t                     *name;
@@ -138,7 +138,7 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
 
     kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kv_aware_module);
 
-    ctx = ngx_http_kv_aware_request_ctx(r);
+    ctx = ngx_http_kv_aware_module_request_ctx(r);
     if (ctx == NULL) {
         return NGX_ERROR;
     }
@@ -186,7 +186,7 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
  * every server has.
  */
 ngx_int_t
-ngx_http_kv_aware_plan_rank(ngx_http_request_t *r, ngx_uint_t *rank)
+ngx_http_kv_aware_balancer_plan_rank(ngx_http_request_t *r, ngx_uint_t *rank)
 {
     time_t                          now;
     ngx_uint_t                      n, best;
@@ -476,7 +476,7 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     ctx = kp->ctx;
     nblocks = ctx->nblocks;
 
-    ngx_http_kv_aware_clock(kcf, &clk);
+    ngx_http_kv_aware_zone_clock(kcf, &clk);
 
     ngx_shmtx_lock(&kcf->shpool->mutex);
 
@@ -497,7 +497,7 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
      * new prompt evicts an entry a block: it is recorded a piece per hold
      * of the lock, so that other requests wait for one piece at most.
      */
-    ngx_http_kv_aware_learn_budget(kcf, slot, &clk);
+    ngx_http_kv_aware_zone_learn_budget(kcf, slot, &clk);
 
     for (from = 0; from < nblocks; from += piece) {
         if (from) {

@@ -11,11 +11,11 @@
 #include "ngx_http_kv_aware_balancer_slice.h"
 
 
-ngx_int_t ngx_http_kv_aware_init_upstream(ngx_conf_t *cf,
+ngx_int_t ngx_http_kv_aware_balancer_init_upstream(ngx_conf_t *cf,
     ngx_http_upstream_srv_conf_t *us);
 
 /* NGX_OK and the rank, NGX_DECLINED where no rank applies, NGX_ERROR */
-ngx_int_t ngx_http_kv_aware_plan_rank(ngx_http_request_t *r,
+ngx_int_t ngx_http_kv_aware_balancer_plan_rank(ngx_http_request_t *r,
     ngx_uint_t *rank);
 
 

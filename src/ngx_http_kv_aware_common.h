@@ -135,7 +135,8 @@ extern ngx_module_t  ngx_http_kv_aware_module;
 
 
 /* the request's context, made on first use; NULL: no memory */
-ngx_http_kv_aware_ctx_t *ngx_http_kv_aware_request_ctx(ngx_http_request_t *r);
+ngx_http_kv_aware_ctx_t *ngx_http_kv_aware_module_request_ctx(
+    ngx_http_request_t *r);
 
 
 /* a core function's return code and what the shell counts it as */
@@ -145,8 +146,9 @@ typedef struct {
 } ngx_http_kv_aware_rc_map_t;
 
 /* the reason of rc in a table of n, or dflt where it has none */
-ngx_uint_t ngx_http_kv_aware_rc_reason(const ngx_http_kv_aware_rc_map_t *map,
-    ngx_uint_t n, ngx_uint_t rc, ngx_uint_t dflt);
+ngx_uint_t ngx_http_kv_aware_module_rc_reason(
+    const ngx_http_kv_aware_rc_map_t *map, ngx_uint_t n, ngx_uint_t rc,
+    ngx_uint_t dflt);
 
 
 #endif /* _NGX_HTTP_KV_AWARE_COMMON_H_INCLUDED_ */

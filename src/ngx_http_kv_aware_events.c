@@ -85,7 +85,8 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_event_path_t *ep,
     rc = kva_event_decode((char *) msg, len, &lim, &b, err, sizeof(err));
 
     if (rc != KVA_EVENT_OK) {
-        ngx_http_kv_aware_reject(ep, ngx_http_kv_aware_reject_class(rc),
+        ngx_http_kv_aware_reject(ep,
+                                 ngx_http_kv_aware_events_reject_class(rc),
                                  err, ngx_strlen(err));
         return;
     }
@@ -102,7 +103,7 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_event_path_t *ep,
         return;
     }
 
-    slot = ngx_http_kv_aware_slot_by_name(kcf->sh, (u_char *) b.server,
+    slot = ngx_http_kv_aware_zone_slot_by_name(kcf->sh, (u_char *) b.server,
                                           b.server_len, b.rank);
 
     if (slot == KVA_MAX_SLOTS) {
@@ -269,7 +270,7 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_event_path_t *ep, ngx_uint_t slot,
          * A clear forgets guesses too; a snapshot replaces only what the
          * server said before.
          */
-        ngx_http_kv_aware_drop_slots(kcf, bit,
+        ngx_http_kv_aware_zone_drop_slots(kcf, bit,
                                      first ? KVA_BITS_ALL : KVA_BIT_EVENT);
     }
 
@@ -358,7 +359,7 @@ ngx_http_kv_aware_apply_hashes(ngx_http_kv_aware_srv_conf_t *kcf,
     kva_ev_t     *ev;
     kva_clock_t   clk;
 
-    ngx_http_kv_aware_clock(kcf, &clk);
+    ngx_http_kv_aware_zone_clock(kcf, &clk);
 
     held = 0;
 
@@ -412,7 +413,7 @@ ngx_http_kv_aware_set_ev_state(ngx_http_kv_aware_srv_conf_t *kcf,
 
     sl->ev.state = state;
 
-    ngx_http_kv_aware_set_precise(kcf->sh, 1ULL << slot,
+    ngx_http_kv_aware_zone_set_precise(kcf->sh, 1ULL << slot,
                                   state == NGX_HTTP_KV_AWARE_EV_FRESH);
 }
 
@@ -493,7 +494,7 @@ ngx_http_kv_aware_reject(ngx_http_kv_aware_event_path_t *ep,
     ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
                   "kv_aware: upstream \"%V\" ignored an event message: "
                   "%s%s%*s (%uA so far)", &kcf->upstream,
-                  ngx_http_kv_aware_reject_texts[why], len ? ": " : "",
+                  ngx_http_kv_aware_zone_reject_texts[why], len ? ": " : "",
                   ngx_min(len, 128), detail ? detail : "", n);
 }
 
@@ -625,9 +626,9 @@ static const ngx_http_kv_aware_rc_map_t  ngx_http_kv_aware_reject_classes[] = {
 
 
 ngx_http_kv_aware_reject_e
-ngx_http_kv_aware_reject_class(kva_event_rc_e rc)
+ngx_http_kv_aware_events_reject_class(kva_event_rc_e rc)
 {
-    return ngx_http_kv_aware_rc_reason(ngx_http_kv_aware_reject_classes,
+    return ngx_http_kv_aware_module_rc_reason(ngx_http_kv_aware_reject_classes,
                sizeof(ngx_http_kv_aware_reject_classes)
                / sizeof(ngx_http_kv_aware_rc_map_t),
                rc, NGX_HTTP_KV_AWARE_REJ_MALFORMED);

@@ -53,12 +53,12 @@ typedef struct {
 
 
 /* ngx_http_kv_aware_events_conf.c */
-char *ngx_http_kv_aware_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
+char *ngx_http_kv_aware_events_conf_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 
 /* ngx_http_kv_aware_subscription.c: one subscriber, in the first worker */
-ngx_int_t ngx_http_kv_aware_events_init_process(ngx_cycle_t *cycle);
-void ngx_http_kv_aware_events_exit_process(ngx_cycle_t *cycle);
+ngx_int_t ngx_http_kv_aware_subscription_init_process(ngx_cycle_t *cycle);
+void ngx_http_kv_aware_subscription_exit_process(ngx_cycle_t *cycle);
 
 /*
  * ngx_http_kv_aware_events.c: the event path, called by the subscription
@@ -71,7 +71,7 @@ void ngx_http_kv_aware_events_lost(ngx_http_kv_aware_event_path_t *ep);
 void ngx_http_kv_aware_events_tick(ngx_event_t *ev);
 
 /* the reject class of a decoder's refusal (kva_event_rc_e) */
-ngx_http_kv_aware_reject_e ngx_http_kv_aware_reject_class(
+ngx_http_kv_aware_reject_e ngx_http_kv_aware_events_reject_class(
     kva_event_rc_e rc);
 
 

@@ -114,7 +114,7 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_events_params[] = {
 
 
 char *
-ngx_http_kv_aware_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+ngx_http_kv_aware_events_conf_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     ngx_http_kv_aware_srv_conf_t *kcf = conf;

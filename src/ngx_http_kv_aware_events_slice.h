@@ -81,9 +81,9 @@ typedef struct {
 
 
 /* indexed by the enums above */
-extern const char  *ngx_http_kv_aware_ev_state_names[];
-extern const char  *ngx_http_kv_aware_reject_keys[];
-extern const char  *ngx_http_kv_aware_reject_texts[];
+extern const char  *ngx_http_kv_aware_zone_ev_state_names[];
+extern const char  *ngx_http_kv_aware_zone_reject_keys[];
+extern const char  *ngx_http_kv_aware_zone_reject_texts[];
 
 
 #endif /* _NGX_HTTP_KV_AWARE_EVENTS_SLICE_H_INCLUDED_ */

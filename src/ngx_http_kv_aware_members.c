@@ -79,7 +79,7 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
     used = 0;
 
     for (i = 0; i < n * dp; i++) {
-        s = ngx_http_kv_aware_slot_by_name(sh, m[i / dp].name,
+        s = ngx_http_kv_aware_zone_slot_by_name(sh, m[i / dp].name,
                                            m[i / dp].len, i % dp);
 
         if (s < KVA_MAX_SLOTS) {
@@ -136,7 +136,7 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
                       "what they held is forgotten", &kcf->upstream,
                       (ngx_uint_t) __builtin_popcountll(gone));
 
-        ngx_http_kv_aware_forget_slots(kcf, gone);
+        ngx_http_kv_aware_zone_forget_slots(kcf, gone);
     }
 
     /*
@@ -248,7 +248,7 @@ ngx_http_kv_aware_members_place(ngx_http_kv_aware_srv_conf_t *kcf,
             continue;
         }
 
-        s = ngx_http_kv_aware_slot_by_name(sh, m[i / dp].name,
+        s = ngx_http_kv_aware_zone_slot_by_name(sh, m[i / dp].name,
                                            m[i / dp].len, i % dp);
 
         if (s == KVA_MAX_SLOTS) {

@@ -105,7 +105,7 @@ static ngx_command_t  ngx_http_kv_aware_commands[] = {
 
     { ngx_string("kv_aware_events"),
       NGX_HTTP_UPS_CONF|NGX_CONF_1MORE,
-      ngx_http_kv_aware_events_directive,
+      ngx_http_kv_aware_events_conf_directive,
       NGX_HTTP_SRV_CONF_OFFSET,
       0,
       NULL },
@@ -150,10 +150,10 @@ ngx_module_t  ngx_http_kv_aware_module = {
     NGX_HTTP_MODULE,                       /* module type */
     NULL,                                  /* init master */
     NULL,                                  /* init module */
-    ngx_http_kv_aware_events_init_process, /* init process */
+    ngx_http_kv_aware_subscription_init_process, /* init process */
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */
-    ngx_http_kv_aware_events_exit_process, /* exit process */
+    ngx_http_kv_aware_subscription_exit_process, /* exit process */
     NULL,                                  /* exit master */
     NGX_MODULE_V1_PADDING
 };
@@ -194,7 +194,7 @@ ngx_http_kv_aware_create_srv_conf(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_kv_aware_preconfiguration(ngx_conf_t *cf)
 {
-    return ngx_http_kv_aware_add_variables(cf);
+    return ngx_http_kv_aware_variables_add(cf);
 }
 
 
@@ -249,10 +249,10 @@ ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    kcf->shm_zone->init = ngx_http_kv_aware_init_zone;
+    kcf->shm_zone->init = ngx_http_kv_aware_zone_init;
     kcf->shm_zone->data = kcf;
 
-    uscf->peer.init_upstream = ngx_http_kv_aware_init_upstream;
+    uscf->peer.init_upstream = ngx_http_kv_aware_balancer_init_upstream;
 
     uscf->flags = NGX_HTTP_UPSTREAM_CREATE
                   |NGX_HTTP_UPSTREAM_WEIGHT
@@ -292,7 +292,7 @@ ngx_http_kv_aware_conf_keys(ngx_conf_t *cf, ngx_http_kv_aware_param_t *p,
 
 
 ngx_http_kv_aware_ctx_t *
-ngx_http_kv_aware_request_ctx(ngx_http_request_t *r)
+ngx_http_kv_aware_module_request_ctx(ngx_http_request_t *r)
 {
     ngx_http_kv_aware_ctx_t  *ctx;
 
@@ -312,7 +312,7 @@ ngx_http_kv_aware_request_ctx(ngx_http_request_t *r)
 
 
 ngx_uint_t
-ngx_http_kv_aware_rc_reason(const ngx_http_kv_aware_rc_map_t *map,
+ngx_http_kv_aware_module_rc_reason(const ngx_http_kv_aware_rc_map_t *map,
     ngx_uint_t n, ngx_uint_t rc, ngx_uint_t dflt)
 {
     ngx_uint_t  i;

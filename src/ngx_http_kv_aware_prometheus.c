@@ -110,7 +110,7 @@ static ngx_http_kv_aware_prom_family_t  ngx_http_kv_aware_prom_families[] = {
 
     { "kv_aware_fallbacks_total", "counter",
       NGX_HTTP_KV_AWARE_PS_UPSTREAM, "reason",
-      ngx_http_kv_aware_fallback_names,
+      ngx_http_kv_aware_prompt_fallback_names,
       NGX_HTTP_KV_AWARE_ROUTED + 1, NGX_HTTP_KV_AWARE_FALLBACK_LAST,
       ngx_http_kv_aware_pu(NUM, UINT, routing.fallback),
       "Requests whose prompt could not be read, routed by load alone, "
@@ -155,7 +155,7 @@ static ngx_http_kv_aware_prom_family_t  ngx_http_kv_aware_prom_families[] = {
 
     { "kv_aware_event_rejects_total",
       "counter", NGX_HTTP_KV_AWARE_PS_EVENTS, "class",
-      ngx_http_kv_aware_reject_keys, 0, NGX_HTTP_KV_AWARE_REJ_LAST,
+      ngx_http_kv_aware_zone_reject_keys, 0, NGX_HTTP_KV_AWARE_REJ_LAST,
       ngx_http_kv_aware_pu(NUM, UINT, ev.rejected),
       "Event messages rejected, by class." },
 
@@ -187,7 +187,7 @@ static ngx_http_kv_aware_prom_family_t  ngx_http_kv_aware_prom_families[] = {
 
     { "kv_aware_server_state", "gauge",
       NGX_HTTP_KV_AWARE_PS_SERVER, "state",
-      ngx_http_kv_aware_ev_state_names, 0, NGX_HTTP_KV_AWARE_EV_LAST,
+      ngx_http_kv_aware_zone_ev_state_names, 0, NGX_HTTP_KV_AWARE_EV_LAST,
       ngx_http_kv_aware_ps(IS, UINT, slot.ev.state),
       "What is known of the server's cache: 1 for the state it is in." },
 
@@ -425,12 +425,14 @@ ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_prom_out_t *o,
         ngx_http_kv_aware_prom_str(o, "} ");
 
         if (f->form == NGX_HTTP_KV_AWARE_PF_IS) {
-            v = (ngx_http_kv_aware_status_value(base, f->offset, f->value, 0)
+            v = (ngx_http_kv_aware_status_snapshot_value(base, f->offset,
+                                                         f->value, 0)
                  == k);
 
         } else {
-            v = ngx_http_kv_aware_status_value(base, f->offset, f->value,
-                                               f->label ? k : 0);
+            v = ngx_http_kv_aware_status_snapshot_value(base, f->offset,
+                                                        f->value,
+                                                        f->label ? k : 0);
         }
 
         /* added and taken by other workers: a moment may read below 0 */

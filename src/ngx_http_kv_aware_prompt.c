@@ -30,7 +30,7 @@ static u_char *ngx_http_kv_aware_read_body(ngx_http_request_t *r,
     size_t len, ngx_http_kv_aware_fallback_e *fallback);
 
 
-const char  *ngx_http_kv_aware_fallback_names[] = {
+const char  *ngx_http_kv_aware_prompt_fallback_names[] = {
     NGX_HTTP_KV_AWARE_FALLBACKS(NGX_HTTP_KV_AWARE_KEY2)
 };
 
@@ -60,8 +60,8 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
         }
     }
 
-    body = ngx_http_kv_aware_request_body(r, kcf->max_body, &len, &copied,
-                                          &ctx->fallback);
+    body = ngx_http_kv_aware_prompt_request_body(r, kcf->max_body, &len,
+                                                 &copied, &ctx->fallback);
     if (body == NULL) {
         return NGX_DECLINED;
     }
@@ -87,7 +87,7 @@ ngx_http_kv_aware_prompt_hashes(ngx_http_request_t *r,
  * read: not buffered, empty, over max, unreadable.
  */
 u_char *
-ngx_http_kv_aware_request_body(ngx_http_request_t *r, size_t max,
+ngx_http_kv_aware_prompt_request_body(ngx_http_request_t *r, size_t max,
     size_t *len, ngx_uint_t *copied, ngx_http_kv_aware_fallback_e *fallback)
 {
     off_t                     size;
@@ -346,7 +346,7 @@ static ngx_int_t
 ngx_http_kv_aware_prompt_failed(ngx_http_request_t *r,
     ngx_http_kv_aware_ctx_t *ctx, kva_prompt_rc_e rc)
 {
-    ctx->fallback = ngx_http_kv_aware_rc_reason(
+    ctx->fallback = ngx_http_kv_aware_module_rc_reason(
                         ngx_http_kv_aware_body_fallback,
                         sizeof(ngx_http_kv_aware_body_fallback)
                         / sizeof(ngx_http_kv_aware_rc_map_t),

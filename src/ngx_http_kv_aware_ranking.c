@@ -63,7 +63,7 @@ ngx_http_kv_aware_ranking(ngx_http_request_t *r,
     ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
     ngx_http_upstream_rr_peers_t   *peers;
 
-    ctx = ngx_http_kv_aware_request_ctx(r);
+    ctx = ngx_http_kv_aware_module_request_ctx(r);
     if (ctx == NULL) {
         return NGX_ERROR;
     }
@@ -95,7 +95,7 @@ ngx_http_kv_aware_ranking(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    ngx_http_kv_aware_clock(kcf, &clk);
+    ngx_http_kv_aware_zone_clock(kcf, &clk);
 
     ngx_shmtx_lock(&kcf->shpool->mutex);
     ngx_http_kv_aware_ranking_weigh_locked(kcf, ctx, picks, n, &clk, cand);

@@ -198,7 +198,7 @@ ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link)
     ac->data = link;
     link->conn.ac = ac;
 
-    if (ngx_http_kv_aware_redis_attach(&link->conn) != NGX_OK) {
+    if (ngx_http_kv_aware_redis_loop_attach(&link->conn) != NGX_OK) {
         link->conn.ac = NULL;
         redisAsyncFree(ac);
         ngx_http_kv_aware_link_lost(link, "cannot attach to event loop");

@@ -21,7 +21,7 @@ static void ngx_http_kv_aware_ev_cleanup(void *data);
 
 
 ngx_int_t
-ngx_http_kv_aware_redis_attach(ngx_http_kv_aware_redis_conn_t *conn)
+ngx_http_kv_aware_redis_loop_attach(ngx_http_kv_aware_redis_conn_t *conn)
 {
     ngx_connection_t   *c;
     redisAsyncContext  *ac;

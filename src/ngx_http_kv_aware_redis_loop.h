@@ -31,7 +31,8 @@ typedef struct {
 
 
 /* conn->ac is connecting: its fd goes on the event loop */
-ngx_int_t ngx_http_kv_aware_redis_attach(ngx_http_kv_aware_redis_conn_t *conn);
+ngx_int_t ngx_http_kv_aware_redis_loop_attach(
+    ngx_http_kv_aware_redis_conn_t *conn);
 
 
 #endif /* _NGX_HTTP_KV_AWARE_REDIS_LOOP_H_INCLUDED_ */

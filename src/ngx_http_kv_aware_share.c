@@ -228,8 +228,8 @@ ngx_http_kv_aware_share_message(ngx_http_kv_aware_share_channel_t *sc,
 
     if (rc != KVA_EVENT_OK) {
         ngx_http_kv_aware_share_refuse(sc,
-                                       ngx_http_kv_aware_reject_class(rc),
-                                       err);
+                                   ngx_http_kv_aware_events_reject_class(rc),
+                                   err);
         return;
     }
 
@@ -253,7 +253,7 @@ ngx_http_kv_aware_share_message(ngx_http_kv_aware_share_channel_t *sc,
     }
 
     /* a server this upstream lacks: another instance's configuration */
-    slot = ngx_http_kv_aware_slot_by_name(kcf->sh, (u_char *) b.server,
+    slot = ngx_http_kv_aware_zone_slot_by_name(kcf->sh, (u_char *) b.server,
                                           b.server_len, b.rank);
 
     if (slot == KVA_MAX_SLOTS) {
@@ -299,7 +299,7 @@ ngx_http_kv_aware_share_apply(ngx_http_kv_aware_srv_conf_t *kcf,
     size_t       from, piece;
     kva_clock_t  clk;
 
-    ngx_http_kv_aware_clock(kcf, &clk);
+    ngx_http_kv_aware_zone_clock(kcf, &clk);
 
     for (from = 0; from < n; from += piece) {
         piece = ngx_min(n - from, KVA_ADD_CHUNK);
@@ -311,7 +311,7 @@ ngx_http_kv_aware_share_apply(ngx_http_kv_aware_srv_conf_t *kcf,
          * whether or not this nginx has routed to it yet.
          */
         if (from == 0) {
-            ngx_http_kv_aware_learn_budget(kcf, slot, &clk);
+            ngx_http_kv_aware_zone_learn_budget(kcf, slot, &clk);
         }
 
         kva_index_add(kcf->sh->index, hashes + from, (uint32_t) piece, slot,
@@ -347,5 +347,5 @@ ngx_http_kv_aware_share_refuse(ngx_http_kv_aware_share_channel_t *sc,
     ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
                   "kv_aware: upstream \"%V\" refused a message on \"%V\": "
                   "%s: %s", &kcf->upstream, &kcf->events->link.second,
-                  ngx_http_kv_aware_reject_texts[why], detail);
+                  ngx_http_kv_aware_zone_reject_texts[why], detail);
 }

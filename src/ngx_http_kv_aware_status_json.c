@@ -133,7 +133,7 @@ static ngx_http_kv_aware_json_field_t  ngx_http_kv_aware_json_upstream[] = {
                            ngx_http_kv_aware_ju(routing.fallbacks)),
     ngx_http_kv_aware_jkeyed(ALWAYS, "fallback", UINT,
                              ngx_http_kv_aware_ju(routing.fallback),
-                             ngx_http_kv_aware_fallback_names,
+                             ngx_http_kv_aware_prompt_fallback_names,
                              NGX_HTTP_KV_AWARE_ROUTED + 1,
                              NGX_HTTP_KV_AWARE_FALLBACK_LAST, NULL),
 
@@ -169,7 +169,7 @@ static ngx_http_kv_aware_json_field_t  ngx_http_kv_aware_json_upstream[] = {
                            ngx_http_kv_aware_ju(ev.resyncs)),
     ngx_http_kv_aware_jkeyed(ALWAYS, "rejected", UINT,
                              ngx_http_kv_aware_ju(ev.rejected),
-                             ngx_http_kv_aware_reject_keys, 0,
+                             ngx_http_kv_aware_zone_reject_keys, 0,
                              NGX_HTTP_KV_AWARE_REJ_LAST, NULL),
     ngx_http_kv_aware_jclose(),
 
@@ -198,7 +198,7 @@ static ngx_http_kv_aware_json_field_t  ngx_http_kv_aware_json_server[] = {
     ngx_http_kv_aware_jbool(ALWAYS, "backup", ngx_http_kv_aware_js(backup)),
     ngx_http_kv_aware_jname(ALWAYS, "state",
                             ngx_http_kv_aware_js(slot.ev.state),
-                            ngx_http_kv_aware_ev_state_names),
+                            ngx_http_kv_aware_zone_ev_state_names),
     ngx_http_kv_aware_jnum(ALWAYS, "seq", U64,
                            ngx_http_kv_aware_js(slot.ev.seq)),
     ngx_http_kv_aware_jkeyed(ALWAYS, "entries", U64,
@@ -383,7 +383,7 @@ ngx_http_kv_aware_json_value(ngx_http_kv_aware_json_out_t *o,
         return;
     }
 
-    v = ngx_http_kv_aware_status_value(base, f->offset, f->type, k);
+    v = ngx_http_kv_aware_status_snapshot_value(base, f->offset, f->type, k);
 
     switch (f->form) {
 

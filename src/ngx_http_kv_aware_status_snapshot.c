@@ -159,7 +159,7 @@ ngx_http_kv_aware_status_count(ngx_http_kv_aware_srv_conf_t *kcf,
 
     ix = kcf->sh->index;
 
-    ngx_http_kv_aware_clock(kcf, &clk);
+    ngx_http_kv_aware_zone_clock(kcf, &clk);
 
     ngx_memzero(counts, KVA_MAX_SLOTS * sizeof(kva_slot_count_t));
     from = 0;
@@ -243,7 +243,7 @@ ngx_http_kv_aware_status_check(ngx_http_request_t *r,
 
 
 uint64_t
-ngx_http_kv_aware_status_value(void *base, size_t offset,
+ngx_http_kv_aware_status_snapshot_value(void *base, size_t offset,
     ngx_http_kv_aware_status_value_e type, ngx_uint_t k)
 {
     u_char  *p;

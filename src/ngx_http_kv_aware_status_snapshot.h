@@ -76,7 +76,7 @@ ngx_int_t ngx_http_kv_aware_status_snapshot(ngx_http_request_t *r,
     ngx_uint_t check, ngx_http_kv_aware_status_t *st);
 
 /* element k of the field of the given type at offset in base */
-uint64_t ngx_http_kv_aware_status_value(void *base, size_t offset,
+uint64_t ngx_http_kv_aware_status_snapshot_value(void *base, size_t offset,
     ngx_http_kv_aware_status_value_e type, ngx_uint_t k);
 
 

@@ -93,7 +93,7 @@ static ngx_http_kv_aware_subscriber_t  *ngx_http_kv_aware_subscribers;
 
 /* one subscriber per nginx instance: the first worker holds it */
 ngx_int_t
-ngx_http_kv_aware_events_init_process(ngx_cycle_t *cycle)
+ngx_http_kv_aware_subscription_init_process(ngx_cycle_t *cycle)
 {
     ngx_uint_t                      i;
     ngx_pool_cleanup_t             *cln;
@@ -144,7 +144,7 @@ ngx_http_kv_aware_events_init_process(ngx_cycle_t *cycle)
 
 
 void
-ngx_http_kv_aware_events_exit_process(ngx_cycle_t *cycle)
+ngx_http_kv_aware_subscription_exit_process(ngx_cycle_t *cycle)
 {
     ngx_http_kv_aware_subscriber_t  *sub;
 

@@ -325,7 +325,7 @@ ngx_http_kv_aware_tokenize_handler(ngx_http_request_t *r)
     }
 
     if (ctx == NULL) {
-        ctx = ngx_http_kv_aware_request_ctx(r);
+        ctx = ngx_http_kv_aware_module_request_ctx(r);
         if (ctx == NULL) {
             return NGX_ERROR;
         }
@@ -390,7 +390,7 @@ ngx_http_kv_aware_tokenize_start(ngx_http_request_t *r,
     ngx_http_post_subrequest_t    *ps;
     ngx_http_kv_aware_fallback_e   why;
 
-    body = ngx_http_kv_aware_request_body(r, tk->conf->max_body, &len,
+    body = ngx_http_kv_aware_prompt_request_body(r, tk->conf->max_body, &len,
                                           &copied, &why);
 
     /* no body to read: the balancer finds the same and says why */

@@ -47,7 +47,7 @@ static ngx_http_variable_t  ngx_http_kv_aware_vars[] = {
 
 
 ngx_int_t
-ngx_http_kv_aware_add_variables(ngx_conf_t *cf)
+ngx_http_kv_aware_variables_add(ngx_conf_t *cf)
 {
     ngx_http_variable_t  *var, *v;
 
@@ -105,7 +105,7 @@ ngx_http_kv_aware_reason(ngx_http_request_t *r,
         v->data = (u_char *) why;
 
     } else {
-        why = ngx_http_kv_aware_fallback_names[ctx->fallback];
+        why = ngx_http_kv_aware_prompt_fallback_names[ctx->fallback];
 
         p = ngx_pnalloc(r->pool, sizeof("fallback:") - 1 + ngx_strlen(why));
         if (p == NULL) {
@@ -136,7 +136,7 @@ ngx_http_kv_aware_dp_rank(ngx_http_request_t *r,
     ngx_int_t    rc;
     ngx_uint_t   rank;
 
-    rc = ngx_http_kv_aware_plan_rank(r, &rank);
+    rc = ngx_http_kv_aware_balancer_plan_rank(r, &rank);
 
     if (rc == NGX_ERROR) {
         return NGX_ERROR;

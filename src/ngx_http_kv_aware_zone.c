@@ -25,21 +25,21 @@ static ngx_uint_t ngx_http_kv_aware_in_flight(ngx_http_kv_aware_load_t *load);
 static uint64_t ngx_http_kv_aware_secret(void);
 
 
-const char  *ngx_http_kv_aware_ev_state_names[] = {
+const char  *ngx_http_kv_aware_zone_ev_state_names[] = {
     NGX_HTTP_KV_AWARE_EV_STATES(NGX_HTTP_KV_AWARE_KEY2)
 };
 
-const char  *ngx_http_kv_aware_reject_keys[] = {
+const char  *ngx_http_kv_aware_zone_reject_keys[] = {
     NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_KEY3)
 };
 
-const char  *ngx_http_kv_aware_reject_texts[] = {
+const char  *ngx_http_kv_aware_zone_reject_texts[] = {
     NGX_HTTP_KV_AWARE_REJECTS(NGX_HTTP_KV_AWARE_TEXT3)
 };
 
 
 ngx_int_t
-ngx_http_kv_aware_init_zone(ngx_shm_zone_t *shm_zone, void *data)
+ngx_http_kv_aware_zone_init(ngx_shm_zone_t *shm_zone, void *data)
 {
     ngx_http_kv_aware_srv_conf_t  *okcf = data;
 
@@ -239,7 +239,7 @@ ngx_http_kv_aware_in_flight(ngx_http_kv_aware_load_t *load)
 
 /* the slot a server's rank holds, by its name, or KVA_MAX_SLOTS */
 ngx_uint_t
-ngx_http_kv_aware_slot_by_name(ngx_http_kv_aware_shctx_t *sh, u_char *name,
+ngx_http_kv_aware_zone_slot_by_name(ngx_http_kv_aware_shctx_t *sh, u_char *name,
     size_t len, ngx_uint_t rank)
 {
     ngx_uint_t  s;
@@ -277,7 +277,7 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
      * knows; entry i of slot_of is rank i % dp of server i / dp.
      */
     for (i = 0; i < n; i++) {
-        s = ngx_http_kv_aware_slot_by_name(kcf->sh, names[i / dp].data,
+        s = ngx_http_kv_aware_zone_slot_by_name(kcf->sh, names[i / dp].data,
                                            names[i / dp].len, i % dp);
 
         if (s < KVA_MAX_SLOTS) {
@@ -303,7 +303,7 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
 
     if (stale) {
         kcf->sh->members.reserved &= ~stale;
-        ngx_http_kv_aware_forget_slots(kcf, stale);
+        ngx_http_kv_aware_zone_forget_slots(kcf, stale);
     }
 
     /* newcomers take free slots */
@@ -342,13 +342,13 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
  * learned nothing (its learned budget counts afresh).
  */
 void
-ngx_http_kv_aware_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
+ngx_http_kv_aware_zone_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
     uint64_t mask)
 {
     ngx_uint_t  s;
 
-    ngx_http_kv_aware_set_precise(kcf->sh, mask, 0);
-    ngx_http_kv_aware_drop_slots(kcf, mask, KVA_BITS_ALL);
+    ngx_http_kv_aware_zone_set_precise(kcf->sh, mask, 0);
+    ngx_http_kv_aware_zone_drop_slots(kcf, mask, KVA_BITS_ALL);
 
     ngx_shmtx_lock(&kcf->shpool->mutex);
 
@@ -369,7 +369,7 @@ ngx_http_kv_aware_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
  * must not take back anyway.
  */
 void
-ngx_http_kv_aware_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
+ngx_http_kv_aware_zone_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
     uint64_t mask, unsigned srcs)
 {
     uint32_t      from;
@@ -400,7 +400,7 @@ ngx_http_kv_aware_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
  * writes it on reload: a plain read-modify-write could lose an update.
  */
 void
-ngx_http_kv_aware_set_precise(ngx_http_kv_aware_shctx_t *sh, uint64_t mask,
+ngx_http_kv_aware_zone_set_precise(ngx_http_kv_aware_shctx_t *sh, uint64_t mask,
     ngx_uint_t on)
 {
     ngx_atomic_uint_t  old, new;
@@ -442,7 +442,8 @@ ngx_http_kv_aware_secret(void)
 
 
 void
-ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf, kva_clock_t *clk)
+ngx_http_kv_aware_zone_clock(ngx_http_kv_aware_srv_conf_t *kcf,
+    kva_clock_t *clk)
 {
     clk->now = ngx_http_kv_aware_ticks(ngx_current_msec);
     clk->ttl_learned = ngx_http_kv_aware_ticks(kcf->learned_ttl);
@@ -459,7 +460,7 @@ ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf, kva_clock_t *clk)
  * with the zone locked, before what a request taught is recorded.
  */
 void
-ngx_http_kv_aware_learn_budget(ngx_http_kv_aware_srv_conf_t *kcf,
+ngx_http_kv_aware_zone_learn_budget(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, kva_clock_t *clk)
 {
     uint64_t  tokens, blocks;

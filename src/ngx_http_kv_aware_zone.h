@@ -71,18 +71,18 @@ struct ngx_http_kv_aware_shctx_s {
 };
 
 
-ngx_int_t ngx_http_kv_aware_init_zone(ngx_shm_zone_t *shm_zone, void *data);
-void ngx_http_kv_aware_clock(ngx_http_kv_aware_srv_conf_t *kcf,
+ngx_int_t ngx_http_kv_aware_zone_init(ngx_shm_zone_t *shm_zone, void *data);
+void ngx_http_kv_aware_zone_clock(ngx_http_kv_aware_srv_conf_t *kcf,
     kva_clock_t *clk);
-void ngx_http_kv_aware_learn_budget(ngx_http_kv_aware_srv_conf_t *kcf,
+void ngx_http_kv_aware_zone_learn_budget(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, kva_clock_t *clk);
-void ngx_http_kv_aware_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
+void ngx_http_kv_aware_zone_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
     uint64_t mask, unsigned srcs);
-void ngx_http_kv_aware_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
+void ngx_http_kv_aware_zone_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
     uint64_t mask);
-void ngx_http_kv_aware_set_precise(ngx_http_kv_aware_shctx_t *sh,
+void ngx_http_kv_aware_zone_set_precise(ngx_http_kv_aware_shctx_t *sh,
     uint64_t mask, ngx_uint_t on);
-ngx_uint_t ngx_http_kv_aware_slot_by_name(ngx_http_kv_aware_shctx_t *sh,
+ngx_uint_t ngx_http_kv_aware_zone_slot_by_name(ngx_http_kv_aware_shctx_t *sh,
     u_char *name, size_t len, ngx_uint_t rank);
 
 

@@ -37,7 +37,7 @@ delete $named{$_} for grep { m{/$} } keys %named;   # folders
 my @missing = grep { !$named{$_} } @files;
 ok(!@missing, 'every file is named in the Layout (' . scalar(@files)
               . ' files)')
-    or diag("not in $doc's Layout:\n  " . join("\n  ", @missing));
+    or diag("not in ${doc}'s Layout:\n  " . join("\n  ", @missing));
 
 my @gone = grep { !-e "$root/$_" } keys %named;
 ok(!@gone, 'every file the Layout names exists')
