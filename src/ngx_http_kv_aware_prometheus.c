@@ -19,6 +19,7 @@
 #include "ngx_http_kv_aware_events.h"
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_status_snapshot.h"
+#include "ngx_http_kv_aware_status_out.h"
 #include "ngx_http_kv_aware_prometheus.h"
 
 
@@ -57,30 +58,20 @@ typedef struct {
 } ngx_http_kv_aware_prom_family_t;
 
 
-/* where the page goes; pos NULL: measuring */
-typedef struct {
-    u_char                            *pos;
-    u_char                            *end;
-    size_t                             size;
-} ngx_http_kv_aware_prom_out_t;
-
-
-static void ngx_http_kv_aware_prom_page(ngx_http_kv_aware_prom_out_t *o,
+static void ngx_http_kv_aware_prom_page(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_status_t *st);
-static void ngx_http_kv_aware_prom_family(ngx_http_kv_aware_prom_out_t *o,
+static void ngx_http_kv_aware_prom_family(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_prom_family_t *f, ngx_http_kv_aware_status_t *st);
 static ngx_uint_t ngx_http_kv_aware_prom_in_scope(
     ngx_http_kv_aware_prom_family_t *f,
     ngx_http_kv_aware_status_upstream_t *u);
-static void ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_prom_out_t *o,
+static void ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_prom_family_t *f,
     ngx_http_kv_aware_status_upstream_t *u,
     ngx_http_kv_aware_status_server_t *sv);
-static void ngx_http_kv_aware_prom_str(ngx_http_kv_aware_prom_out_t *o,
-    const char *s);
-static void ngx_http_kv_aware_prom_label(ngx_http_kv_aware_prom_out_t *o,
+static void ngx_http_kv_aware_prom_label(ngx_http_kv_aware_status_out_t *o,
     const char *name, u_char *value, size_t len, ngx_uint_t first);
-static void ngx_http_kv_aware_prom_number(ngx_http_kv_aware_prom_out_t *o,
+static void ngx_http_kv_aware_prom_number(ngx_http_kv_aware_status_out_t *o,
     uint64_t v, ngx_uint_t milli);
 
 
@@ -253,38 +244,20 @@ ngx_buf_t *
 ngx_http_kv_aware_prometheus(ngx_http_request_t *r,
     ngx_http_kv_aware_status_t *st)
 {
-    ngx_buf_t                     *b;
-    ngx_http_kv_aware_prom_out_t   out;
-
-    ngx_memzero(&out, sizeof(ngx_http_kv_aware_prom_out_t));
-
-    ngx_http_kv_aware_prom_page(&out, st);
-
-    b = ngx_create_temp_buf(r->pool, out.size);
-    if (b == NULL) {
-        return NULL;
-    }
-
-    out.pos = b->last;
-    out.end = b->end;
-
-    ngx_http_kv_aware_prom_page(&out, st);
-
-    b->last = out.pos;
-
-    return b;
+    return ngx_http_kv_aware_status_out_page(r, st,
+                                             ngx_http_kv_aware_prom_page);
 }
 
 
 static void
-ngx_http_kv_aware_prom_page(ngx_http_kv_aware_prom_out_t *o,
+ngx_http_kv_aware_prom_page(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_status_t *st)
 {
     ngx_uint_t                        u, any;
     ngx_http_kv_aware_prom_family_t  *f, *last;
 
     /* a page, never an empty body, even without a kv_aware upstream */
-    ngx_http_kv_aware_prom_str(o, "# kv_aware_status\n");
+    ngx_http_kv_aware_status_out_str(o, "# kv_aware_status\n");
 
     f = ngx_http_kv_aware_prom_families;
     last = f + sizeof(ngx_http_kv_aware_prom_families)
@@ -302,15 +275,15 @@ ngx_http_kv_aware_prom_page(ngx_http_kv_aware_prom_out_t *o,
             continue;
         }
 
-        ngx_http_kv_aware_prom_str(o, "# HELP ");
-        ngx_http_kv_aware_prom_str(o, f->name);
-        ngx_http_kv_aware_prom_str(o, " ");
-        ngx_http_kv_aware_prom_str(o, f->help);
-        ngx_http_kv_aware_prom_str(o, "\n# TYPE ");
-        ngx_http_kv_aware_prom_str(o, f->name);
-        ngx_http_kv_aware_prom_str(o, " ");
-        ngx_http_kv_aware_prom_str(o, f->type);
-        ngx_http_kv_aware_prom_str(o, "\n");
+        ngx_http_kv_aware_status_out_str(o, "# HELP ");
+        ngx_http_kv_aware_status_out_str(o, f->name);
+        ngx_http_kv_aware_status_out_str(o, " ");
+        ngx_http_kv_aware_status_out_str(o, f->help);
+        ngx_http_kv_aware_status_out_str(o, "\n# TYPE ");
+        ngx_http_kv_aware_status_out_str(o, f->name);
+        ngx_http_kv_aware_status_out_str(o, " ");
+        ngx_http_kv_aware_status_out_str(o, f->type);
+        ngx_http_kv_aware_status_out_str(o, "\n");
 
         ngx_http_kv_aware_prom_family(o, f, st);
     }
@@ -319,7 +292,7 @@ ngx_http_kv_aware_prom_page(ngx_http_kv_aware_prom_out_t *o,
 
 /* the samples of a family, of every upstream in its scope */
 static void
-ngx_http_kv_aware_prom_family(ngx_http_kv_aware_prom_out_t *o,
+ngx_http_kv_aware_prom_family(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_prom_family_t *f, ngx_http_kv_aware_status_t *st)
 {
     u_char                                seen[KVA_MAX_SLOTS];
@@ -386,7 +359,7 @@ ngx_http_kv_aware_prom_in_scope(ngx_http_kv_aware_prom_family_t *f,
 
 /* name{upstream="...",server="...",label="key"} value, a line per key */
 static void
-ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_prom_out_t *o,
+ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_prom_family_t *f,
     ngx_http_kv_aware_status_upstream_t *u,
     ngx_http_kv_aware_status_server_t *sv)
@@ -401,7 +374,7 @@ ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_prom_out_t *o,
     last = f->label ? f->last : 1;
 
     for (k = first; k < last; k++) {
-        ngx_http_kv_aware_prom_str(o, f->name);
+        ngx_http_kv_aware_status_out_str(o, f->name);
         ngx_http_kv_aware_prom_label(o, "upstream", u->name.data,
                                      u->name.len, 1);
 
@@ -422,7 +395,7 @@ ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_prom_out_t *o,
                                          ngx_strlen(f->keys[k]), 0);
         }
 
-        ngx_http_kv_aware_prom_str(o, "} ");
+        ngx_http_kv_aware_status_out_str(o, "} ");
 
         if (f->form == NGX_HTTP_KV_AWARE_PF_IS) {
             v = (ngx_http_kv_aware_status_snapshot_value(base, f->offset,
@@ -443,25 +416,8 @@ ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_prom_out_t *o,
         ngx_http_kv_aware_prom_number(o, v,
                                       f->form == NGX_HTTP_KV_AWARE_PF_MILLI);
 
-        ngx_http_kv_aware_prom_str(o, "\n");
+        ngx_http_kv_aware_status_out_str(o, "\n");
     }
-}
-
-
-static void
-ngx_http_kv_aware_prom_str(ngx_http_kv_aware_prom_out_t *o, const char *s)
-{
-    size_t  len;
-
-    len = ngx_strlen(s);
-
-    if (o->pos == NULL) {
-        o->size += len;
-        return;
-    }
-
-    len = ngx_min(len, (size_t) (o->end - o->pos));
-    o->pos = ngx_cpymem(o->pos, s, len);
 }
 
 
@@ -471,15 +427,15 @@ ngx_http_kv_aware_prom_str(ngx_http_kv_aware_prom_out_t *o, const char *s)
  * upstreams and servers come from the configuration, and may hold them.
  */
 static void
-ngx_http_kv_aware_prom_label(ngx_http_kv_aware_prom_out_t *o,
+ngx_http_kv_aware_prom_label(ngx_http_kv_aware_status_out_t *o,
     const char *name, u_char *value, size_t len, ngx_uint_t first)
 {
     u_char      c, esc[2];
     size_t      n, w;
 
-    ngx_http_kv_aware_prom_str(o, first ? "{" : ",");
-    ngx_http_kv_aware_prom_str(o, name);
-    ngx_http_kv_aware_prom_str(o, "=\"");
+    ngx_http_kv_aware_status_out_str(o, first ? "{" : ",");
+    ngx_http_kv_aware_status_out_str(o, name);
+    ngx_http_kv_aware_status_out_str(o, "=\"");
 
     for (n = 0; n < len; n++) {
         c = value[n];
@@ -501,13 +457,13 @@ ngx_http_kv_aware_prom_label(ngx_http_kv_aware_prom_out_t *o,
         o->pos = ngx_cpymem(o->pos, (w == 2) ? esc : &c, w);
     }
 
-    ngx_http_kv_aware_prom_str(o, "\"");
+    ngx_http_kv_aware_status_out_str(o, "\"");
 }
 
 
 /* an integer, or thousandths as a decimal fraction */
 static void
-ngx_http_kv_aware_prom_number(ngx_http_kv_aware_prom_out_t *o, uint64_t v,
+ngx_http_kv_aware_prom_number(ngx_http_kv_aware_status_out_t *o, uint64_t v,
     ngx_uint_t milli)
 {
     if (o->pos == NULL) {

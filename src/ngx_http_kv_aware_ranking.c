@@ -38,7 +38,8 @@ ngx_http_kv_aware_ranking_hash(ngx_http_request_t *r,
 
     if (ctx->fallback != NGX_HTTP_KV_AWARE_ROUTED) {
         (void) ngx_atomic_fetch_add(&kcf->sh->routing.fallbacks, 1);
-        (void) ngx_atomic_fetch_add(&kcf->sh->routing.fallback[ctx->fallback], 1);
+        (void) ngx_atomic_fetch_add(
+                               &kcf->sh->routing.fallback[ctx->fallback], 1);
     }
 }
 

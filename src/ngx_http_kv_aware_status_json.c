@@ -16,6 +16,7 @@
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_status_snapshot.h"
+#include "ngx_http_kv_aware_status_out.h"
 #include "ngx_http_kv_aware_status_json.h"
 
 
@@ -55,29 +56,19 @@ typedef struct {
 } ngx_http_kv_aware_json_field_t;
 
 
-/* where the page goes; pos NULL: measuring */
-typedef struct {
-    u_char                            *pos;
-    u_char                            *end;
-    size_t                             size;
-} ngx_http_kv_aware_json_out_t;
-
-
-static void ngx_http_kv_aware_json_page(ngx_http_kv_aware_json_out_t *o,
+static void ngx_http_kv_aware_json_page(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_status_t *st);
-static void ngx_http_kv_aware_json_object(ngx_http_kv_aware_json_out_t *o,
+static void ngx_http_kv_aware_json_object(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_json_field_t *f, ngx_uint_t n, void *base,
     ngx_http_kv_aware_status_upstream_t *u,
     ngx_http_kv_aware_status_server_t *sv);
-static void ngx_http_kv_aware_json_value(ngx_http_kv_aware_json_out_t *o,
+static void ngx_http_kv_aware_json_value(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_json_field_t *f, void *base, ngx_uint_t k);
 static ngx_uint_t ngx_http_kv_aware_json_when(
     ngx_http_kv_aware_json_when_e when,
     ngx_http_kv_aware_status_upstream_t *u,
     ngx_http_kv_aware_status_server_t *sv);
-static void ngx_http_kv_aware_json_raw(ngx_http_kv_aware_json_out_t *o,
-    const char *s);
-static void ngx_http_kv_aware_json_string(ngx_http_kv_aware_json_out_t *o,
+static void ngx_http_kv_aware_json_string(ngx_http_kv_aware_status_out_t *o,
     u_char *s, size_t len);
 
 
@@ -238,72 +229,54 @@ ngx_buf_t *
 ngx_http_kv_aware_status_json_page(ngx_http_request_t *r,
     ngx_http_kv_aware_status_t *st)
 {
-    ngx_buf_t                     *b;
-    ngx_http_kv_aware_json_out_t   out;
-
-    ngx_memzero(&out, sizeof(ngx_http_kv_aware_json_out_t));
-
-    ngx_http_kv_aware_json_page(&out, st);
-
-    b = ngx_create_temp_buf(r->pool, out.size);
-    if (b == NULL) {
-        return NULL;
-    }
-
-    out.pos = b->last;
-    out.end = b->end;
-
-    ngx_http_kv_aware_json_page(&out, st);
-
-    b->last = out.pos;
-
-    return b;
+    return ngx_http_kv_aware_status_out_page(r, st,
+                                             ngx_http_kv_aware_json_page);
 }
 
 
 static void
-ngx_http_kv_aware_json_page(ngx_http_kv_aware_json_out_t *o,
+ngx_http_kv_aware_json_page(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_status_t *st)
 {
     ngx_uint_t                            i, s;
     ngx_http_kv_aware_status_upstream_t  *u;
 
-    ngx_http_kv_aware_json_raw(o, "{\"upstreams\":{");
+    ngx_http_kv_aware_status_out_str(o, "{\"upstreams\":{");
 
     for (i = 0; i < st->nupstreams; i++) {
         u = &st->upstreams[i];
 
-        ngx_http_kv_aware_json_raw(o, i ? ",\"" : "\"");
+        ngx_http_kv_aware_status_out_str(o, i ? ",\"" : "\"");
         ngx_http_kv_aware_json_string(o, u->name.data, u->name.len);
-        ngx_http_kv_aware_json_raw(o, "\":{");
+        ngx_http_kv_aware_status_out_str(o, "\":{");
 
         ngx_http_kv_aware_json_object(o, ngx_http_kv_aware_json_upstream,
                       sizeof(ngx_http_kv_aware_json_upstream)
                       / sizeof(ngx_http_kv_aware_json_field_t), u, u, NULL);
 
-        ngx_http_kv_aware_json_raw(o, ",\"servers\":[");
+        ngx_http_kv_aware_status_out_str(o, ",\"servers\":[");
 
         for (s = 0; s < u->nservers; s++) {
-            ngx_http_kv_aware_json_raw(o, s ? ",{" : "{");
+            ngx_http_kv_aware_status_out_str(o, s ? ",{" : "{");
 
             ngx_http_kv_aware_json_object(o, ngx_http_kv_aware_json_server,
                           sizeof(ngx_http_kv_aware_json_server)
                           / sizeof(ngx_http_kv_aware_json_field_t),
                           &u->servers[s], u, &u->servers[s]);
 
-            ngx_http_kv_aware_json_raw(o, "}");
+            ngx_http_kv_aware_status_out_str(o, "}");
         }
 
-        ngx_http_kv_aware_json_raw(o, "]}");
+        ngx_http_kv_aware_status_out_str(o, "]}");
     }
 
-    ngx_http_kv_aware_json_raw(o, "}}\n");
+    ngx_http_kv_aware_status_out_str(o, "}}\n");
 }
 
 
 /* the members of an object, without its braces */
 static void
-ngx_http_kv_aware_json_object(ngx_http_kv_aware_json_out_t *o,
+ngx_http_kv_aware_json_object(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_json_field_t *f, ngx_uint_t n, void *base,
     ngx_http_kv_aware_status_upstream_t *u,
     ngx_http_kv_aware_status_server_t *sv)
@@ -315,7 +288,7 @@ ngx_http_kv_aware_json_object(ngx_http_kv_aware_json_out_t *o,
     for (i = 0; i < n; i++) {
 
         if (f[i].form == NGX_HTTP_KV_AWARE_JF_CLOSE) {
-            ngx_http_kv_aware_json_raw(o, "}");
+            ngx_http_kv_aware_status_out_str(o, "}");
             comma = 1;
             continue;
         }
@@ -334,12 +307,12 @@ ngx_http_kv_aware_json_object(ngx_http_kv_aware_json_out_t *o,
             continue;
         }
 
-        ngx_http_kv_aware_json_raw(o, comma ? ",\"" : "\"");
-        ngx_http_kv_aware_json_raw(o, f[i].key);
-        ngx_http_kv_aware_json_raw(o, "\":");
+        ngx_http_kv_aware_status_out_str(o, comma ? ",\"" : "\"");
+        ngx_http_kv_aware_status_out_str(o, f[i].key);
+        ngx_http_kv_aware_status_out_str(o, "\":");
 
         if (f[i].form == NGX_HTTP_KV_AWARE_JF_OPEN) {
-            ngx_http_kv_aware_json_raw(o, "{");
+            ngx_http_kv_aware_status_out_str(o, "{");
             comma = 0;
             continue;
         }
@@ -351,24 +324,25 @@ ngx_http_kv_aware_json_object(ngx_http_kv_aware_json_out_t *o,
             continue;
         }
 
-        ngx_http_kv_aware_json_raw(o, "{");
+        ngx_http_kv_aware_status_out_str(o, "{");
 
         for (j = f[i].first; j < f[i].last; j++) {
             k = f[i].order ? f[i].order[j - f[i].first] : j;
 
-            ngx_http_kv_aware_json_raw(o, (j == f[i].first) ? "\"" : ",\"");
-            ngx_http_kv_aware_json_raw(o, f[i].names[k]);
-            ngx_http_kv_aware_json_raw(o, "\":");
+            ngx_http_kv_aware_status_out_str(o, (j == f[i].first) ? "\""
+                                                                  : ",\"");
+            ngx_http_kv_aware_status_out_str(o, f[i].names[k]);
+            ngx_http_kv_aware_status_out_str(o, "\":");
             ngx_http_kv_aware_json_value(o, &f[i], base, k);
         }
 
-        ngx_http_kv_aware_json_raw(o, "}");
+        ngx_http_kv_aware_status_out_str(o, "}");
     }
 }
 
 
 static void
-ngx_http_kv_aware_json_value(ngx_http_kv_aware_json_out_t *o,
+ngx_http_kv_aware_json_value(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_json_field_t *f, void *base, ngx_uint_t k)
 {
     uint64_t    v;
@@ -377,9 +351,9 @@ ngx_http_kv_aware_json_value(ngx_http_kv_aware_json_out_t *o,
     if (f->form == NGX_HTTP_KV_AWARE_JF_STR) {
         s = (ngx_str_t *) ((u_char *) base + f->offset);
 
-        ngx_http_kv_aware_json_raw(o, "\"");
+        ngx_http_kv_aware_status_out_str(o, "\"");
         ngx_http_kv_aware_json_string(o, s->data, s->len);
-        ngx_http_kv_aware_json_raw(o, "\"");
+        ngx_http_kv_aware_status_out_str(o, "\"");
         return;
     }
 
@@ -388,13 +362,13 @@ ngx_http_kv_aware_json_value(ngx_http_kv_aware_json_out_t *o,
     switch (f->form) {
 
     case NGX_HTTP_KV_AWARE_JF_BOOL:
-        ngx_http_kv_aware_json_raw(o, v ? "true" : "false");
+        ngx_http_kv_aware_status_out_str(o, v ? "true" : "false");
         return;
 
     case NGX_HTTP_KV_AWARE_JF_NAME:
-        ngx_http_kv_aware_json_raw(o, "\"");
-        ngx_http_kv_aware_json_raw(o, f->names[v]);
-        ngx_http_kv_aware_json_raw(o, "\"");
+        ngx_http_kv_aware_status_out_str(o, "\"");
+        ngx_http_kv_aware_status_out_str(o, f->names[v]);
+        ngx_http_kv_aware_status_out_str(o, "\"");
         return;
 
     default:
@@ -447,26 +421,9 @@ ngx_http_kv_aware_json_when(ngx_http_kv_aware_json_when_e when,
 }
 
 
-static void
-ngx_http_kv_aware_json_raw(ngx_http_kv_aware_json_out_t *o, const char *s)
-{
-    size_t  len;
-
-    len = ngx_strlen(s);
-
-    if (o->pos == NULL) {
-        o->size += len;
-        return;
-    }
-
-    len = ngx_min(len, (size_t) (o->end - o->pos));
-    o->pos = ngx_cpymem(o->pos, s, len);
-}
-
-
 /* escaped, a byte can take six: \u00XX */
 static void
-ngx_http_kv_aware_json_string(ngx_http_kv_aware_json_out_t *o, u_char *s,
+ngx_http_kv_aware_json_string(ngx_http_kv_aware_status_out_t *o, u_char *s,
     size_t len)
 {
     size_t  size;

@@ -267,8 +267,8 @@ ngx_http_kv_aware_subscriber_stop(ngx_http_kv_aware_subscriber_t *sub)
         ngx_del_timer(&sub->handover);
     }
 
-    (void) ngx_atomic_cmp_set(&sub->kcf->sh->events.sub_live, sub->kcf->generation,
-                              0);
+    (void) ngx_atomic_cmp_set(&sub->kcf->sh->events.sub_live,
+                              sub->kcf->generation, 0);
 }
 
 
@@ -385,8 +385,8 @@ ngx_http_kv_aware_applier(ngx_http_kv_aware_subscriber_t *sub)
 
     (void) ngx_atomic_cmp_set(&kcf->sh->events.sub_live, live, kcf->generation);
 
-    return (kcf->sh->events.sub_live == kcf->generation) ? NGX_HTTP_KV_AWARE_APPLY
-                                                  : NGX_HTTP_KV_AWARE_SKIP;
+    return (kcf->sh->events.sub_live == kcf->generation)
+           ? NGX_HTTP_KV_AWARE_APPLY : NGX_HTTP_KV_AWARE_SKIP;
 }
 
 

@@ -57,9 +57,9 @@
  * suspect live frame is dropped (a real restart shows again afterwards).
  * The cost: without a replay endpoint a collected engine's restart or
  * gap is seen one batch late.  What this does not stop: a peer that
- * sends two frames that continue each other, or the engine's next seq before the engine
- * does (its batch then takes the engine's place, without a reset); only
- * keeping such peers off the collector does.
+ * sends two frames that continue each other, or the engine's next seq
+ * before the engine does (its batch then takes the engine's place,
+ * without a reset); only keeping such peers off the collector does.
  *
  * No call holds the caller long: kvb_stream_io() reads at most
  * KVB_STREAM_IO_MSGS messages, KVB_STREAM_IO_BYTES bytes and
