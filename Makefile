@@ -66,7 +66,8 @@ FUZZ_SECONDS ?= 60
 # nginx from source (tools/build-nginx.sh): the current stable by default
 NGINX_VERSION := 1.30.4
 NGINX_DIR   = $(BUILD)/nginx-$(NGINX_VERSION)
-PROVE      := prove -I t/lib
+# each stage's output also lands in build/test-STAGE.log (tools/prove-stage.sh)
+PROVE      = bash tools/prove-stage.sh $(BUILD)/$@.log -I t/lib
 
 # The stages run the tests side by side, TEST_JOBS at a time: most of a
 # test's time is waiting (timeouts, heartbeats, reconnects, delays it

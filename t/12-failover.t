@@ -36,6 +36,19 @@ sub chat {
 # a system prompt of its own per $i: distinct from the first byte
 sub new_prefix { chat('q', sprintf("%03d ", $_[0]) . ('distinct prefix text. ' x 30)) }
 
+# A check here failed once under CI's load only: on failure, what each
+# request got and what nginx logged, so that the next one says why.
+sub diag_when_failed {
+    my ($env, @r) = @_;
+    return if Test::More->builder->is_passing;
+    diag join "\n", 'responses:', map {
+        my $r = $_ // {};
+        join ' ', map { "$_=" . ($r->{$_} // '-') }
+                      qw(status backend reason matched md5ok);
+    } @r;
+    diag "error log:\n" . $env->error_log;
+}
+
 sub bnum { my ($name) = @_; $name =~ /^b(\d+)$/ ? $1 : die "bad backend $name" }
 
 
@@ -115,6 +128,7 @@ subtest 'failing server: retry elsewhere, the prefix follows the retry' => sub {
 
     $env->stop_nginx;
     $env->check_logs_clean('retry');
+    diag_when_failed($env, $r0, $r1, $r2, $r3, $r4, $r5);
 };
 
 
@@ -141,6 +155,7 @@ subtest 'stopped holder: refused connection retried, prefix follows' => sub {
 
     $env->stop_nginx;
     $env->check_logs_clean('stopped');
+    diag_when_failed($env, @r);
 };
 
 
