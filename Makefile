@@ -67,24 +67,30 @@ FUZZ_SECONDS ?= 60
 NGINX_VERSION := 1.30.4
 NGINX_DIR   = $(BUILD)/nginx-$(NGINX_VERSION)
 # each stage's output also lands in build/test-STAGE.log (tools/prove-stage.sh)
-PROVE      = bash tools/prove-stage.sh $(BUILD)/$@.log -I t/lib
+PROVE      = HARNESS_RULESFILE=$(TEST_RULES) \
+             bash tools/prove-stage.sh $(BUILD)/$@.log -I t/lib
 
-# The stages run the tests side by side, TEST_JOBS at a time: most of a
-# test's time is waiting (timeouts, heartbeats, reconnects, delays it
-# asks for), and each has its own prefix, ports, Redis and kvsim.  The
-# fuzz targets run for a fixed time whatever runs beside them (niced:
-# the others get the CPU first): they start first, the longest waiting
-# tests next, the Docker build (a niced compiler) last.  The ones that
-# bound times or memory under load run after all of them, one at a time
-# (prove runs the tests no --rules names last, in sequence): the unit
-# tests (kvbridge's stream and loop time their slices in milliseconds;
-# all of them take under a minute), kvload's stages, the floods whose
-# requests must stay fast (sub-second bounds), the subscribing worker's
-# peak memory under 4 MB messages (under ASan, side by side, its reads
-# batched up and it grew 37 MB against 32), the bridge's snapshot
-# pacing and its memory with Redis hung, the status page under load, and
-# the two soaks (side by side with the others, both once lost every
-# request to a flood of connections).  TEST_JOBS=1: one at a time.
+# The stages run the tests in two phases, by a rules file that prove
+# reads (HARNESS_RULESFILE, written from the lists below):
+#   1. side by side, TEST_JOBS at a time: most of a test's time is
+#      waiting (timeouts, heartbeats, reconnects, delays it asks for),
+#      and each has its own prefix, ports, Redis and kvsim.  The fuzz
+#      targets run for a fixed time whatever runs beside them (niced: the
+#      others get the CPU first): they start first, then the longest
+#      tests (the fresh clone builds an nginx), the Docker build (a niced
+#      compiler) last.
+#   2. one at a time, the ones that bound times or memory under load: the
+#      unit tests (kvbridge's stream and loop time their slices in
+#      milliseconds; all of them take under a minute), kvload's stages,
+#      the floods whose requests must stay fast (sub-second bounds), the
+#      subscribing worker's peak memory under 4 MB messages (under ASan,
+#      side by side, its reads batched up and it grew 37 MB against 32),
+#      the bridge's snapshot pacing and its memory with Redis hung, the
+#      status page under load, and the two soaks (side by side with the
+#      others, both once lost every request to a flood of connections;
+#      beside each other, on a loaded machine, kvload's requests piled up
+#      past nginx's 1,024 connections).
+# TEST_JOBS=1: everything one at a time.
 TEST_JOBS   ?= 5
 TESTS_ALONE := t/23-kvload-stages.t t/36-clear-flood.t t/37-clear-message.t \
                t/38-hash-flood.t t/45-status-under-load.t \
@@ -93,12 +99,26 @@ TESTS_ALONE := t/23-kvload-stages.t t/36-clear-flood.t t/37-clear-message.t \
                t/95-soak.t t/96-bridge-soak.t
 TESTS_FIRST := t/90-fuzz.t t/16-config.t t/10-affinity.t \
                t/59-share-learned.t t/70-openai-js.t t/66-kvbridge-nginx.t \
-               t/12-failover.t t/15-reload.t t/11-spread.t t/56-prometheus.t
+               t/12-failover.t t/15-reload.t t/11-spread.t t/56-prometheus.t \
+               t/03-fresh-clone.t
 TESTS_LAST  := t/71-docker-build.t
 TESTS_SIDE   = $(TESTS_FIRST) $(filter-out $(TESTS_ALONE) $(TESTS_FIRST) \
-                                           $(TESTS_LAST), $(wildcard t/*.t))
-PROVE_JOBS   = -j$(TEST_JOBS) \
-               $(foreach t,$(TESTS_SIDE) $(TESTS_LAST),--rules='par=$(t)')
+                   $(TESTS_LAST), $(wildcard t/*.t)) \
+               $(TESTS_LAST)
+TEST_RULES   = $(BUILD)/testrules.yml
+PROVE_JOBS   = -j$(TEST_JOBS)
+
+# YAML for TAP::Harness: a list item a test (the unit tests by a glob,
+# they live under build/ or build/asan/)
+yaml_list = $(foreach t,$(2),printf "%s- '%s'\n" '$(1)' '$(t)' &&)
+
+.PHONY: $(TEST_RULES)
+$(TEST_RULES):
+	@mkdir -p $(BUILD)
+	@{ printf 'seq:\n  - par:\n' && $(call yaml_list,      ,$(TESTS_SIDE)) \
+	   printf '  - seq:\n' && \
+	   $(call yaml_list,      ,**/unit/test_* $(TESTS_ALONE)) \
+	   true; } > $@
 
 # make test-asan: everything rebuilt with the sanitizers under build/asan/
 ASAN_BUILD := $(BUILD)/asan
@@ -114,6 +134,7 @@ ASAN_ENV   := ASAN_OPTIONS=detect_leaks=1 \
               UBSAN_OPTIONS=print_stacktrace=1:suppressions=$(CURDIR)/t/sanitizers.supp
 
 .PHONY: all deps module unit tools test test-debian test-nginx test-asan \
+        nginx-build asan-build \
         demo bench bench-events bench-e2e soak fuzz fuzz-build bench-worst \
         clean
 
@@ -191,20 +212,28 @@ tools: $(TOOLS)
 # test-asan.
 test: test-debian test-nginx test-asan
 
+# within make test, a stage starts the next one's builds (nginx-build,
+# asan-build)
+test: BUILD_AHEAD = 1
+
 # prove runs the unit test binaries (TAP) and the Perl tests in one go,
 # against Debian's nginx 1.22.1; the fuzz targets (t/90) and the fault
 # soak (t/95, two minutes) run here, the soak again, shorter, under ASan
-test-debian: deps module unit tools
+test-debian: deps module unit tools $(TEST_RULES)
 	@echo "== unit tests, integration tests: Debian's nginx 1.22.1"
+	$(if $(BUILD_AHEAD),nice -n 19 $(MAKE) -s nginx-build \
+	    > $(BUILD)/nginx-build.log 2>&1 &)
 	$(PROVE) $(PROVE_JOBS) $(UNIT_TESTS) -r t/
 
 # what most users run: the same integration tests against nginx.org's
 # stable (or NGINX_VERSION=1.31.4, mainline) built with the module; the
 # tests of kvbridge that run no nginx (KVA_NGINX_FREE=0) are left to the
 # other two stages
-test-nginx: deps unit tools
+test-nginx: deps unit tools $(TEST_RULES)
 	@echo "== integration tests: nginx $(NGINX_VERSION) from source"
-	bash tools/build-nginx.sh $(NGINX_VERSION)
+	$(MAKE) -s nginx-build
+	$(if $(BUILD_AHEAD),nice -n 19 $(MAKE) -s asan-build \
+	    > $(BUILD)/asan-build.log 2>&1 &)
 	KVA_FUZZ_SECONDS=0 KVA_SOAK_SECONDS=0 KVA_NGINX_FREE=0 \
 	TEST_NGINX_BINARY=$(NGINX_DIR)/objs/nginx \
 	KV_AWARE_MODULE=$(NGINX_DIR)/objs/ngx_http_kv_aware_module.so \
@@ -221,16 +250,29 @@ test-nginx: deps unit tools
 # (t/lib/Test/KvAware.pm).  The tests' hasher (build/kva_hashes, with
 # build/libkva.a) is built first: tests running side by side would each
 # make it at once.
-test-asan: deps $(KVA_HASHES)
+test-asan: deps $(KVA_HASHES) $(TEST_RULES)
 	@echo "== unit tests, integration tests: ASan/UBSan, nginx $(NGINX_VERSION)"
-	$(MAKE) -s BUILD=$(ASAN_BUILD) CC=clang SAN_CFLAGS="$(SAN)" unit tools
-	bash tools/build-nginx.sh --asan $(NGINX_VERSION)
+	$(MAKE) -s asan-build
 	$(ASAN_ENV) KVA_FUZZ_SECONDS=0 KVA_SOAK_SECONDS=60 \
 	TEST_NGINX_BINARY=$(ASAN_NGINX)/objs/nginx \
 	KV_AWARE_MODULE=$(ASAN_NGINX)/objs/ngx_http_kv_aware_module.so \
 	KVSIM_BINARY=$(ASAN_BUILD)/kvsim KVLOAD_BINARY=$(ASAN_BUILD)/kvload \
 	KVBRIDGE_BINARY=$(ASAN_BUILD)/kvbridge \
 	    $(PROVE) $(PROVE_JOBS) $(UNIT_TESTS:$(BUILD)/%=$(ASAN_BUILD)/%) -r t/
+
+# The next stage's builds, each one at a time (flock): within make test
+# each stage starts the next one's beside its tests, at nice 19 so that
+# they only take the CPU the tests leave (the sanitized builds alone take
+# 4.5 minutes of CPU from clean), and the next stage waits for that build
+# to end and finds everything made.
+nginx-build:
+	flock $(BUILD)/nginx-build.lock bash tools/build-nginx.sh $(NGINX_VERSION)
+
+asan-build:
+	flock $(BUILD)/asan-build.lock $(MAKE) -s BUILD=$(ASAN_BUILD) CC=clang \
+	    SAN_CFLAGS="$(SAN)" unit tools
+	flock $(BUILD)/asan-build.lock \
+	    bash tools/build-nginx.sh --asan $(NGINX_VERSION)
 
 # the fault soaks for ten minutes each (make test runs two): t/95 reloads,
 # Redis and a server killed, a hostile publisher; t/96 the bridge's
