@@ -276,6 +276,31 @@ is(post($P, '/kv/pull', { id => 'hold-1', block_ids => [ 99999 ] })->{status},
 is($http->get("http://127.0.0.1:$_/health")->{status}, 200, "$_ alive")
     for $P, $D;
 
+# a prefill server that accepts and never answers: the pull times out
+my $silent = IO::Socket::INET->new(Listen => 16, LocalAddr => '127.0.0.1',
+                                   LocalPort => 0) or die "listen: $!";
+my $mute = { %$ok, remote_port => $silent->sockport };
+my $timeouts = metric($D, 'kvsim_pd_pull_timeouts_total');
+my $t1 = time;
+$r = post($D, '/v1/completions', { prompt => 'mute' x 600, max_tokens => 2,
+                                   kv_transfer_params => $mute });
+is($r->{json}{kvsim}{pd}{fallback}, 'pull timed out',
+   sprintf('a silent prefill: served aggregated after %.1f s', time - $t1));
+is(metric($D, 'kvsim_pd_pull_timeouts_total'), $timeouts + 1,
+   'a pull timeout counted');
+
+# a client that leaves while its request waits on the pull
+my $fallbacks = metric($D, 'kvsim_pd_fallbacks_total');
+my $gone = send_async($D, { prompt => 'gone' x 600, max_tokens => 2,
+                            kv_transfer_params => $mute });
+sleep 0.3;
+close $gone;
+sleep 2.2;                              # nothing fires later
+is($http->get("http://127.0.0.1:$D/health")->{status}, 200,
+   'a client gone during the pull: the decode lives on');
+is(metric($D, 'kvsim_pd_fallbacks_total'), $fallbacks,
+   'and serves nobody for it');
+
 # --- SGLang's bootstrap room --------------------------------------------------
 
 sub boot {
@@ -305,5 +330,15 @@ is($r->{json}{kvsim}{pd}{fallback}, 'bootstrap room never ready',
    'a prefill that never comes: served aggregated');
 ok($took > 1.5 && $took < 8, sprintf('after --pd-wait-s 2 (%.1f s)', $took));
 is($r->{json}{usage}{completion_tokens}, 3, 'with every token');
+
+# a clean exit (LeakSanitizer's and UBSan's reports under make test-asan)
+kill 'TERM', @pids;
+waitpid($_, 0) for @pids;
+@pids = ();
+for my $log (qw(p.log q.log d.log)) {
+    open my $fh, '<', "$dir/$log" or next;
+    my @bad = grep { /Sanitizer|runtime error/ } <$fh>;
+    ok(!@bad, "$log: no sanitizer report") or diag @bad;
+}
 
 done_testing();

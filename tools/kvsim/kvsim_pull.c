@@ -50,9 +50,10 @@ typedef enum {
 
 
 struct kvs_pull_s {
-    kvs_req_t                  *r;      /* NULL: the client left */
+    kvs_req_t                  *r;
     kvs_server_t               *srv;
     struct evhttp_connection   *evcon;  /* in flight */
+    struct evhttp_request      *hreq;
     struct event               *timer;
     double                      start;  /* ms */
     kvs_pull_state_e            state;
@@ -201,14 +202,9 @@ kvs_pull_leg1_done(struct evhttp_request *req, void *arg)
 
     root = kvs_pull_answer(p, req, &code);
 
-    if (p->r == NULL) {
-        json_decref(root);
-        kvs_pull_free(p);
-        return;
-    }
-
     if (root == NULL) {
-        kvs_pull_fallback(p, code ? "prefill failed" : "prefill unreachable",
+        kvs_pull_fallback(p, code < 0 ? "prefill timed out"
+                             : code ? "prefill failed" : "prefill unreachable",
                           code < 0);
         return;
     }
@@ -301,13 +297,6 @@ kvs_pull_ask_done(struct evhttp_request *req, void *arg)
     struct timeval   tv;
 
     root = kvs_pull_answer(p, req, &code);
-
-    if (p->r == NULL) {
-        json_decref(root);
-        kvs_pull_free(p);
-        return;
-    }
-
     conf = &p->srv->sim->conf;
 
     if (code == 409 && p->r->pd->bootstrap
@@ -329,6 +318,7 @@ kvs_pull_ask_done(struct evhttp_request *req, void *arg)
         kvs_pull_fallback(p, code == 200 ? "pulled blocks keyed differently"
                              : code == 409 ? "bootstrap room never ready"
                              : code > 0 ? "pull refused"
+                             : code < 0 ? "pull timed out"
                              : "prefill unreachable", code < 0);
         return;
     }
@@ -539,6 +529,7 @@ kvs_pull_send(kvs_pull_t *p, const char *uri, const char *body, size_t len,
     }
 
     p->evcon = evcon;
+    p->hreq = req;
 
     return 0;
 }
@@ -563,6 +554,7 @@ kvs_pull_answer(kvs_pull_t *p, struct evhttp_request *req, int *code)
     event_base_once(p->srv->sim->base, -1, EV_TIMEOUT, kvs_evcon_free,
                     p->evcon, &tv);
     p->evcon = NULL;
+    p->hreq = NULL;
 
     *code = req ? evhttp_request_get_response_code(req) : 0;
 
@@ -608,8 +600,9 @@ kvs_pull_cancel(kvs_req_t *r)
     r->pull = NULL;
 
     if (p->evcon != NULL) {
-        p->r = NULL;                    /* the answer's callback frees it */
-        return;
+        /* the answer's callback is never called */
+        evhttp_cancel_request(p->hreq);
+        evhttp_connection_free(p->evcon);
     }
 
     kvs_pull_free(p);
