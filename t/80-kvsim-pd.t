@@ -111,16 +111,16 @@ spawn('redis.log', $REDIS, '--bind', '127.0.0.1', '--port', $rport,
 wait_port($rport) or BAIL_OUT('redis-server does not start');
 my $sub = Test::KvAware::Redis->new($rport)->subscribe($CHAN);
 
-my $base = free_run(3);
-my ($P, $Q, $D) = ($base, $base + 1, $base + 2);
+my $base = free_run(4);
+my ($P, $Q, $D, $BP) = ($base, $base + 1, $base + 2, $base + 3);
 my @common = ('--servers', 1, '--heartbeat-ms', 5000);
 spawn('p.log', $KVSIM, @common, '--base-port', $P, '--role', 'prefill',
-      '--redis', "127.0.0.1:$rport");
+      '--redis', "127.0.0.1:$rport", '--bootstrap-port', $BP);
 spawn('q.log', $KVSIM, @common, '--base-port', $Q, '--role', 'prefill',
       '--redis', 'off', '--kv-hold-s', 0.2);
 spawn('d.log', $KVSIM, @common, '--base-port', $D, '--role', 'decode',
       '--sidecar', '--pd-wait-s', 2, '--redis', "127.0.0.1:$rport");
-wait_port($_) or BAIL_OUT("kvsim on $_ does not start") for $P, $Q, $D;
+wait_port($_) or BAIL_OUT("kvsim on $_ does not start") for $P, $Q, $D, $BP;
 
 # 600 tokens of 4 bytes: 9 full blocks of 64
 my $prompt = 'abcd' x 600;
@@ -304,9 +304,9 @@ is(metric($D, 'kvsim_pd_fallbacks_total'), $fallbacks,
 # --- SGLang's bootstrap room --------------------------------------------------
 
 sub boot {
-    my ($p, $room) = @_;
+    my ($p, $room, $port) = @_;
     return { prompt => $p, max_tokens => 3, bootstrap_host => '127.0.0.1',
-             bootstrap_port => $P, bootstrap_room => $room };
+             bootstrap_port => $port // $P, bootstrap_room => $room };
 }
 
 $r = post($P, '/v1/completions', boot('room' x 600, 11));
@@ -315,12 +315,15 @@ $r = post($D, '/v1/completions', boot('room' x 600, 11));
 is_deeply([ @{ $r->{json}{kvsim}{pd} }{qw(mode pulled_blocks)} ],
           [ 'sglang', 9 ], 'then the decode pulls the room\'s 9 blocks');
 
-my $s = send_async($D, boot('wait' x 600, 12));
+my $s = send_async($D, boot('wait' x 600, 12, $BP));
 sleep 0.3;
-$r = post($P, '/v1/completions', boot('wait' x 600, 12));
+$r = post($P, '/v1/completions', boot('wait' x 600, 12, $BP));
 my $j = read_async($s);
 is_deeply([ @{ $j->{kvsim}{pd} || {} }{qw(mode pulled_blocks fallback)} ],
-          [ 'sglang', 9, undef ], 'sglang, decode first: it waits, pulls');
+          [ 'sglang', 9, undef ],
+          'sglang, decode first: it waits, pulls (from --bootstrap-port)');
+is(post($BP, '/v1/completions', boot('x', 1))->{status}, 404,
+   'the bootstrap port serves pulls only');
 ok(metric($D, 'kvsim_pd_bootstrap_retries_total') > 0, 'retries counted');
 
 my $t0 = time;

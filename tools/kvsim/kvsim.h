@@ -31,6 +31,8 @@ typedef struct kvs_zmq_s     kvs_zmq_t;
 
 typedef struct kvs_hold_s    kvs_hold_t;
 
+struct evhttp;
+
 
 typedef enum {
     KVS_ROLE_BOTH = 0,                  /* aggregated, and either leg */
@@ -109,6 +111,7 @@ typedef struct {
     double              kv_bandwidth;   /* GB/s, a pull */
     double              kv_token_bytes; /* KV bytes of one token */
     double              pd_wait_s;      /* real s, the decode's waits */
+    unsigned            bootstrap_port; /* 0: none, the HTTP ports only */
 } kvs_conf_t;
 
 
@@ -161,6 +164,7 @@ struct kvs_sim_s {
     unsigned            nranks;         /* servers * data_parallel */
     kvs_events_t       *events;
     kvs_zmq_t          *zmq;
+    struct evhttp      *bootstrap;      /* --bootstrap-port, kvsim_pd.c */
     uint64_t            rng;            /* kva_rand.h */
     uint64_t            engine_seed;    /* random per process, as vLLM's */
     double              t0;             /* ms, monotonic */

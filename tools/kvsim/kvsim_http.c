@@ -230,7 +230,7 @@ kvs_http_handler(struct evhttp_request *req, void *arg)
             kvs_tokenize(srv, req, &conn->tok);
 
         } else if (kvs_path("/kv/pull")) {
-            kvs_pd_pull_endpoint(srv, req);
+            kvs_pd_pull_endpoint(srv, req, 0);
 
         } else {
             kvs_reply_error(srv, req, 404, "no such endpoint");

@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 
 #include <event2/event.h>
+#include <event2/http.h>
 
 #include "kvsim.h"
 #include "kvsim_events.h"
@@ -44,7 +45,8 @@ enum {
     KVS_OPT_KV_HOLD,
     KVS_OPT_KV_BANDWIDTH,
     KVS_OPT_KV_TOKEN_BYTES,
-    KVS_OPT_PD_WAIT
+    KVS_OPT_PD_WAIT,
+    KVS_OPT_BOOTSTRAP_PORT
 };
 
 
@@ -99,6 +101,8 @@ static struct option  kvs_options[] = {
     { "kv-token-bytes",     required_argument, NULL,
       KVS_OPT_KV_TOKEN_BYTES },
     { "pd-wait-s",          required_argument, NULL, KVS_OPT_PD_WAIT },
+    { "bootstrap-port",     required_argument, NULL,
+      KVS_OPT_BOOTSTRAP_PORT },
     { "quiet",              no_argument,       NULL, 'q' },
     { "help",               no_argument,       NULL, 'H' },
     { NULL, 0, NULL, 0 }
@@ -164,6 +168,10 @@ main(int argc, char **argv)
         }
     }
 
+    if (kvs_pd_bootstrap_init(&sim) != 0) {
+        goto done;
+    }
+
     if (sim.conf.events == KVS_EVENTS_ZMQ) {
         sim.zmq = kvs_zmq_create(&sim);
         if (sim.zmq == NULL) {
@@ -224,6 +232,10 @@ main(int argc, char **argv)
     rc = (event_base_dispatch(sim.base) < 0);
 
 done:
+
+    if (sim.bootstrap) {
+        evhttp_free(sim.bootstrap);
+    }
 
     if (sim.events) {
         kvs_events_destroy(sim.events);
@@ -444,6 +456,7 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         case KVS_OPT_ZMQ_PORT: conf->zmq_port = v; break;
         case KVS_OPT_ZMQ_BUFFER: conf->zmq_buffer = v; break;
         case KVS_OPT_TOKENIZE_DELAY: conf->tokenize_delay_ms = v; break;
+        case KVS_OPT_BOOTSTRAP_PORT: conf->bootstrap_port = v; break;
         }
     }
 
@@ -463,7 +476,8 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         || conf->zmq_port < 1
         || conf->zmq_port + 2 * conf->servers * conf->data_parallel > 65536
         || conf->zmq_buffer < 1 || conf->zmq_buffer > (1u << 24)
-        || conf->tokenize_delay_ms > 600000 || strlen(conf->zmq_topic) > 200)
+        || conf->tokenize_delay_ms > 600000 || strlen(conf->zmq_topic) > 200
+        || conf->bootstrap_port > 65535)
     {
         fprintf(stderr, "kvsim: invalid arguments\n");
         kvs_usage();
@@ -702,6 +716,7 @@ kvs_usage(void)
         "    [--tokenize-delay-ms 0] [--tokenize-fail]\n"
         "    [--role both|prefill|decode] [--sidecar] [--kv-hold-s 480]\n"
         "    [--kv-bandwidth 25] [--kv-token-bytes 262144] [--pd-wait-s 30]\n"
+        "    [--bootstrap-port P]\n"
         "--block-tokens defaults to 16 with --keyspace tokens\n"
         "--data-parallel N: N ranks a server behind its one port, picked by "
         "X-data-parallel-rank\n  (else the least loaded); with --events zmq"

@@ -50,6 +50,7 @@ static kvs_hold_t *kvs_hold_find(kvs_server_t *srv, const char *id,
     kvs_hold_t ***prev);
 static void kvs_hold_release(kvs_hold_t *h, kvs_hold_t **prev);
 static void kvs_hold_expire(evutil_socket_t fd, short what, void *arg);
+static void kvs_pd_bootstrap_handler(struct evhttp_request *req, void *arg);
 static int kvs_pull_read(struct evhttp_request *req, char *id, size_t size,
     json_t **ids, long *first);
 
@@ -432,20 +433,21 @@ kvs_hold_expire(evutil_socket_t fd, short what, void *arg)
  * the decode lacks) or {"id": "room:N", "first_block": h} (SGLang: from
  * block h on) -> 200 {"block_ids": [...], "hashes": ["hex", ...]}, the
  * hold released; 404 no such hold (expired, pulled); 409 a room not ready
- * yet; 400 a block the hold does not have.  Any rank of the server.
+ * yet; 400 a block the hold does not have.  Any rank of the server, or
+ * with any set (the --bootstrap-port) any server of the process.
  */
 void
-kvs_pd_pull_endpoint(kvs_server_t *srv, struct evhttp_request *req)
+kvs_pd_pull_endpoint(kvs_server_t *srv, struct evhttp_request *req, int any)
 {
     char              id[KVS_PD_ID_MAX + 32];
     long              first;
     size_t            k, n;
     json_t           *ids, *e;
     uint32_t          i, b, *want;
-    unsigned          r;
+    unsigned          r, nranks;
     json_int_t        v;
     kvs_hold_t       *h, **prev;
-    kvs_server_t     *rank;
+    kvs_server_t     *rank, *from;
     struct evbuffer  *out;
 
     if (kvs_pull_read(req, id, sizeof(id), &ids, &first) != 0) {
@@ -454,11 +456,14 @@ kvs_pd_pull_endpoint(kvs_server_t *srv, struct evhttp_request *req)
         return;
     }
 
+    /* the server's ranks; on the bootstrap port, every server's */
     h = NULL;
     rank = srv;
+    from = any ? srv->sim->servers : srv - srv->rank;
+    nranks = any ? srv->sim->nranks : srv->sim->conf.data_parallel;
 
-    for (r = 0; h == NULL && r < srv->sim->conf.data_parallel; r++) {
-        rank = srv - srv->rank + r;
+    for (r = 0; h == NULL && r < nranks; r++) {
+        rank = from + r;
         h = kvs_hold_find(rank, id, &prev);
     }
 
@@ -589,6 +594,59 @@ kvs_pull_read(struct evhttp_request *req, char *id, size_t size,
     json_decref(root);
 
     return -1;
+}
+
+
+/*
+ * --bootstrap-port: one port for the whole process, as SGLang runs one
+ * bootstrap server a prefill instance, so that a router can name the same
+ * bootstrap_port for every server of a pool; POST /kv/pull there finds a
+ * room held by any of the process's servers.
+ */
+int
+kvs_pd_bootstrap_init(kvs_sim_t *sim)
+{
+    if (sim->conf.bootstrap_port == 0) {
+        return 0;
+    }
+
+    sim->bootstrap = evhttp_new(sim->base);
+
+    if (sim->bootstrap == NULL
+        || evhttp_bind_socket_with_handle(sim->bootstrap, "127.0.0.1",
+                                          sim->conf.bootstrap_port) == NULL)
+    {
+        fprintf(stderr, "kvsim: cannot listen on the bootstrap port %u\n",
+                sim->conf.bootstrap_port);
+        return -1;
+    }
+
+    evhttp_set_max_body_size(sim->bootstrap, KVS_BODY_MAX);
+    evhttp_set_allowed_methods(sim->bootstrap,
+                               EVHTTP_REQ_GET | EVHTTP_REQ_POST);
+    evhttp_set_gencb(sim->bootstrap, kvs_pd_bootstrap_handler, sim);
+
+    return 0;
+}
+
+
+static void
+kvs_pd_bootstrap_handler(struct evhttp_request *req, void *arg)
+{
+    kvs_sim_t   *sim = arg;
+    const char  *uri;
+
+    uri = evhttp_request_get_uri(req);
+
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_POST
+        && strncmp(uri, "/kv/pull", 8) == 0
+        && (uri[8] == '\0' || uri[8] == '?'))
+    {
+        kvs_pd_pull_endpoint(&sim->servers[0], req, 1);
+        return;
+    }
+
+    kvs_reply_error(&sim->servers[0], req, 404, "no such endpoint");
 }
 
 

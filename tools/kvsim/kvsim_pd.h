@@ -65,8 +65,11 @@ int kvs_pd_hold(kvs_server_t *srv, kvs_seq_t *seq, const char *id);
 /* the reply's top-level "kv_transfer_params" of a held leg 1 */
 void kvs_pd_reply_params(kvs_server_t *srv, kvs_seq_t *seq, const char *id,
     struct evbuffer *b);
-/* POST /kv/pull on a prefill server */
-void kvs_pd_pull_endpoint(kvs_server_t *srv, struct evhttp_request *req);
+/* POST /kv/pull on a prefill server; any: on the bootstrap port */
+void kvs_pd_pull_endpoint(kvs_server_t *srv, struct evhttp_request *req,
+    int any);
+/* --bootstrap-port's listener, for the whole process; 0 or -1 */
+int kvs_pd_bootstrap_init(kvs_sim_t *sim);
 void kvs_pd_free(kvs_server_t *srv);
 void kvs_pd_metrics(kvs_server_t *srv, struct evbuffer *b);
 
