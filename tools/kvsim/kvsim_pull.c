@@ -129,8 +129,8 @@ kvs_pull_start(kvs_req_t *r)
 
 /*
  * llm-d's sidecar: leg 1 as vLLM's proxy sends it, the client's body with
- * stream false, one token, no stream_options or min_tokens, and the
- * params asking for a remote decode.
+ * stream false, one token, no stream_options, min_tokens or
+ * min_completion_tokens, and the params asking for a remote decode.
  */
 static void
 kvs_pull_leg1(kvs_pull_t *p)
@@ -163,6 +163,7 @@ kvs_pull_leg1(kvs_pull_t *p)
 
         json_object_del(root, "stream_options");
         json_object_del(root, "min_tokens");
+        json_object_del(root, "min_completion_tokens");
         json_object_set(root, "kv_transfer_params", kv);
         s = json_dumps(root, JSON_COMPACT);
     }
