@@ -29,6 +29,37 @@ typedef struct kvs_http_s    kvs_http_t;
 typedef struct kvs_zmq_s     kvs_zmq_t;
 
 
+typedef struct kvs_hold_s    kvs_hold_t;
+
+struct evhttp;
+
+
+typedef enum {
+    KVS_ROLE_BOTH = 0,                  /* aggregated, and either leg */
+    KVS_ROLE_PREFILL,
+    KVS_ROLE_DECODE
+} kvs_role_e;
+
+
+/* what one rank counts of disaggregation (/metrics: kvsim_pd_*) */
+typedef struct {
+    uint64_t            prefill_legs;   /* leg 1s answered, blocks held */
+    uint64_t            holds_expired;  /* never pulled in --kv-hold-s */
+    uint64_t            pulls_served;
+    uint64_t            pulls_refused;  /* unknown, expired, not ready */
+    uint64_t            blocks_served;
+
+    uint64_t            pulls;          /* decode: pulls that worked */
+    uint64_t            pull_failures;  /* refused, unreachable, bad */
+    uint64_t            pull_timeouts;  /* no answer in --pd-wait-s */
+    uint64_t            blocks_pulled;
+    uint64_t            bytes_pulled;
+    uint64_t            fallbacks;      /* served aggregated instead */
+    uint64_t            sidecar_legs;   /* leg 1s run for a client */
+    uint64_t            bootstrap_retries;  /* a room not ready yet */
+} kvs_pd_stats_t;
+
+
 typedef enum {
     KVS_EVENTS_REDIS = 0,               /* the module's JSON */
     KVS_EVENTS_ZMQ                      /* vLLM's ZeroMQ and msgpack */
@@ -72,6 +103,15 @@ typedef struct {
     char              **lora;           /* adapters' names */
     unsigned            nlora;
     unsigned            tokenize_delay_ms;
+
+    /* disaggregated prefill and decode (kvsim_pd.h) */
+    kvs_role_e          role;
+    unsigned            sidecar:1;      /* honour x-prefiller-host-port */
+    double              kv_hold_s;      /* simulated s a leg 1 is held */
+    double              kv_bandwidth;   /* GB/s, a pull */
+    double              kv_token_bytes; /* KV bytes of one token */
+    double              pd_wait_s;      /* real s, the decode's waits */
+    unsigned            bootstrap_port; /* 0: none, the HTTP ports only */
 } kvs_conf_t;
 
 
@@ -110,6 +150,10 @@ typedef struct {
     uint64_t            requests;
     uint64_t            rejected;       /* 4xx, 5xx */
     uint64_t            bad_rank;       /* rank 0: headers out of range */
+
+    /* disaggregation: leg 1s' blocks held for a decode, and the counts */
+    kvs_hold_t         *holds;
+    kvs_pd_stats_t      pd;
 } kvs_server_t;
 
 
@@ -120,6 +164,7 @@ struct kvs_sim_s {
     unsigned            nranks;         /* servers * data_parallel */
     kvs_events_t       *events;
     kvs_zmq_t          *zmq;
+    struct evhttp      *bootstrap;      /* --bootstrap-port, kvsim_pd.c */
     uint64_t            rng;            /* kva_rand.h */
     uint64_t            engine_seed;    /* random per process, as vLLM's */
     double              t0;             /* ms, monotonic */

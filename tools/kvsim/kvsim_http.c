@@ -22,6 +22,8 @@
 #include <event2/keyvalq_struct.h>
 
 #include "kvsim_http.h"
+#include "kvsim_pd.h"
+#include "kvsim_pull.h"
 #include "kvsim_reply.h"
 #include "kvsim_request.h"
 #include "kvsim_server.h"
@@ -126,6 +128,15 @@ kvs_http_seq_event(kvs_seq_t *seq, int done, void *arg)
     kvs_req_t        *r = seq->data;
     struct evbuffer  *b;
 
+    if (r->pull) {
+        kvs_pull_admitted(r);           /* its pulled blocks are its own */
+    }
+
+    if (done && r->hold && r->req && !seq->aborted) {
+        /* a leg 1: its blocks wait for the decode's pull */
+        (void) kvs_pd_hold(r->srv, seq, r->pd->hold_id);
+    }
+
     if (r->req == NULL || seq->aborted || (!r->stream && !done)) {
         if (r->req && seq->aborted) {
             if (r->started) {
@@ -217,6 +228,9 @@ kvs_http_handler(struct evhttp_request *req, void *arg)
 
         } else if (kvs_path("/tokenize")) {
             kvs_tokenize(srv, req, &conn->tok);
+
+        } else if (kvs_path("/kv/pull")) {
+            kvs_pd_pull_endpoint(srv, req, 0);
 
         } else {
             kvs_reply_error(srv, req, 404, "no such endpoint");
@@ -322,7 +336,7 @@ kvs_conn_close(struct evhttp_connection *evcon, void *arg)
 
         r->req = NULL;
 
-        if (kvs_sched_abort(&r->srv->sched, r->seq)) {
+        if (r->pending || kvs_sched_abort(&r->srv->sched, r->seq)) {
             kvs_req_done(r);
         }
     }
@@ -345,17 +359,23 @@ kvs_completion(kvs_server_t *srv, kvs_conn_t *conn,
     conn->req = r;
     kvs_watch(r);
 
-    if (r->stream) {
-        evhttp_add_header(evhttp_request_get_output_headers(req),
-                          "Content-Type", "text/event-stream");
-        evhttp_add_header(evhttp_request_get_output_headers(req),
-                          "Cache-Control", "no-cache");
-        evhttp_add_header(evhttp_request_get_output_headers(req),
-                          "X-Kvsim-Server", srv->id);
-        kvs_reply_rank_header(srv, req);
+    if (r->pending) {
+        kvs_pull_start(r);              /* submits it when its blocks are in */
+        return;
     }
 
     kvs_server_kick(srv);
+}
+
+
+void
+kvs_http_fail(kvs_req_t *r, int code, const char *msg)
+{
+    if (r->req) {
+        kvs_reply_error(r->srv, r->req, code, msg);
+    }
+
+    kvs_req_done(r);
 }
 
 
@@ -425,6 +445,8 @@ kvs_req_done(kvs_req_t *r)
         event_free(r->watch);
     }
 
+    kvs_pull_cancel(r);
+    kvs_pd_params_free(r->pd);
     kvs_seq_free(r->seq);
     free(r);
 }

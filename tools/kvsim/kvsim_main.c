@@ -14,9 +14,11 @@
 #include <arpa/inet.h>
 
 #include <event2/event.h>
+#include <event2/http.h>
 
 #include "kvsim.h"
 #include "kvsim_events.h"
+#include "kvsim_pd.h"
 #include "kvsim_server.h"
 #include "kvsim_vllm.h"
 #include "kvsim_zmq.h"
@@ -37,7 +39,14 @@ enum {
     KVS_OPT_TOKENIZE_DELAY,
     KVS_OPT_TOKENIZE_FAIL,
     KVS_OPT_DATA_PARALLEL,
-    KVS_OPT_CALIBRATION
+    KVS_OPT_CALIBRATION,
+    KVS_OPT_ROLE,
+    KVS_OPT_SIDECAR,
+    KVS_OPT_KV_HOLD,
+    KVS_OPT_KV_BANDWIDTH,
+    KVS_OPT_KV_TOKEN_BYTES,
+    KVS_OPT_PD_WAIT,
+    KVS_OPT_BOOTSTRAP_PORT
 };
 
 
@@ -85,6 +94,15 @@ static struct option  kvs_options[] = {
     { "lora",               required_argument, NULL, KVS_OPT_LORA },
     { "tokenize-delay-ms",  required_argument, NULL, KVS_OPT_TOKENIZE_DELAY },
     { "tokenize-fail",      no_argument,       NULL, KVS_OPT_TOKENIZE_FAIL },
+    { "role",               required_argument, NULL, KVS_OPT_ROLE },
+    { "sidecar",            no_argument,       NULL, KVS_OPT_SIDECAR },
+    { "kv-hold-s",          required_argument, NULL, KVS_OPT_KV_HOLD },
+    { "kv-bandwidth",       required_argument, NULL, KVS_OPT_KV_BANDWIDTH },
+    { "kv-token-bytes",     required_argument, NULL,
+      KVS_OPT_KV_TOKEN_BYTES },
+    { "pd-wait-s",          required_argument, NULL, KVS_OPT_PD_WAIT },
+    { "bootstrap-port",     required_argument, NULL,
+      KVS_OPT_BOOTSTRAP_PORT },
     { "quiet",              no_argument,       NULL, 'q' },
     { "help",               no_argument,       NULL, 'H' },
     { NULL, 0, NULL, 0 }
@@ -150,6 +168,10 @@ main(int argc, char **argv)
         }
     }
 
+    if (kvs_pd_bootstrap_init(&sim) != 0) {
+        goto done;
+    }
+
     if (sim.conf.events == KVS_EVENTS_ZMQ) {
         sim.zmq = kvs_zmq_create(&sim);
         if (sim.zmq == NULL) {
@@ -190,6 +212,17 @@ main(int argc, char **argv)
                 sim.conf.redis_host[0] ? sim.conf.channel : "off");
     }
 
+    if (!sim.conf.quiet && (sim.conf.role != KVS_ROLE_BOTH
+                            || sim.conf.sidecar))
+    {
+        fprintf(stderr, "kvsim: role %s%s, blocks held %g s, pulls at "
+                "%g GB/s of %g bytes a token\n",
+                kvs_role_name(sim.conf.role),
+                sim.conf.sidecar ? " with a sidecar" : "",
+                sim.conf.kv_hold_s, sim.conf.kv_bandwidth,
+                sim.conf.kv_token_bytes);
+    }
+
     if (!sim.conf.quiet && sim.conf.data_parallel > 1) {
         fprintf(stderr, "kvsim: %u data-parallel ranks a server, each its "
                 "own cache and scheduler (X-data-parallel-rank)\n",
@@ -199,6 +232,10 @@ main(int argc, char **argv)
     rc = (event_base_dispatch(sim.base) < 0);
 
 done:
+
+    if (sim.bootstrap) {
+        evhttp_free(sim.bootstrap);
+    }
 
     if (sim.events) {
         kvs_events_destroy(sim.events);
@@ -307,6 +344,10 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
     conf->zmq_port = 5557;
     conf->zmq_topic = "";
     conf->zmq_buffer = 10000;
+    conf->kv_hold_s = 480;              /* VLLM_NIXL_ABORT_REQUEST_TIMEOUT */
+    conf->kv_bandwidth = 25;            /* GB/s, a 200 Gb/s RDMA link */
+    conf->kv_token_bytes = 262144;      /* Qwen3-32B: kvsim_sched.c */
+    conf->pd_wait_s = 30;
     redis = "127.0.0.1:6379";
     block_tokens = UINT_MAX;            /* not given */
 
@@ -329,6 +370,25 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         case 'H':
             kvs_usage();
             exit(0);
+        case KVS_OPT_SIDECAR:
+            conf->sidecar = 1;
+            continue;
+        case KVS_OPT_KV_HOLD:
+        case KVS_OPT_KV_BANDWIDTH:
+        case KVS_OPT_KV_TOKEN_BYTES:
+        case KVS_OPT_PD_WAIT:
+            if (kvs_number(optarg, c == KVS_OPT_KV_TOKEN_BYTES ? 1 : 1e-3,
+                           1e9, &v) != 0)
+            {
+                goto invalid;
+            }
+
+            *(c == KVS_OPT_KV_HOLD ? &conf->kv_hold_s
+              : c == KVS_OPT_KV_BANDWIDTH ? &conf->kv_bandwidth
+              : c == KVS_OPT_KV_TOKEN_BYTES ? &conf->kv_token_bytes
+              : &conf->pd_wait_s) = v;
+            continue;
+        case KVS_OPT_ROLE:
         case KVS_OPT_KEYSPACE:
         case KVS_OPT_CALIBRATION:
         case KVS_OPT_EVENTS:
@@ -396,6 +456,7 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         case KVS_OPT_ZMQ_PORT: conf->zmq_port = v; break;
         case KVS_OPT_ZMQ_BUFFER: conf->zmq_buffer = v; break;
         case KVS_OPT_TOKENIZE_DELAY: conf->tokenize_delay_ms = v; break;
+        case KVS_OPT_BOOTSTRAP_PORT: conf->bootstrap_port = v; break;
         }
     }
 
@@ -415,7 +476,8 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         || conf->zmq_port < 1
         || conf->zmq_port + 2 * conf->servers * conf->data_parallel > 65536
         || conf->zmq_buffer < 1 || conf->zmq_buffer > (1u << 24)
-        || conf->tokenize_delay_ms > 600000 || strlen(conf->zmq_topic) > 200)
+        || conf->tokenize_delay_ms > 600000 || strlen(conf->zmq_topic) > 200
+        || conf->bootstrap_port > 65535)
     {
         fprintf(stderr, "kvsim: invalid arguments\n");
         kvs_usage();
@@ -467,6 +529,16 @@ kvs_parse_word(int c, const char *arg, kvs_conf_t *conf)
     unsigned  i;
 
     switch (c) {
+
+    case KVS_OPT_ROLE:
+        for (i = KVS_ROLE_BOTH; i <= KVS_ROLE_DECODE; i++) {
+            if (strcmp(arg, kvs_role_name(i)) == 0) {
+                conf->role = i;
+                return 0;
+            }
+        }
+
+        return -1;
 
     case KVS_OPT_KEYSPACE:
         if (strcmp(arg, "text") == 0 || strcmp(arg, "tokens") == 0) {
@@ -642,6 +714,9 @@ kvs_usage(void)
         "    [--zmq-encoding map|array] [--zmq-hash uint64|int64|bytes]\n"
         "    [--zmq-buffer 10000] [--zmq-drop 0.0] [--zmq-replay-topic]\n"
         "    [--tokenize-delay-ms 0] [--tokenize-fail]\n"
+        "    [--role both|prefill|decode] [--sidecar] [--kv-hold-s 480]\n"
+        "    [--kv-bandwidth 25] [--kv-token-bytes 262144] [--pd-wait-s 30]\n"
+        "    [--bootstrap-port P]\n"
         "--block-tokens defaults to 16 with --keyspace tokens\n"
         "--data-parallel N: N ranks a server behind its one port, picked by "
         "X-data-parallel-rank\n  (else the least loaded); with --events zmq"

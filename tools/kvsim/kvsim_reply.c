@@ -15,6 +15,7 @@
 #include "kvsim_reply.h"
 
 
+static void kvs_reply_headers(kvs_req_t *r, const char *type);
 static void kvs_head(struct evbuffer *b, kvs_req_t *r);
 static void kvs_tail(struct evbuffer *b, kvs_req_t *r, int first, int done);
 static void kvs_token(kvs_sim_t *sim, struct evbuffer *b);
@@ -29,6 +30,9 @@ kvs_reply_chunk(kvs_req_t *r, struct evbuffer *b, int done)
 
     if (!r->started) {
         r->started = 1;
+        kvs_reply_headers(r, "text/event-stream");
+        evhttp_add_header(evhttp_request_get_output_headers(r->req),
+                          "Cache-Control", "no-cache");
         evhttp_send_reply_start(r->req, 200, "OK");
     }
 
@@ -72,7 +76,25 @@ kvs_reply_body(kvs_req_t *r, struct evbuffer *b)
 
     evbuffer_add_printf(b, r->chat ? "\"}" : "\",\"logprobs\":null");
     kvs_tail(b, r, 1, 1);
-    kvs_reply(r->srv, r->req, 200, "application/json", b);
+    kvs_reply_headers(r, "application/json");
+    evhttp_send_reply(r->req, 200, NULL, b);
+}
+
+
+/* a completion's: the server, its rank, the request's id echoed (vLLM) */
+static void
+kvs_reply_headers(kvs_req_t *r, const char *type)
+{
+    struct evkeyvalq  *h;
+
+    h = evhttp_request_get_output_headers(r->req);
+    evhttp_add_header(h, "Content-Type", type);
+    evhttp_add_header(h, "X-Kvsim-Server", r->srv->id);
+    kvs_reply_rank_header(r->srv, r->req);
+
+    if (r->pd && r->pd->request_id[0]) {
+        evhttp_add_header(h, "X-Request-Id", r->pd->request_id);
+    }
 }
 
 
@@ -106,16 +128,36 @@ kvs_tail(struct evbuffer *b, kvs_req_t *r, int first, int done)
                             "{\"cached_tokens\":%u}}",
                             seq->prompt, seq->out, seq->prompt + seq->out,
                             seq->cached);
+
+        if (r->hold && r->pd->remote_decode) {
+            kvs_pd_reply_params(r->srv, seq, r->pd->hold_id, b);
+        }
     }
 
     if (first) {
         evbuffer_add_printf(b, ",\"kvsim\":{\"server\":\"%s\","
                             "\"rank\":%u,"
                             "\"cached_tokens\":%u,\"queue_ms\":%.3f,"
-                            "\"preempted\":%u}",
+                            "\"preempted\":%u",
                             r->srv->id, r->srv->rank, seq->cached,
                             seq->t_admitted - seq->t_arrival,
                             seq->preempted);
+
+        if (r->pd && r->pd->mode) {
+            /* the decode's side of a disaggregated request */
+            evbuffer_add_printf(b, ",\"pd\":{\"mode\":\"%s\","
+                                "\"prefill\":\"%s:%u\","
+                                "\"remote_request_id\":\"%s\","
+                                "\"local_blocks\":%u,\"pulled_blocks\":%u,"
+                                "\"fallback\":%s%s%s}",
+                                r->pd->mode, r->pd->host, r->pd->port,
+                                r->pd->remote_id, r->pd->local,
+                                r->pd->pulled, r->pd->fallback ? "\"" : "",
+                                r->pd->fallback ? r->pd->fallback : "null",
+                                r->pd->fallback ? "\"" : "");
+        }
+
+        evbuffer_add(b, "}", 1);
     }
 
     evbuffer_add(b, "}", 1);
@@ -219,6 +261,8 @@ kvs_reply_metrics(kvs_server_t *srv, struct evhttp_request *req)
                (unsigned long long) x->rejected);
 
 #undef kvs_metric
+
+    kvs_pd_metrics(srv, b);
 
     /* vLLM's info metric of its cache configuration: the pool's size */
     evbuffer_add_printf(b, "# TYPE vllm:cache_config_info gauge\n");

@@ -15,8 +15,10 @@
 #include <jansson.h>
 
 #include "kva_keys.h"
+#include "kvsim_http.h"
 #include "kvsim_reply.h"
 #include "kvsim_request.h"
+#include "kvsim_server.h"
 #include "kvsim_token.h"
 #include "kvsim_vllm.h"
 
@@ -34,7 +36,8 @@ static kvs_seq_t *kvs_seq_tokens(kvs_server_t *srv,
 static uint32_t kvs_lora_index(const kvs_conf_t *conf, const char *name,
     size_t len);
 static void kvs_scan_options(const uint8_t *body, size_t len, int *stream,
-    long *max_tokens);
+    long *max_tokens, kvs_pd_params_t *pd);
+static int kvs_request_role(kvs_req_t *r, kvs_pd_params_t *pd);
 static void kvs_json_escape(char *dst, const uint8_t *src, size_t len);
 
 
@@ -51,6 +54,7 @@ kvs_request_create(kvs_server_t *srv, kvs_conn_t *conn,
     kvs_seq_t        *seq;
     kva_prompt_t      p;
     kvs_submit_e      rc;
+    kvs_pd_params_t   pd;
     struct evbuffer  *in;
 
     in = evhttp_request_get_input_buffer(req);
@@ -70,9 +74,12 @@ kvs_request_create(kvs_server_t *srv, kvs_conn_t *conn,
 
     stream = 0;
     max_tokens = KVS_DEFAULT_TOKENS;
-    kvs_scan_options(body, len, &stream, &max_tokens);
+    memset(&pd, 0, sizeof(kvs_pd_params_t));
+    kvs_scan_options(body, len, &stream, &max_tokens, &pd);
+    kvs_pd_params_headers(srv, req, &pd);
 
     if (max_tokens < 1 || max_tokens > KVS_MAX_TOKENS) {
+        free(pd.block_ids);
         kvs_seq_free(seq);
         kvs_reply_error(srv, req, 400, "max_tokens out of range");
         return NULL;
@@ -92,14 +99,47 @@ kvs_request_create(kvs_server_t *srv, kvs_conn_t *conn,
     r = malloc(sizeof(kvs_req_t) + 6 * mlen + 1);
 
     if (r == NULL) {
+        free(pd.block_ids);
         kvs_seq_free(seq);
         kvs_reply_error(srv, req, 503, "out of memory");
         return NULL;
     }
 
+    r->srv = srv;
+    r->conn = conn;
+    r->req = req;
+    r->seq = seq;
+    r->id = ++srv->sim->req_ids;
+    r->created = time(NULL);
+    r->chat = chat;
+    r->stream = stream;
+    r->started = 0;
+    r->pending = 0;
+    r->hold = 0;
+    r->pd = NULL;
+    r->pull = NULL;
+    r->watch = NULL;
+
+    kvs_json_escape(r->model, model, mlen);
+
+    seq->data = r;
+
+    if (kvs_request_role(r, &pd) != 0) {
+        free(pd.block_ids);
+        free(r);
+        kvs_seq_free(seq);
+        kvs_reply_error(srv, req, 503, "out of memory");
+        return NULL;
+    }
+
+    if (r->pending) {
+        return r;                       /* kvsim_pull.c submits it */
+    }
+
     rc = kvs_sched_submit(&srv->sched, seq, kvs_now_ms());
 
     if (rc != KVS_SUBMIT_OK) {
+        kvs_pd_params_free(r->pd);
         free(r);
         kvs_seq_free(seq);
 
@@ -113,22 +153,86 @@ kvs_request_create(kvs_server_t *srv, kvs_conn_t *conn,
         return NULL;
     }
 
-    r->srv = srv;
-    r->conn = conn;
-    r->req = req;
-    r->seq = seq;
-    r->id = ++srv->sim->req_ids;
-    r->created = time(NULL);
-    r->chat = chat;
-    r->stream = stream;
-    r->started = 0;
-    r->watch = NULL;
-
-    kvs_json_escape(r->model, model, mlen);
-
-    seq->data = r;
-
     return r;
+}
+
+
+/*
+ * What the request is to this server's --role: a leg 1 (vLLM's params
+ * asking for a remote decode, or SGLang's room on a prefill server) holds
+ * its blocks when done and answers one token, never streamed; a leg 2
+ * (vLLM's params, SGLang's room, llm-d's header on a sidecar) waits for
+ * its pull; anything else is served aggregated, as today.
+ */
+static int
+kvs_request_role(kvs_req_t *r, kvs_pd_params_t *pd)
+{
+    kvs_role_e  role = r->srv->sim->conf.role;
+
+    if (pd->remote_decode && role != KVS_ROLE_DECODE) {
+        if (pd->request_id[0]) {
+            snprintf(pd->hold_id, sizeof(pd->hold_id), "%s",
+                     pd->request_id);
+
+        } else {
+            snprintf(pd->hold_id, sizeof(pd->hold_id), "kvsim-%u-%llu",
+                     r->srv->port, (unsigned long long) r->id);
+        }
+
+        r->hold = 1;
+
+    } else if (pd->bootstrap && role == KVS_ROLE_PREFILL) {
+        snprintf(pd->hold_id, sizeof(pd->hold_id), "room:%llu",
+                 (unsigned long long) pd->room);
+        r->hold = 1;
+
+    } else if (role != KVS_ROLE_PREFILL
+               && (pd->remote_prefill || pd->bootstrap || pd->sidecar))
+    {
+        r->pending = 1;
+
+    } else {
+        if (pd->bad && role != KVS_ROLE_PREFILL) {
+            r->srv->pd.fallbacks++;     /* half a handshake: aggregated */
+        }
+
+        free(pd->block_ids);
+        return 0;
+    }
+
+    if (r->hold) {
+        r->seq->max_out = 1;
+        r->stream = 0;
+    }
+
+    r->pd = malloc(sizeof(kvs_pd_params_t));
+    if (r->pd == NULL) {
+        return -1;
+    }
+
+    memcpy(r->pd, pd, sizeof(kvs_pd_params_t));
+
+    return 0;
+}
+
+
+int
+kvs_request_submit(kvs_req_t *r)
+{
+    kvs_submit_e  rc;
+
+    r->pending = 0;
+    rc = kvs_sched_submit(&r->srv->sched, r->seq, kvs_now_ms());
+
+    if (rc == KVS_SUBMIT_OK) {
+        kvs_server_kick(r->srv);
+        return 0;
+    }
+
+    kvs_http_fail(r, rc == KVS_SUBMIT_FULL ? 503 : 400,
+                  rc == KVS_SUBMIT_FULL ? "waiting queue full"
+                                        : "maximum context length exceeded");
+    return -1;
 }
 
 
@@ -303,11 +407,12 @@ kvs_lora_index(const kvs_conf_t *conf, const char *name, size_t len)
 /*
  * Top-level "stream" and "max_tokens" (or "max_completion_tokens") of a
  * body the scan has validated: the last one given wins, null leaves the
- * default, any other value that is not a count of tokens is refused.
+ * default, any other value that is not a count of tokens is refused; and
+ * what it asks of disaggregation (kvsim_pd.c).
  */
 static void
 kvs_scan_options(const uint8_t *body, size_t len, int *stream,
-    long *max_tokens)
+    long *max_tokens, kvs_pd_params_t *pd)
 {
     double         d;
     json_t        *root, *v;
@@ -334,6 +439,12 @@ kvs_scan_options(const uint8_t *body, size_t len, int *stream,
             d = json_is_number(v) ? json_number_value(v) : -1;
             *max_tokens = (d >= 0 && d <= KVS_MAX_TOKENS) ? (long) d : -1;
         }
+    }
+
+    /* disaggregation's members: out of memory, none of them */
+    if (kvs_pd_params(root, pd) != 0) {
+        free(pd->block_ids);
+        memset(pd, 0, sizeof(kvs_pd_params_t));
     }
 
     json_decref(root);

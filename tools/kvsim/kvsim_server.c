@@ -12,6 +12,7 @@
 
 #include "kvsim_events.h"
 #include "kvsim_http.h"
+#include "kvsim_pd.h"
 #include "kvsim_server.h"
 #include "kvsim_zmq.h"
 
@@ -66,6 +67,8 @@ kvs_server_free(kvs_server_t *srv)
     if (srv->http) {
         kvs_http_free(srv);
     }
+
+    kvs_pd_free(srv);
 
     if (srv->step_ev) {
         event_free(srv->step_ev);
