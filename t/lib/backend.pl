@@ -15,7 +15,8 @@
 # answer until the file PATH exists (at most 30 s), so that a test decides
 # when a request ends instead of guessing how long it needs.  A request's
 # "X-data-parallel-rank: R" (what vLLM reads) comes back as
-# "X-Backend-Rank: R".  SIGUSR1 toggles ok <-> fail
+# "X-Backend-Rank: R"; "x-prefiller-host-port: H" (what llm-d's decode
+# sidecar reads) as "X-Backend-Prefiller: H".  SIGUSR1 toggles ok <-> fail
 # (any other mode -> ok).  SIGTERM/SIGINT: kill the children and exit.
 #
 # One forked child per connection (at most 200 alive), persistent
@@ -165,6 +166,8 @@ sub serve_connection {
             . "X-Backend: $name\r\n"
             . (defined $req->{rank}
                ? "X-Backend-Rank: $req->{rank}\r\n" : '')
+            . (defined $req->{prefiller}
+               ? "X-Backend-Prefiller: $req->{prefiller}\r\n" : '')
             . "Content-Type: application/json\r\n"
             . "Content-Length: " . length($body) . "\r\n"
             . "Connection: " . ($req->{keepalive} ? 'keep-alive' : 'close')
@@ -238,6 +241,8 @@ sub read_request {
         hold      => $h{'x-hold'},
         rank      => ($h{'x-data-parallel-rank'} // '') =~ /^(\d{1,4})\z/
                      ? $1 : undef,
+        prefiller => ($h{'x-prefiller-host-port'} // '')
+                     =~ /^([\w.:\[\]-]{1,100})\z/ ? $1 : undef,
     };
 }
 
