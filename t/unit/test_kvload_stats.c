@@ -156,6 +156,13 @@ test_summary(void)
         kvl_samples_add(&st.itl, 0.001);
     }
 
+    /* 99 gaps of one step, one stalled by a prefill in the batch */
+    for (i = 0; i < 99; i++) {
+        kvl_samples_add(&st.gap, 0.001);
+    }
+
+    kvl_samples_add(&st.gap, 0.101);
+
     kvl_stage_summarize(&st, 10.0, &s);
 
     ok(near(s.achieved_qps, 1.0), "achieved QPS uncompressed: 1.0");
@@ -163,6 +170,8 @@ test_summary(void)
        && near(s.ttft_p99, 9.91), "TTFT scaled back: 5.5 / 9.1 / 9.91 s");
     ok(near(s.e2e_p50, 15.5), "e2e p50 15.5 s");
     ok(near(s.itl_p50, 0.01), "ITL p50 10 ms");
+    ok(near(s.gap_p50, 0.01) && near(s.gap_p99, 0.02),
+       "token gaps: p50 10 ms, p99 interpolated toward the stall");
     ok(near(s.gen_tok_s, 50.0), "500 tokens over its 10 s: 50 tok/s");
     ok(near(s.hit_rate, 0.75), "hit rate 0.75");
     ok(near(s.waiting_mean, 2.0), "queue mean over scrapes");

@@ -49,6 +49,7 @@ typedef struct {
     unsigned            moved:1;
     double              t_sent;
     double              t_first;
+    double              t_last;
     uint64_t            chunks;
     uint64_t            prompt_tokens;
     uint64_t            cached_tokens;
@@ -341,8 +342,16 @@ kvl_agent_event(kvl_http_req_t *hr, const char *d, size_t len, double now)
     {
         if (cv->chunks++ == 0) {
             cv->t_first = now;
+
+        } else if (kvl_samples_add(&cv->ag->ctx->stages[0].gap,
+                                   now - cv->t_last)
+                   != 0)
+        {
+            fprintf(stderr, "kvload: out of memory\n");
+            exit(1);
         }
 
+        cv->t_last = now;
         cv->ag->ctx->stages[0].window_tokens++;
     }
 

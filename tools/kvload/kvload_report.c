@@ -54,7 +54,8 @@ kvl_report_json(kvl_ctx_t *ctx, kvl_opt_t *opts)
 
         o = json_pack("{s:s, s:s, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I,"
                       " s:I, s:I, s:f,"
-                      " s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:I, s:I,"
+                      " s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f,"
+                      " s:I, s:I, s:I, s:I,"
                       " s:f, s:f, s:I, s:b, s:f, s:{}}",
                       "label", ctx->label, "workload", ctx->workload,
                       "time_scale", ctx->scale, "qps", st->qps,
@@ -69,6 +70,7 @@ kvl_report_json(kvl_ctx_t *ctx, kvl_opt_t *opts)
                       "achieved_qps", s.achieved_qps,
                       "ttft_p50", s.ttft_p50, "ttft_p90", s.ttft_p90,
                       "ttft_p99", s.ttft_p99, "itl_p50", s.itl_p50,
+                      "gap_p50", s.gap_p50, "gap_p99", s.gap_p99,
                       "e2e_p50", s.e2e_p50, "gen_tok_s", s.gen_tok_s,
                       "output_tokens", (json_int_t) st->output_tokens,
                       "window_tokens", (json_int_t) st->window_tokens,

@@ -236,6 +236,10 @@ kvl_on_event(kvl_http_req_t *hr, const char *d, size_t len, double now)
     if (v != NULL && v[0] == '"' && v[1] != '"') {
         if (rq->chunks++ == 0) {
             rq->t_first = now;
+
+        } else if (kvl_samples_add(&rq->stage->gap, now - rq->t_last) != 0) {
+            fprintf(stderr, "kvload: out of memory\n");
+            exit(1);
         }
 
         rq->t_last = now;

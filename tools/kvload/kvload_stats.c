@@ -133,6 +133,8 @@ kvl_stage_summarize(kvl_stage_t *st, double scale, kvl_summary_t *sum)
     sum->ttft_p90 = kvl_percentile(&st->ttft, 90.0) * scale;
     sum->ttft_p99 = kvl_percentile(&st->ttft, 99.0) * scale;
     sum->itl_p50 = kvl_percentile(&st->itl, 50.0) * scale;
+    sum->gap_p50 = kvl_percentile(&st->gap, 50.0) * scale;
+    sum->gap_p99 = kvl_percentile(&st->gap, 99.0) * scale;
     sum->e2e_p50 = kvl_percentile(&st->e2e, 50.0) * scale;
 
     sum->hit_rate = kvl_hit_rate(st->cached_tokens, st->prompt_tokens);
@@ -148,6 +150,7 @@ kvl_stage_free(kvl_stage_t *st)
 {
     kvl_samples_free(&st->ttft);
     kvl_samples_free(&st->itl);
+    kvl_samples_free(&st->gap);
     kvl_samples_free(&st->e2e);
 }
 

@@ -55,6 +55,7 @@ typedef struct {
 
     kvl_samples_t   ttft;
     kvl_samples_t   itl;                /* per-request mean token gap */
+    kvl_samples_t   gap;                /* every gap between two tokens */
     kvl_samples_t   e2e;
 
     double          waiting_sum;        /* per-server means, per scrape */
@@ -72,6 +73,8 @@ typedef struct {
     double          ttft_p90;
     double          ttft_p99;
     double          itl_p50;
+    double          gap_p50;            /* token gaps: a stalled step */
+    double          gap_p99;
     double          e2e_p50;
     double          gen_tok_s;          /* window tokens, uncompressed */
     double          hit_rate;
