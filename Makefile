@@ -11,6 +11,7 @@
 #   make bench   routing cost in process, then through nginx with wrk
 #   make bench-events, make bench-e2e   the event path (Redis, kvbridge);
 #                all policies on kvsim
+#   make bench-pd  disaggregated prefill/decode against aggregated, on kvsim
 #   make fuzz    each fuzz/fuzz_<name>.c for FUZZ_SECONDS under libFuzzer
 #   make bench-worst   the longest zone-lock holds adversarial input can cause
 
@@ -135,7 +136,7 @@ ASAN_ENV   := ASAN_OPTIONS=detect_leaks=1 \
 
 .PHONY: all deps module unit tools test test-debian test-nginx test-asan \
         nginx-build asan-build \
-        demo bench bench-events bench-e2e soak fuzz fuzz-build bench-worst \
+        demo bench bench-events bench-e2e bench-pd soak fuzz fuzz-build bench-worst \
         clean
 
 all: module
@@ -314,6 +315,10 @@ bench-worst: $(BUILD)/bench_worst
 # every balancing policy side by side on kvsim (about 6 minutes)
 bench-e2e: deps module tools
 	bash bench/e2e/run.sh
+
+# aggregated and disaggregated on the same 8 kvsim servers (about 5 minutes)
+bench-pd: deps module tools
+	bash bench/e2e/pd.sh
 
 # the sanitizers and libFuzzer's main come with clang's runtime; a target
 # needing more than the core names it in FUZZ_SRCS_<name>, FUZZ_LIBS_<name>
