@@ -37,29 +37,17 @@
 #define NGX_HTTP_KV_AWARE_PD_TEXT_BYTES  4
 
 
-typedef struct {
-    ngx_http_kv_aware_pd_e          outcome;
-    ngx_str_t                       addr;         /* len 0: aggregated */
-
-    /* the prefill load charged, NULL once given back */
-    ngx_http_kv_aware_load_t       *charged;
-    uint32_t                        charged_blocks;
-} ngx_http_kv_aware_pd_ctx_t;
-
-
 static ngx_http_kv_aware_pd_e ngx_http_kv_aware_pd_outcome(
     ngx_http_request_t *r, ngx_http_kv_aware_pd_conf_t *pcf,
-    ngx_http_kv_aware_pd_ctx_t *pctx, ngx_int_t planned, uint64_t *tokens);
+    ngx_http_kv_aware_pd_ctx_t *pctx, ngx_int_t planned, uint32_t matched);
+static ngx_int_t ngx_http_kv_aware_pd_estimate(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
+    uint32_t *matched);
 static ngx_int_t ngx_http_kv_aware_pd_prefill(ngx_http_request_t *r,
     ngx_http_kv_aware_pd_conf_t *pcf, ngx_http_kv_aware_ctx_t *ctx,
     ngx_http_kv_aware_pd_ctx_t *pctx, uint64_t *tokens);
 static void ngx_http_kv_aware_pd_cleanup(void *data);
-static void ngx_http_kv_aware_pd_give_back(ngx_http_kv_aware_pd_ctx_t *pctx);
 static ngx_int_t ngx_http_kv_aware_pd_header_filter(ngx_http_request_t *r);
-static ngx_int_t ngx_http_kv_aware_pd_addr_var(ngx_http_request_t *r,
-    ngx_http_variable_value_t *v, uintptr_t data);
-static ngx_int_t ngx_http_kv_aware_pd_var(ngx_http_request_t *r,
-    ngx_http_variable_value_t *v, uintptr_t data);
 
 
 const char  *ngx_http_kv_aware_pd_keys[] = {
@@ -72,39 +60,6 @@ const char  *ngx_http_kv_aware_pd_texts[] = {
 
 
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
-
-
-static ngx_http_variable_t  ngx_http_kv_aware_pd_vars[] = {
-
-    /* for proxy_set_header x-prefiller-host-port: empty, no header */
-    { ngx_string("kv_aware_prefill_addr"), NULL,
-      ngx_http_kv_aware_pd_addr_var, 0, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    /* split, aggregated:short, aggregated:cached, fallback:... */
-    { ngx_string("kv_aware_pd"), NULL, ngx_http_kv_aware_pd_var, 0,
-      NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-      ngx_http_null_variable
-};
-
-
-ngx_int_t
-ngx_http_kv_aware_pd_add_variables(ngx_conf_t *cf)
-{
-    ngx_http_variable_t  *var, *v;
-
-    for (v = ngx_http_kv_aware_pd_vars; v->name.len; v++) {
-        var = ngx_http_add_variable(cf, &v->name, v->flags);
-        if (var == NULL) {
-            return NGX_ERROR;
-        }
-
-        var->get_handler = v->get_handler;
-        var->data = v->data;
-    }
-
-    return NGX_OK;
-}
 
 
 ngx_int_t
@@ -121,16 +76,15 @@ ngx_int_t
 ngx_http_kv_aware_pd_decide(ngx_http_request_t *r,
     ngx_http_kv_aware_pd_e *outcome, ngx_str_t *addr)
 {
-    uint64_t                       tokens;
     ngx_int_t                      planned;
     ngx_http_upstream_t           *u;
+    ngx_http_kv_aware_ctx_t       *ctx;
     ngx_http_kv_aware_pd_ctx_t    *pctx;
     ngx_http_kv_aware_pd_conf_t   *pcf;
-    ngx_http_kv_aware_shctx_t     *sh;
 
     pctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_pd_module);
 
-    if (pctx) {
+    if (pctx && pctx->decided) {
         *outcome = pctx->outcome;
         *addr = pctx->addr;
         return NGX_OK;
@@ -142,9 +96,10 @@ ngx_http_kv_aware_pd_decide(ngx_http_request_t *r,
     /*
      * Only while the request to the decode upstream is built: read later
      * (an access log of a request that never asked), there is nothing to
-     * decide any more.
+     * decide any more.  mode=vllm decided before, or not at all.
      */
-    if (pcf->decode == NULL || u == NULL || u->conf == NULL
+    if (pcf->decode == NULL || pcf->mode != NGX_HTTP_KV_AWARE_PD_HEADER
+        || u == NULL || u->conf == NULL
         || u->conf->upstream != pcf->decode->uscf
         || u->peer.connection != NULL
         || (r->upstream_states && r->upstream_states->nelts))
@@ -152,7 +107,7 @@ ngx_http_kv_aware_pd_decide(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    pctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_pd_ctx_t));
+    pctx = ngx_http_kv_aware_pd_request_ctx(r);
     if (pctx == NULL) {
         return NGX_ERROR;
     }
@@ -163,26 +118,25 @@ ngx_http_kv_aware_pd_decide(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    tokens = 0;
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
 
-    pctx->outcome = ngx_http_kv_aware_pd_outcome(r, pcf, pctx, planned,
-                                                 &tokens);
+    pctx->outcome = ngx_http_kv_aware_pd_outcome(r, pcf, pctx,
+                        (planned == NGX_OK && ctx && ctx->decided)
+                        ? NGX_OK : NGX_DECLINED,
+                        ctx ? ctx->matched : 0);
 
     if (pctx->outcome == NGX_HTTP_KV_AWARE_PD_LAST) {
         return NGX_ERROR;
     }
 
-    ngx_http_set_ctx(r, pctx, ngx_http_kv_aware_pd_module);
+    pctx->decided = 1;
 
-    sh = pcf->decode->sh;
-
-    (void) ngx_atomic_fetch_add(&sh->pd.decided[pctx->outcome], 1);
-    (void) ngx_atomic_fetch_add(&sh->pd.prefill_tokens, tokens);
+    ngx_http_kv_aware_pd_count(pcf, pctx);
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "kv_aware: %s, prefill \"%V\", %uL tokens",
                    ngx_http_kv_aware_pd_texts[pctx->outcome], &pctx->addr,
-                   tokens);
+                   pctx->tokens);
 
     *outcome = pctx->outcome;
     *addr = pctx->addr;
@@ -191,11 +145,88 @@ ngx_http_kv_aware_pd_decide(ngx_http_request_t *r,
 }
 
 
+/*
+ * mode=vllm, before the content phase: the decode server is not chosen
+ * yet (the balancer chooses it once leg 1 is over, by the load then), so
+ * what it holds is what the server the balancer would choose now holds.
+ */
+ngx_http_kv_aware_pd_ctx_t *
+ngx_http_kv_aware_pd_decide_early(ngx_http_request_t *r,
+    ngx_http_kv_aware_pd_conf_t *pcf)
+{
+    uint32_t                      matched;
+    ngx_int_t                     rc;
+    ngx_http_kv_aware_ctx_t      *ctx;
+    ngx_http_kv_aware_pd_ctx_t   *pctx;
+
+    pctx = ngx_http_kv_aware_pd_request_ctx(r);
+    ctx = ngx_http_kv_aware_module_request_ctx(r);
+
+    if (pctx == NULL || ctx == NULL) {
+        return NULL;
+    }
+
+    matched = 0;
+    rc = ngx_http_kv_aware_pd_estimate(r, pcf->decode, ctx, &matched);
+
+    pctx->outcome = ngx_http_kv_aware_pd_outcome(r, pcf, pctx, rc, matched);
+
+    if (pctx->outcome == NGX_HTTP_KV_AWARE_PD_LAST) {
+        return NULL;
+    }
+
+    pctx->decided = 1;
+
+    /* a split is counted once its leg 1 says how it went */
+    if (pctx->outcome != NGX_HTTP_KV_AWARE_PD_SPLIT) {
+        ngx_http_kv_aware_pd_count(pcf, pctx);
+    }
+
+    return pctx;
+}
+
+
+void
+ngx_http_kv_aware_pd_count(ngx_http_kv_aware_pd_conf_t *pcf,
+    ngx_http_kv_aware_pd_ctx_t *pctx)
+{
+    ngx_http_kv_aware_shctx_t  *sh;
+
+    sh = pcf->decode->sh;
+
+    (void) ngx_atomic_fetch_add(&sh->pd.decided[pctx->outcome], 1);
+
+    if (pctx->outcome == NGX_HTTP_KV_AWARE_PD_SPLIT) {
+        (void) ngx_atomic_fetch_add(&sh->pd.prefill_tokens, pctx->tokens);
+    }
+}
+
+
+ngx_http_kv_aware_pd_ctx_t *
+ngx_http_kv_aware_pd_request_ctx(ngx_http_request_t *r)
+{
+    ngx_http_kv_aware_pd_ctx_t  *pctx;
+
+    pctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_pd_module);
+
+    if (pctx == NULL) {
+        pctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kv_aware_pd_ctx_t));
+        if (pctx == NULL) {
+            return NULL;
+        }
+
+        ngx_http_set_ctx(r, pctx, ngx_http_kv_aware_pd_module);
+    }
+
+    return pctx;
+}
+
+
 /* NGX_HTTP_KV_AWARE_PD_LAST: an error */
 static ngx_http_kv_aware_pd_e
 ngx_http_kv_aware_pd_outcome(ngx_http_request_t *r,
     ngx_http_kv_aware_pd_conf_t *pcf, ngx_http_kv_aware_pd_ctx_t *pctx,
-    ngx_int_t planned, uint64_t *tokens)
+    ngx_int_t planned, uint32_t matched)
 {
     uint64_t                       per_block, prompt, uncached;
     ngx_int_t                      rc;
@@ -204,7 +235,7 @@ ngx_http_kv_aware_pd_outcome(ngx_http_request_t *r,
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
 
-    if (planned != NGX_OK || ctx == NULL || !ctx->decided) {
+    if (planned != NGX_OK || ctx == NULL) {
         return NGX_HTTP_KV_AWARE_PD_NO_DECODE;
     }
 
@@ -227,14 +258,14 @@ ngx_http_kv_aware_pd_outcome(ngx_http_request_t *r,
     }
 
     prompt = (uint64_t) ctx->nblocks * per_block;
-    uncached = (uint64_t) (ctx->nblocks - ctx->matched) * per_block;
+    uncached = (uint64_t) (ctx->nblocks - matched) * per_block;
 
     if (uncached < pcf->min_uncached) {
         return (prompt < pcf->min_uncached) ? NGX_HTTP_KV_AWARE_PD_SHORT
                                             : NGX_HTTP_KV_AWARE_PD_CACHED;
     }
 
-    rc = ngx_http_kv_aware_pd_prefill(r, pcf, ctx, pctx, tokens);
+    rc = ngx_http_kv_aware_pd_prefill(r, pcf, ctx, pctx, &pctx->tokens);
 
     if (rc == NGX_ERROR) {
         return NGX_HTTP_KV_AWARE_PD_LAST;
@@ -244,9 +275,69 @@ ngx_http_kv_aware_pd_outcome(ngx_http_request_t *r,
         return NGX_HTTP_KV_AWARE_PD_NO_PREFILL;
     }
 
-    *tokens *= per_block;
+    pctx->tokens *= per_block;
 
     return NGX_HTTP_KV_AWARE_PD_SPLIT;
+}
+
+
+/*
+ * The blocks of the prompt the decode server the balancer would choose
+ * now holds, read without choosing (as $kv_aware_ranking_NAME reads);
+ * NGX_DECLINED: no server to choose.
+ */
+static ngx_int_t
+ngx_http_kv_aware_pd_estimate(ngx_http_request_t *r,
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
+    uint32_t *matched)
+{
+    double                          cost[KVA_MAX_SLOTS];
+    ngx_uint_t                      n, best;
+    kva_why_e                       why;
+    kva_clock_t                     clk;
+    kva_candidate_t                 cand[KVA_MAX_SLOTS];
+    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
+    ngx_http_upstream_rr_peers_t   *peers;
+
+    /* counted once: the balancer finds the keys made */
+    ngx_http_kv_aware_ranking_hash(r, kcf, ctx);
+
+    if (kcf->dynamic) {
+        ngx_http_kv_aware_members_sync(kcf);
+    }
+
+    peers = kcf->uscf->peer.data;
+
+    ngx_http_upstream_rr_peers_rlock(peers);
+
+    if (!ngx_http_kv_aware_members_current(kcf, peers)
+        || peers->number > kcf->npeers)
+    {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return NGX_DECLINED;
+    }
+
+    n = ngx_http_kv_aware_ranking_candidates(kcf, peers, 0, NULL, picks,
+                                             ngx_time());
+
+    if (n == 0) {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        return NGX_DECLINED;
+    }
+
+    ngx_http_kv_aware_zone_clock(kcf, &clk);
+
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+    ngx_http_kv_aware_ranking_weigh_locked(kcf, ctx, picks, n, &clk, cand);
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
+
+    ngx_http_upstream_rr_peers_unlock(peers);
+
+    best = kva_score_costs(&kcf->score, cand, n, ctx->nblocks, 0, cost,
+                           &why);
+    *matched = cand[best].matched;
+
+    return NGX_OK;
 }
 
 
@@ -372,7 +463,7 @@ ngx_http_kv_aware_pd_cleanup(void *data)
 }
 
 
-static void
+void
 ngx_http_kv_aware_pd_give_back(ngx_http_kv_aware_pd_ctx_t *pctx)
 {
     if (pctx->charged == NULL) {
@@ -395,62 +486,4 @@ ngx_http_kv_aware_pd_header_filter(ngx_http_request_t *r)
     }
 
     return ngx_http_next_header_filter(r);
-}
-
-
-static ngx_int_t
-ngx_http_kv_aware_pd_addr_var(ngx_http_request_t *r,
-    ngx_http_variable_value_t *v, uintptr_t data)
-{
-    ngx_int_t               rc;
-    ngx_str_t               addr;
-    ngx_http_kv_aware_pd_e  outcome;
-
-    rc = ngx_http_kv_aware_pd_decide(r, &outcome, &addr);
-
-    if (rc == NGX_ERROR) {
-        return NGX_ERROR;
-    }
-
-    if (rc == NGX_DECLINED) {
-        v->not_found = 1;
-        return NGX_OK;
-    }
-
-    v->len = addr.len;
-    v->data = addr.data;
-    v->valid = 1;
-    v->no_cacheable = 1;
-    v->not_found = 0;
-
-    return NGX_OK;
-}
-
-
-static ngx_int_t
-ngx_http_kv_aware_pd_var(ngx_http_request_t *r,
-    ngx_http_variable_value_t *v, uintptr_t data)
-{
-    ngx_int_t               rc;
-    ngx_str_t               addr;
-    ngx_http_kv_aware_pd_e  outcome;
-
-    rc = ngx_http_kv_aware_pd_decide(r, &outcome, &addr);
-
-    if (rc == NGX_ERROR) {
-        return NGX_ERROR;
-    }
-
-    if (rc == NGX_DECLINED) {
-        v->not_found = 1;
-        return NGX_OK;
-    }
-
-    v->len = ngx_strlen(ngx_http_kv_aware_pd_texts[outcome]);
-    v->data = (u_char *) ngx_http_kv_aware_pd_texts[outcome];
-    v->valid = 1;
-    v->no_cacheable = 1;
-    v->not_found = 0;
-
-    return NGX_OK;
 }

@@ -22,6 +22,8 @@ typedef struct {
     ngx_str_t                       name;         /* len 0: none */
     ngx_uint_t                      mode;
     ngx_uint_t                      min_uncached; /* tokens */
+    ngx_str_t                       uri;          /* mode=vllm: leg 1's */
+    ngx_msec_t                      logged;       /* leg 1's last warning */
 
     /* found once the configuration is read */
     ngx_http_kv_aware_srv_conf_t   *prefill;
@@ -32,6 +34,22 @@ typedef struct {
     u_char                         *file;
     ngx_uint_t                      line;
 } ngx_http_kv_aware_pd_conf_t;
+
+
+/* a request's decision */
+typedef struct {
+    ngx_http_kv_aware_pd_e          outcome;
+    ngx_str_t                       addr;         /* len 0: aggregated */
+    uint64_t                        tokens;       /* the prefill's */
+
+    /* the prefill load charged, NULL once given back */
+    ngx_http_kv_aware_load_t       *charged;
+    uint32_t                        charged_blocks;
+
+    void                           *leg;          /* mode=vllm's leg 1 */
+    ngx_str_t                       request_id;   /* both legs' */
+    unsigned                        decided:1;
+} ngx_http_kv_aware_pd_ctx_t;
 
 
 extern ngx_module_t  ngx_http_kv_aware_pd_module;
@@ -47,8 +65,26 @@ ngx_int_t ngx_http_kv_aware_pd_init_filter(ngx_conf_t *cf);
 ngx_int_t ngx_http_kv_aware_pd_decide(ngx_http_request_t *r,
     ngx_http_kv_aware_pd_e *outcome, ngx_str_t *addr);
 
+/* the request's decision, made on first use; NULL: no memory */
+ngx_http_kv_aware_pd_ctx_t *ngx_http_kv_aware_pd_request_ctx(
+    ngx_http_request_t *r);
+
+/*
+ * mode=vllm: the decision before the request to the decode server is
+ * built (its server estimated, not chosen), the split not counted yet
+ * (ngx_http_kv_aware_pd_count() once leg 1 ends).  NULL: an error.
+ */
+ngx_http_kv_aware_pd_ctx_t *ngx_http_kv_aware_pd_decide_early(
+    ngx_http_request_t *r, ngx_http_kv_aware_pd_conf_t *pcf);
+void ngx_http_kv_aware_pd_count(ngx_http_kv_aware_pd_conf_t *pcf,
+    ngx_http_kv_aware_pd_ctx_t *pctx);
+
 /* the prefill load a split charged, given back (once) */
 void ngx_http_kv_aware_pd_release(ngx_http_request_t *r);
+void ngx_http_kv_aware_pd_give_back(ngx_http_kv_aware_pd_ctx_t *pctx);
+
+/* mode=vllm: the precontent handler that runs leg 1 (pd_vllm.c) */
+ngx_int_t ngx_http_kv_aware_pd_vllm_init(ngx_conf_t *cf);
 
 
 #endif /* _NGX_HTTP_KV_AWARE_PD_H_INCLUDED_ */

@@ -18,7 +18,8 @@
  * prefill upstream missing or not kv_aware, a location that does not
  * proxy_pass to a kv_aware upstream, two upstreams whose blocks are keyed
  * differently (the decode server's match would not count the prefill
- * server's blocks), a mode this build does not run.
+ * server's blocks), a mode this build does not run, mode=vllm without
+ * the uri of its leg 1.
  */
 
 #include "ngx_http_kv_aware_common.h"
@@ -73,6 +74,12 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_prefill_params[] = {
       ngx_http_kv_aware_conf_uint,
       offsetof(ngx_http_kv_aware_pd_conf_t, min_uncached),
       0, 1LL << 30, "256" },
+
+    /* mode=vllm: the internal location that proxies leg 1 */
+    { ngx_string("uri"),
+      ngx_http_kv_aware_conf_str,
+      offsetof(ngx_http_kv_aware_pd_conf_t, uri),
+      0, 0, NULL },
 
     ngx_http_kv_aware_null_param
 };
@@ -213,12 +220,29 @@ ngx_http_kv_aware_pd_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     /* said rather than accepted and ignored */
-    if (pcf->mode != NGX_HTTP_KV_AWARE_PD_HEADER) {
+    if (pcf->mode == NGX_HTTP_KV_AWARE_PD_SGLANG) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "%V: mode=%s is not implemented by this build, "
-                           "only mode=header (a sidecar on the decode "
-                           "server runs both legs)", &value[0],
-                           ngx_http_kv_aware_pd_modes[pcf->mode]);
+                           "%V: mode=sglang is not implemented by this "
+                           "build, only mode=header (a sidecar on the "
+                           "decode server runs both legs) and mode=vllm",
+                           &value[0]);
+        return NGX_CONF_ERROR;
+    }
+
+    if (pcf->mode == NGX_HTTP_KV_AWARE_PD_VLLM
+        && (pcf->uri.len == 0 || pcf->uri.data[0] != '/'))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "%V: mode=vllm needs uri=, expected the uri of "
+                           "an internal location that proxies to "
+                           "$kv_aware_prefill_addr", &value[0]);
+        return NGX_CONF_ERROR;
+    }
+
+    if (pcf->mode == NGX_HTTP_KV_AWARE_PD_HEADER && pcf->uri.len) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "%V: uri= is for mode=vllm, expected no uri "
+                           "with mode=header", &value[0]);
         return NGX_CONF_ERROR;
     }
 
@@ -278,6 +302,16 @@ ngx_http_kv_aware_pd_postconfiguration(ngx_conf_t *cf)
 
     if (pmcf->confs.nelts == 0) {
         return NGX_OK;
+    }
+
+    for (i = 0; i < pmcf->confs.nelts; i++) {
+        if (pcfp[i]->mode == NGX_HTTP_KV_AWARE_PD_VLLM) {
+            if (ngx_http_kv_aware_pd_vllm_init(cf) != NGX_OK) {
+                return NGX_ERROR;
+            }
+
+            break;
+        }
     }
 
     return ngx_http_kv_aware_pd_init_filter(cf);
@@ -351,8 +385,9 @@ ngx_http_kv_aware_pd_check(ngx_conf_t *cf, ngx_http_kv_aware_pd_conf_t *pcf)
     if (pcf->prefill->data_parallel > 1) {
         ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                       "kv_aware_prefill: upstream \"%V\" has data_parallel="
-                      "%ui, which mode=header cannot name, expected "
-                      "data_parallel=1 in the prefill upstream, in %s:%ui",
+                      "%ui, which $kv_aware_prefill_addr cannot name, "
+                      "expected data_parallel=1 in the prefill upstream, "
+                      "in %s:%ui",
                       &pcf->name, pcf->prefill->data_parallel,
                       pcf->file, pcf->line);
         return NGX_ERROR;

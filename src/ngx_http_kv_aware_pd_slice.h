@@ -20,7 +20,9 @@
  * $kv_aware_pd value.  Split: a prefill server was chosen; aggregated:
  * the decode server computes the prompt itself, because the prompt is
  * short or because what it lacks of it is; fallback: aggregated since no
- * split could be made (no prompt to count, no prefill or decode server).
+ * split could be made (no prompt to count, no prefill or decode server,
+ * or, where nginx runs the prefill leg, that leg failed); client_gone:
+ * the client left during that leg, and the request ended there.
  */
 #define NGX_HTTP_KV_AWARE_PD_OUTCOMES(X)                                      \
     X(PD_SPLIT, "split", "split")                                             \
@@ -28,7 +30,9 @@
     X(PD_CACHED, "cached", "aggregated:cached")                               \
     X(PD_NO_PROMPT, "no_prompt", "fallback:no_prompt")                        \
     X(PD_NO_DECODE, "no_decode", "fallback:no_decode")                        \
-    X(PD_NO_PREFILL, "no_prefill", "fallback:no_prefill")
+    X(PD_NO_PREFILL, "no_prefill", "fallback:no_prefill")                    \
+    X(PD_PREFILL_FAILED, "prefill_failed", "fallback:prefill_failed")      \
+    X(PD_CLIENT_GONE, "client_gone", "client_gone")
 
 typedef enum {
     NGX_HTTP_KV_AWARE_PD_OUTCOMES(NGX_HTTP_KV_AWARE_ENUM3)

@@ -4,9 +4,10 @@
 # not work: a prefill upstream that is missing or not kv_aware, a
 # location whose proxy_pass is not a kv_aware upstream (or has none),
 # two upstreams whose blocks are keyed differently (keys, block_size,
-# block_tokens), a prefill upstream of data-parallel servers (mode=header
-# names a server, not a rank), a mode this build does not run yet, and
-# bad parameters, worded as the other directives' are.  A valid one
+# block_tokens), a prefill upstream of data-parallel servers (the
+# prefill address names a server, not a rank), a mode this build does
+# not run yet, mode=vllm without the uri of its leg 1, and bad
+# parameters, worded as the other directives' are.  A valid one
 # starts, wherever the upstreams are written.
 
 use strict;
@@ -43,12 +44,18 @@ my @REFUSED = (
         => 'upstream "prefill" has block_tokens=32 and "decode" '
            . 'block_tokens=16',
     ['data_parallel=2', '', 'kv_aware_prefill prefill', 'decode']
-        => 'upstream "prefill" has data_parallel=2, which mode=header '
-           . 'cannot name',
+        => 'upstream "prefill" has data_parallel=2, which '
+           . '$kv_aware_prefill_addr cannot name',
     ['', '', 'kv_aware_prefill prefill mode=vllm', 'decode']
-        => 'mode=vllm is not implemented by this build, only mode=header',
+        => 'mode=vllm needs uri=, expected the uri of an internal location',
+    ['', '', 'kv_aware_prefill prefill mode=vllm uri=prefill', 'decode']
+        => 'mode=vllm needs uri=',
+    ['', '', 'kv_aware_prefill prefill uri=/_kv_prefill', 'decode']
+        => 'uri= is for mode=vllm, expected no uri with mode=header',
     ['', '', 'kv_aware_prefill prefill mode=sglang', 'decode']
-        => 'mode=sglang is not implemented by this build',
+        => 'mode=sglang is not implemented by this build, only mode=header'
+           . ' (a sidecar on the decode server runs both legs) and '
+           . 'mode=vllm',
     ['', '', 'kv_aware_prefill prefill mode=nixl', 'decode']
         => 'invalid mode "nixl", expected header, vllm or sglang',
     ['', '', 'kv_aware_prefill prefill min_uncached=-1', 'decode']

@@ -166,7 +166,8 @@ my $s = status();
 my $pd = $s->{upstreams}{decode}{disaggregated};
 is_deeply($pd->{decided}, { split => 4, short => 1, cached => 1,
                             no_prompt => 0, no_decode => 0,
-                            no_prefill => 1 },
+                            no_prefill => 1, prefill_failed => 0,
+                            client_gone => 0 },
           'status: the decisions counted on the decode upstream')
     or diag($JSON->encode($pd));
 ok(($pd->{prefill_tokens} // 0) >= 4 * 64,

@@ -57,8 +57,8 @@ kva_prompt_rc_e kva_pd_answer_params(const uint8_t *answer, size_t len,
  * Leg 2: the client's object with "kv_transfer_params": params (an
  * object, as kva_pd_answer_params() found it) first, the client's bytes
  * after it as they came; a "kv_transfer_params" of the client's is left
- * out (the body then rewritten member by member).  out holds at least len + params_len +
- * KVA_PD_BODY_EXTRA bytes.
+ * out (the body then rewritten member by member).  out holds at least
+ * len + params_len + KVA_PD_BODY_EXTRA bytes.
  */
 kva_prompt_rc_e kva_pd_decode_body(const uint8_t *body, size_t len,
     const uint8_t *params, size_t params_len, uint8_t *out,
