@@ -13,6 +13,9 @@
 #   pd_rr     disaggregated, round-robin on both: decode upstream
 #             round-robin, the prefill server drawn by split_clients on
 #             $request_id; every request split
+#   pd_vllm   (not in the default run) pd_kv with kv_aware_prefill
+#             mode=vllm: nginx runs both legs of vLLM's NIXL contract, the
+#             decode servers without --sidecar
 #
 # on two workloads: llm-d's shared-prefix (150 groups x 5 prompts,
 # 6000 + 1200 tokens in) on a short QPS ladder, and kvload's agent
@@ -21,7 +24,7 @@
 #   bash bench/e2e/pd.sh                 (about 5 minutes on 2 cores)
 #   make bench-pd                        the same
 #
-#   --arms a,b          subset of agg_kv pd_kv pd_rr
+#   --arms a,b          of agg_kv pd_kv pd_rr pd_vllm (default: the first 3)
 #   --workloads a,b     subset of shared-prefix agent
 #   --no-cost           skip bench/pd_cost.sh
 #   PD_MIN_UNCACHED=N   kv_aware_prefill's min_uncached (default 1024)
@@ -136,7 +139,7 @@ servers() {
 
 # nginx.conf for one arm into $PREFIX/conf/nginx.conf
 write_conf() {
-    local arm=$1 prefix=$2 ups loc k split=""
+    local arm=$1 prefix=$2 ups loc loc2="" k split=""
     local ev="kv_aware_events redis=127.0.0.1:$REDIS_PORT"
     case $arm in
     agg_kv)
@@ -147,7 +150,7 @@ $(servers "$DC_BASE" $SERVERS)
         keepalive 512;
     }"
         loc="proxy_pass http://llm;" ;;
-    pd_kv)
+    pd_kv|pd_vllm)
         ups="upstream prefill {
         kv_aware;
         $ev channel=kv:prefill;
@@ -162,7 +165,21 @@ $(servers "$DC_BASE" $DECODE)
     }"
         loc="kv_aware_prefill prefill mode=header min_uncached=$MIN_UNCACHED;
             proxy_set_header x-prefiller-host-port \$kv_aware_prefill_addr;
-            proxy_pass http://llm;" ;;
+            proxy_pass http://llm;"
+        [ "$arm" = pd_vllm ] && loc="kv_aware_prefill prefill mode=vllm
+                min_uncached=$MIN_UNCACHED uri=/_kv_prefill;
+            proxy_set_header X-Request-Id \$kv_aware_request_id;
+            proxy_pass http://llm;"
+        [ "$arm" = pd_vllm ] && loc2="# leg 1 (mode=vllm): to the prefill server chosen
+        location = /_kv_prefill {
+            internal;
+            proxy_pass http://\$kv_aware_prefill_addr\$request_uri;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_set_header X-Request-Id \$kv_aware_request_id;
+            proxy_read_timeout 600s;
+            subrequest_output_buffer_size 64k;
+        }" ;;
     pd_rr)
         for k in $(seq 0 $(( PREFILL - 1 ))); do
             if [ "$k" -lt $(( PREFILL - 1 )) ]; then
@@ -235,6 +252,8 @@ http {
             add_header X-Upstream-Addr \$upstream_addr always;
         }
 
+        $loc2
+
         location = /kv_aware/status { kv_aware_status; }
     }
 }
@@ -268,8 +287,9 @@ run_one() {
         start_pool "$WORK/dc" "$DC_BASE" $SERVERS kv:agg --role both
     else
         start_pool "$WORK/pf" "$PF_BASE" $PREFILL kv:prefill --role prefill
+        # mode=vllm: nginx sends leg 1, the decode server pulls alone
         start_pool "$WORK/dc" "$DC_BASE" $DECODE kv:decode --role decode \
-            --sidecar
+            $([ "$arm" = pd_vllm ] || echo --sidecar)
     fi
 
     NGINX_PREFIX=$prefix

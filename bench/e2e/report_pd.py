@@ -19,6 +19,7 @@ ARMS = [
     ("agg_kv", "aggregated, kv_aware + events (8 servers)"),
     ("pd_kv", "disaggregated, kv_aware + events on both pools (4 + 4)"),
     ("pd_rr", "disaggregated, round-robin on both pools (4 + 4)"),
+    ("pd_vllm", "pd_kv with mode=vllm: nginx runs both legs"),
 ]
 WORKLOADS = ["shared-prefix", "agent"]
 
@@ -129,12 +130,14 @@ def main():
       "stretches kvsim's steps (step lag below) and so every arm's "
       "figures, not their mechanism.  Rerun idle for figures to quote.\n"
       % (open("/proc/loadavg").read().split()[0], scale))
-    w("Command: `%s` (default run).\n" % cmd)
+    w("Command: `%s`%s.\n" % (cmd, "" if " -" in cmd
+                                 else " (the default run)"))
     w("Setup: %s kvsim servers of %s blocks x %s tokens; aggregated: all %s "
       "`--role both`; disaggregated: %s `--role prefill` + %s `--role decode "
-      "--sidecar` (the same 8 simulated GPUs, one a server); KV pulled at %s "
+      "--sidecar` (the same 8 simulated GPUs, one a server; pd_vllm's "
+      "decode servers without `--sidecar`); KV pulled at %s "
       "GB/s, %s bytes a token; `kv_aware_prefill prefill mode=header "
-      "min_uncached=%s`; time scale %s.  Figures are uncompressed "
+      "min_uncached=%s` (pd_vllm: `mode=vllm`); time scale %s.  Figures are uncompressed "
       "(simulated seconds).  ITL: gaps between consecutive tokens "
       "(kvload's gap_p50, gap_p99; a p50 of 0: most tokens arrive "
       "in the same read as the one before, kvsim's steps being 3.3 ms "
@@ -190,7 +193,7 @@ def main():
             if not r:
                 continue
             dec = ", ".join("%s %d" % kv for kv in sorted(
-                r["decisions"].items())) if arm == "pd_kv" else \
+                r["decisions"].items())) if arm in ("pd_kv", "pd_vllm") else \
                 ("all split" if arm == "pd_rr" else "-")
             w("| %s | %d | %.1f%% | %s | %.3g | %.3g | %.1f | %d | %d | %d "
               "| %d | %.0f |" % (
