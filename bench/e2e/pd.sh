@@ -73,7 +73,8 @@ KV_TOKEN_BYTES=262144
 # over, they preempted and queued, and kv_aware's TTFT p90 reached 23 s
 SP_ARGS="--groups 150 --prompts-per-group 5 --system-tokens 6000"
 SP_ARGS+=" --question-tokens 1200 --output-tokens 150"
-SP_ARGS+=" --qps-ladder ${PD_LADDER:-5,10,15} --stage-seconds 30"
+STAGE_S=30
+SP_ARGS+=" --qps-ladder ${PD_LADDER:-5,10,15} --stage-seconds $STAGE_S"
 # agents: a turn adds 100 + 800 tokens to a conversation its decode server
 # may hold: under min_uncached, the decision keeps it aggregated
 AG_ARGS="--groups 24 --turns 8 --system-tokens 1000 --question-tokens 2000"
@@ -170,7 +171,7 @@ $(servers "$DC_BASE" $DECODE)
                 min_uncached=$MIN_UNCACHED uri=/_kv_prefill;
             proxy_set_header X-Request-Id \$kv_aware_request_id;
             proxy_pass http://llm;"
-        [ "$arm" = pd_vllm ] && loc2="# leg 1 (mode=vllm): to the prefill server chosen
+        [ "$arm" = pd_vllm ] && loc2="# leg 1 (mode=vllm)
         location = /_kv_prefill {
             internal;
             proxy_pass http://\$kv_aware_prefill_addr\$request_uri;
@@ -296,13 +297,34 @@ run_one() {
     launch start nginx "$prefix" >"$out.nginx.log" 2>&1 \
         || die "nginx did not start: $(tail -3 "$out.nginx.log")"
 
-    local nd=$SERVERS
+    local nd=$SERVERS kpid t0 k=1
     [ "$arm" = agg_kv ] || nd=$DECODE
     timeout -s INT -k 60 "$RUN_LIMIT_S" "$KVLOAD" \
         --target "127.0.0.1:$NGINX_PORT" --workload "$wl" \
         --time-scale "$SCALE" --seed 1 --label "$arm" \
         --metrics "127.0.0.1:$DC_BASE-$(( DC_BASE + nd - 1 ))" \
-        --json "$out.json" "$@" >"$out.txt" 2>"$out.err" || rc=$?
+        --json "$out.json" "$@" >"$out.txt" 2>"$out.err" &
+    kpid=$!
+    t0=$(date +%s.%N)
+
+    # the servers' counters at each stage's end (real time: STAGE_S /
+    # SCALE), so that the report gives each stage what was computed and
+    # moved while it ran (requests of a stage that end in the next count
+    # there)
+    while :; do
+        while kill -0 "$kpid" 2>/dev/null && awk -v t0="$t0" -v k="$k" \
+                -v w="$STAGE_S" -v s="$SCALE" -v now="$(date +%s.%N)" \
+                'BEGIN { exit !(now < t0 + k * w / s) }'; do
+            sleep 0.2
+        done
+        kill -0 "$kpid" 2>/dev/null || break
+        : >"$out.metrics.$k"
+        scrape "$DC_BASE" "$nd" "$out.metrics.$k" decode
+        [ "$arm" = agg_kv ] \
+            || scrape "$PF_BASE" $PREFILL "$out.metrics.$k" prefill
+        k=$(( k + 1 ))
+    done
+    wait "$kpid" || rc=$?
     [ "$rc" = 0 ] || echo "$wl/$arm: kvload exit $rc: $(tail -2 "$out.err")" \
         | tee -a "$WORK/notes.txt"
 

@@ -41,6 +41,33 @@ def pool_sum(m, name):
     return sum(v for (pool, n), v in m.items() if n == name)
 
 
+def computed(m):
+    return (pool_sum(m, "vllm:prefix_cache_queries_total")
+            - pool_sum(m, "vllm:prefix_cache_hits_total"))
+
+
+def windows(base, n):
+    """Per stage: (prefill tokens computed, KV bytes moved) between the
+    counters pd.sh read at the stage's start and end (the last stage: to
+    the run's end, its drain included); None where a reading is missing."""
+    out, prev = [], defaultdict(float)
+    for i in range(1, n + 1):
+        path = base + (".metrics.%d" % i if i < n else ".metrics")
+        if not os.path.exists(path):
+            out.append(None)
+            prev = None
+            continue
+        cur = metrics(path)
+        if prev is None:
+            out.append(None)
+        else:
+            out.append((computed(cur) - computed(prev),
+                        cur[("decode", "kvsim_pd_bytes_pulled_total")]
+                        - prev[("decode", "kvsim_pd_bytes_pulled_total")]))
+        prev = cur
+    return out
+
+
 def access(path):
     """The access log's request lines (the status page's left out)."""
     rows = []
@@ -88,6 +115,7 @@ def load(work, wl, arm):
         dec[r.get("pd", "-")] += 1
     return {
         "stages": stages,
+        "windows": windows(base, len(stages)),
         "computed": pool_sum(m, "vllm:prefix_cache_queries_total")
         - pool_sum(m, "vllm:prefix_cache_hits_total"),
         "computed_prefill": m[("prefill", "vllm:prefix_cache_queries_total")]
@@ -137,14 +165,19 @@ def main():
       "--sidecar` (the same 8 simulated GPUs, one a server; pd_vllm's "
       "decode servers without `--sidecar`); KV pulled at %s "
       "GB/s, %s bytes a token; `kv_aware_prefill prefill mode=header "
-      "min_uncached=%s` (pd_vllm: `mode=vllm`); time scale %s.  Figures are uncompressed "
-      "(simulated seconds).  ITL: gaps between consecutive tokens "
-      "(kvload's gap_p50, gap_p99; a p50 of 0: most tokens arrive "
-      "in the same read as the one before, kvsim's steps being 3.3 ms "
-      "real at scale 3 and a loaded machine batching them), and the median of each request's mean gap "
-      "(request ITL).  Prefill tokens computed: kvsim's "
-      "prompt tokens less prefix-cache hits, both pools, whole run; KV "
-      "moved: the decode pool's `kvsim_pd_bytes_pulled_total`, whole run.\n"
+      "min_uncached=%s` (pd_vllm: `mode=vllm`); time scale %s.  Figures "
+      "are uncompressed (simulated seconds).  ITL: gaps between "
+      "consecutive tokens (kvload's gap_p50, gap_p99; a p50 of 0: most "
+      "tokens arrive in the same read as the one before, kvsim's steps "
+      "being 3.3 ms real at scale 3 and a loaded machine batching them), "
+      "and the "
+      "median of each request's mean gap (request ITL).  Prefill tokens "
+      "computed: kvsim's prompt tokens less prefix-cache hits, both "
+      "pools; KV moved: the decode pool's `kvsim_pd_bytes_pulled_total`; "
+      "per stage, between the servers' counters read at the stage's "
+      "start and end in real time (a request's work counts in the stage "
+      "it ran in; the last stage runs to the run's end), and over the "
+      "whole run.\n"
       % (n, blocks, bt, n, npf, ndc, bw, tb, min_unc, scale))
     w("The Claude Code sessions replay (../shared/traces/"
       "claude_code_sessions.tar.gz) is being built in kvload by another "
@@ -166,22 +199,24 @@ def main():
         w("## %s\n" % wl)
         w("| arm | QPS | sent | ok | err | TTFT p50 s | TTFT p90 s "
           "| ITL p50 ms | ITL p99 ms | request ITL p50 ms | tokens/s "
-          "| hit |")
-        w("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| hit | prefill tokens computed | KV moved GB |")
+        w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for arm, _ in ARMS:
             r = res.get((wl, arm))
             if not r:
                 continue
-            for s in r["stages"]:
+            for s, win in zip(r["stages"], r["windows"]):
                 w("| %s | %s | %d | %d | %d | %.3f | %.3f | %.1f | %.1f "
-                  "| %s | %.0f | %.3f |" % (
+                  "| %s | %.0f | %.3f | %s | %s |" % (
                       arm, ("%g" % s["qps"]) if s["qps"] else "closed",
                       s["sent"], s["completed"], s["errors"],
                       s["ttft_p50"], s["ttft_p90"],
                       1e3 * s.get("gap_p50", float("nan")),
                       1e3 * s.get("gap_p99", float("nan")),
                       ("%.1f" % (1e3 * s["itl_p50"])) if s["itl_p50"]
-                      else "-", s["gen_tok_s"], s["hit_rate"]))
+                      else "-", s["gen_tok_s"], s["hit_rate"],
+                      "%.3g" % win[0] if win else "-",
+                      "%.1f" % (win[1] / 1e9) if win else "-"))
         w("")
         w("| arm | requests | split | decisions ($kv_aware_pd) "
           "| prefill tokens computed | of which prefill pool "
@@ -216,6 +251,14 @@ def main():
             w("| disagg kv_aware / disagg round-robin, TTFT p90, top stage "
               "| %s | %.3f s / %.3f s | %.3f | <= 0.3 | %s |"
               % (wl, a["ttft_p90"], b["ttft_p90"], q, verdict(q <= 0.3)))
+            if kv["windows"][-1] and rr["windows"][-1] \
+                    and len(kv["stages"]) > 1:
+                a, b = kv["windows"][-1][1], rr["windows"][-1][1]
+                q = ratio(a, b)
+                w("| disagg kv_aware / disagg round-robin, KV moved, top "
+                  "stage (its start to the run's end) | %s | %.1f GB / "
+                  "%.1f GB | %.3f | <= 0.5 | %s |"
+                  % (wl, a / 1e9, b / 1e9, q, verdict(q <= 0.5)))
             q = ratio(kv["bytes"], rr["bytes"])
             w("| disagg kv_aware / disagg round-robin, KV moved (whole run) "
               "| %s | %.1f GB / %.1f GB | %.3f | <= 0.5 | %s |"
