@@ -46,6 +46,7 @@ typedef struct {
     uint32_t            inflight;
     uint32_t            by[KVL_MAX_BACKENDS];
     uint64_t            done;
+    uint64_t            context;        /* its last prompt's tokens */
     unsigned            open:1;
 } kvl_ss_live_t;
 
@@ -83,6 +84,10 @@ typedef struct {
     size_t              len;
     uint64_t            held;           /* waited for the thread */
     uint64_t            sub_requests;
+    uint64_t            context;        /* of the open sessions */
+    double              context_area;   /* its integral, token-seconds */
+    double              open_area;      /* sessions open, integral */
+    double              t_area;
 } kvl_ss_t;
 
 
@@ -100,6 +105,7 @@ static void kvl_ss_event(kvl_http_req_t *hr, const char *d, size_t len,
 static void kvl_ss_done(kvl_http_req_t *hr);
 static void kvl_ss_watch(evutil_socket_t fd, short what, void *arg);
 static void kvl_ss_after(struct event *ev, double seconds);
+static void kvl_ss_account(kvl_ss_t *ss);
 
 
 int
@@ -229,6 +235,7 @@ kvl_ss_open(kvl_ss_t *ss, kvl_ss_live_t *ls)
         return -1;
     }
 
+    kvl_ss_account(ss);
     ls->open = 1;
     ls->t_start = kvl_now();
     ss->open++;
@@ -249,9 +256,11 @@ kvl_ss_close(kvl_ss_t *ss, kvl_ss_live_t *ls)
         return;
     }
 
+    kvl_ss_account(ss);
     ls->open = 0;
     ss->open--;
     ss->closed++;
+    ss->context -= ls->context;
 
     for (i = 0; i < ls->s->nthreads; i++) {
         free(ls->threads[i].cur);
@@ -361,6 +370,12 @@ kvl_ss_send(kvl_ss_t *ss, kvl_ss_live_t *ls, kvl_ss_req_t *r)
 
     st->sent++;
     ss->sub_requests += (r->thread != 0);
+
+    /* a session's context: what its last prompt holds */
+    kvl_ss_account(ss);
+    ss->context += r->in;
+    ss->context -= ls->context;
+    ls->context = r->in;
 
     fl = calloc(1, sizeof(kvl_ss_flight_t));
 
@@ -546,6 +561,21 @@ kvl_ss_done(kvl_http_req_t *hr)
 }
 
 
+/* the integrals of the open sessions and of their contexts, to now */
+static void
+kvl_ss_account(kvl_ss_t *ss)
+{
+    double  now = kvl_now();
+
+    if (ss->t_area > 0.0) {
+        ss->context_area += (double) ss->context * (now - ss->t_area);
+        ss->open_area += (double) ss->open * (now - ss->t_area);
+    }
+
+    ss->t_area = now;
+}
+
+
 /* an interrupt: nothing more is sent; the run ends when all are back */
 
 static void
@@ -577,6 +607,7 @@ kvl_ss_report(kvl_ctx_t *ctx, json_t *root)
     size_t          i, b;
     json_t         *o;
     double          mean, busiest, share, share_sum, share_min;
+    double          span, live_mean, context_mean;
     uint32_t        most;
     unsigned        servers;
     uint64_t        top, all, counted, total, reqs;
@@ -628,8 +659,12 @@ kvl_ss_report(kvl_ctx_t *ctx, json_t *root)
         counted++;
     }
 
+    span = ss->t_area - ss->t0;
+    live_mean = span > 0.0 ? ss->open_area / span : 0.0;
+    context_mean = span > 0.0 ? ss->context_area / span : 0.0;
+
     o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f,"
-                  " s:b, s:s, s:I, s:f, s:f}",
+                  " s:b, s:s, s:I, s:f, s:f, s:f, s:f}",
                   "sessions", (json_int_t) ss->set.n,
                   "sessions_run", (json_int_t) counted,
                   "requests", (json_int_t) reqs,
@@ -647,7 +682,9 @@ kvl_ss_report(kvl_ctx_t *ctx, json_t *root)
                   "header", ss->conf.header ? ss->conf.header : "",
                   "live", (json_int_t) ss->conf.live,
                   "rate", ss->conf.rate,
-                  "idle_max", ss->conf.idle_max);
+                  "idle_max", ss->conf.idle_max,
+                  "live_mean", live_mean,
+                  "live_context_tokens_mean", context_mean);
 
     if (o == NULL || json_object_set_new(root, "sessions", o) != 0) {
         return -1;
@@ -657,14 +694,15 @@ kvl_ss_report(kvl_ctx_t *ctx, json_t *root)
            "sub-agents, %llu held for their thread), %s, on %u servers: "
            "busiest server %.2f x the mean of requests; a session's "
            "requests on its most used server %.1f%% (mean of sessions; "
-           "lowest %.1f%%)\n",
+           "lowest %.1f%%); %.1f sessions open, %.0f tokens of context "
+           "(time means)\n",
            ctx->label, ss->set.n, (unsigned long long) st->sent,
            (unsigned long long) ss->sub_requests,
            (unsigned long long) ss->held,
            ss->conf.shared_prefix ? "system + tools shared by all"
                                   : "sessions share nothing",
            servers, busiest, counted ? 100.0 * share_sum / counted : 0.0,
-           counted ? 100.0 * share_min : 0.0);
+           counted ? 100.0 * share_min : 0.0, live_mean, context_mean);
 
     for (b = 0; b < st->nbackends; b++) {
         printf("#   %-24s %llu requests\n", st->backends[b].name,

@@ -90,8 +90,17 @@ kvl_ss_load(const kvl_ss_conf_t *conf, kvl_ss_set_t *set)
             return -1;
         }
 
-        snprintf(cmd, sizeof(cmd), "tar -xzOf '%s' --wildcards '*.json'",
-                 conf->tar);
+        f = fopen(conf->tar, "r");
+        if (f == NULL) {
+            fprintf(stderr, "kvload: cannot open %s\n", conf->tar);
+            return -1;
+        }
+
+        fclose(f);
+
+        /* quiet: tar complains of the pipe closed after --sessions */
+        snprintf(cmd, sizeof(cmd), "tar -xzOf '%s' --wildcards '*.json' "
+                 "2>/dev/null", conf->tar);
 
         f = popen(cmd, "r");
         if (f == NULL) {
