@@ -8,7 +8,7 @@
 #   bash bench/e2e/run.sh --workloads trace     the trace alone (9 min)
 #   bash bench/e2e/run.sh --workloads agent     agent conversations (2 min)
 #   bash bench/e2e/run.sh --workloads agents    recorded Claude Code sessions
-#                                               (about 15 min; --agents-long)
+#                                               (about 20 min; --agents-long)
 #   bash bench/e2e/run.sh --workloads llm-d     llm-d's run, its hardware
 #                                               (11 min)
 #
@@ -249,7 +249,7 @@ if [ "$AGENTS_LONG" = 1 ]; then
 fi
 AGENTS_SESSIONS=${AGENTS_SESSIONS:-96}
 AGENTS_LIVE=${AGENTS_LIVE:-48}
-AGENTS_RATE=${AGENTS_RATE:-0.5}
+AGENTS_RATE=${AGENTS_RATE:-2}
 AGENTS_REQUESTS=${AGENTS_REQUESTS:-30}
 AGENTS_IDLE_MAX=${AGENTS_IDLE_MAX:-30}
 AGENTS_BLOCKS=${AGENTS_BLOCKS:-1600}

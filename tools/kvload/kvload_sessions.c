@@ -7,8 +7,9 @@
  * its `t` (divided by the time scale), but not before its thread's
  * previous request has finished and the recorded think time has passed
  * since (a client cannot send the next turn before it has the answer);
- * those held back are counted.  A request that fails is counted and the
- * session goes on: its next prompt does not depend on the answer.
+ * those held back are counted.  A request that fails, or is dropped over
+ * --max-inflight, is counted and the session goes on: its next prompt
+ * does not depend on the answer.
  *
  * Every request carries the session's id in a header (--session-header,
  * x-session-affinity by default) for a router that binds sessions.  At
@@ -366,6 +367,15 @@ kvl_ss_send(kvl_ss_t *ss, kvl_ss_live_t *ls, kvl_ss_req_t *r)
     if (r->nnew) {
         memcpy(th->cur + r->keep, ls->s->ids + r->first,
                r->nnew * sizeof(uint32_t));
+    }
+
+    /*
+     * over the in-flight cap, dropped and counted as in the other
+     * workloads: each one in flight holds its body until it is written
+     */
+    if (ctx->inflight >= ctx->max_inflight) {
+        st->dropped++;
+        return;
     }
 
     st->sent++;
