@@ -8,7 +8,7 @@
 #   bash bench/e2e/run.sh --workloads trace     the trace alone (9 min)
 #   bash bench/e2e/run.sh --workloads agent     agent conversations (2 min)
 #   bash bench/e2e/run.sh --workloads agents    recorded Claude Code sessions
-#                                               (about 20 min; --agents-long)
+#                                               (about 26 min; --agents-long)
 #   bash bench/e2e/run.sh --workloads llm-d     llm-d's run, its hardware
 #                                               (11 min)
 #
@@ -164,9 +164,9 @@ RUN_LIMIT_S=240
 # server's pool), each cut to its first AGENTS_REQUESTS requests, pauses
 # over AGENTS_IDLE_MAX s shortened; they arrive at AGENTS_RATE a second,
 # at most AGENTS_LIVE open at once.  Sized so that the contexts of the
-# live sessions are about 3x the servers' pools together: 48 live
-# sessions of about 51k tokens each (time-averaged: 2.4M) on 8 x 1,600
-# blocks of 64 tokens (819k).  Two variants: sessions apart (each shares
+# live sessions are about 3x the servers' pools together: kvload measured
+# 48.3 sessions open and 2.53M tokens of context on time average, on 8 x
+# 1,600 blocks of 64 tokens (819k): 3.1x.  About 190 s a policy.  Two variants: sessions apart (each shares
 # nothing) and shared (every session's first system + tool tokens the same
 # text, an assumption: agents of one product send the same system prompt
 # and tools).  The bounds (session_bounds.py) come from each run's own
@@ -240,15 +240,16 @@ fi
 
 if [ "$AGENTS_LONG" = 1 ]; then
     # 2,400-block pools (154k tokens), sessions up to 144k tokens and 60
-    # requests, 52 live (3.0x the pools), 200 of them
-    : "${AGENTS_SESSIONS:=200}" "${AGENTS_LIVE:=52}" "${AGENTS_RATE:=0.3}"
+    # requests, 72 live (about 72k tokens each: near 3x, not measured),
+    # 200 of them
+    : "${AGENTS_SESSIONS:=200}" "${AGENTS_LIVE:=72}" "${AGENTS_RATE:=2}"
     : "${AGENTS_REQUESTS:=60}" "${AGENTS_IDLE_MAX:=60}"
     : "${AGENTS_BLOCKS:=2400}" "${AGENTS_MAX_TOKENS:=144000}"
     : "${AGENTS_SCALE:=15}" "${AGENTS_RUN_LIMIT_S:=600}"
     BUDGET_S=4200
 fi
 AGENTS_SESSIONS=${AGENTS_SESSIONS:-96}
-AGENTS_LIVE=${AGENTS_LIVE:-48}
+AGENTS_LIVE=${AGENTS_LIVE:-64}
 AGENTS_RATE=${AGENTS_RATE:-2}
 AGENTS_REQUESTS=${AGENTS_REQUESTS:-30}
 AGENTS_IDLE_MAX=${AGENTS_IDLE_MAX:-30}
