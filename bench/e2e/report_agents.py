@@ -43,9 +43,9 @@ def _variant(work, wl, title, policies, titles, csv):
               btok, scale), "",
           "| policy | requests | hit rate | LRU bound | / LRU | unlimited | "
           "TTFT p50 | p90 | p99 | busiest / mean | session on its server | "
-          "err | step lag max / mean (ms) | wall |",
+          "open / context | err | step lag max / mean (ms) | wall |",
           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-          "---:|"]
+          "---:|---:|"]
     rows = {}
     for pol in policies:
         run = runs.get(pol)
@@ -65,13 +65,21 @@ def _variant(work, wl, title, policies, titles, csv):
         lag = ("%.1f / %.2f" % (meta["step_lag_max_ms"],
                                 meta["step_lag_mean_ms"])
                if "step_lag_max_ms" in meta else "–")
+        try:
+            pools = int(servers) * int(blocks) * int(btok)
+        except ValueError:
+            pools = 0
+        ctx = ss.get("live_context_tokens_mean", 0.0)
         md.append("| %s | %d | %.1f%% | %.1f%% | %.2f | %.1f%% | %.2f | "
-                  "%.2f | %.2f | %.2f | %.1f%% | %d | %s | %s |" % (
+                  "%.2f | %.2f | %.2f | %.1f%% | %.1f / %.1fx | %d | %s | "
+                  "%s |" % (
                       titles[pol], st["completed"], 100 * hit, 100 * lru,
                       hit / lru if lru else 0.0,
                       100 * b.get("unlimited", 0.0), st["ttft_p50"],
                       st["ttft_p90"], st["ttft_p99"], r["busiest"],
-                      100 * r["home"], st["errors"] + st["dropped"], lag,
+                      100 * r["home"], ss.get("live_mean", 0.0),
+                      ctx / pools if pools else 0.0,
+                      st["errors"] + st["dropped"], lag,
                       "%.0f s" % meta["wall_s"] if meta else "–"))
         csv.append("%s,%s,%d,%.4f,%.4f,%.4f,%.3f,%.3f,%.3f,%.3f,%.4f,%d"
                    % (wl, pol, st["completed"], hit, lru,
@@ -84,7 +92,9 @@ def _variant(work, wl, title, policies, titles, csv):
            "Busiest / mean: the busiest server's requests over the mean "
            "of %s servers. Session on its server: the mean over sessions "
            "of the share of its requests on the server that served most "
-           "of them." % servers, ""]
+           "of them. Open / context: the time means of the sessions open and of "
+           "their contexts (each one's last prompt) over the servers' "
+           "pools together." % servers, ""]
     md += _goals(rows)
     return md
 
