@@ -234,6 +234,7 @@ if [ "$QUICK" = 1 ]; then
     # agents: 24 sessions of 10 requests, 12 live (well under 3x the pools)
     : "${AGENTS_SESSIONS:=24}" "${AGENTS_LIVE:=12}" "${AGENTS_RATE:=1}"
     : "${AGENTS_REQUESTS:=10}" "${AGENTS_SCALE:=20}"
+    : "${AGENTS_BUDGET_S:=480}"
     BUDGET_S=300
     RUN_LIMIT_S=60
 fi
@@ -246,7 +247,7 @@ if [ "$AGENTS_LONG" = 1 ]; then
     : "${AGENTS_REQUESTS:=60}" "${AGENTS_IDLE_MAX:=60}"
     : "${AGENTS_BLOCKS:=2400}" "${AGENTS_MAX_TOKENS:=144000}"
     : "${AGENTS_SCALE:=15}" "${AGENTS_RUN_LIMIT_S:=600}"
-    BUDGET_S=4200
+    : "${AGENTS_BUDGET_S:=4800}"
 fi
 AGENTS_SESSIONS=${AGENTS_SESSIONS:-96}
 AGENTS_LIVE=${AGENTS_LIVE:-64}
@@ -257,6 +258,10 @@ AGENTS_BLOCKS=${AGENTS_BLOCKS:-1600}
 AGENTS_MAX_TOKENS=${AGENTS_MAX_TOKENS:-96000}
 AGENTS_SCALE=${AGENTS_SCALE:-15}
 AGENTS_RUN_LIMIT_S=${AGENTS_RUN_LIMIT_S:-300}
+# the agents' own share of the time budget, beside the others'
+case " $WORKLOADS " in
+*" agents "*) BUDGET_S=$(( BUDGET_S + ${AGENTS_BUDGET_S:-2400} )) ;;
+esac
 
 SCALE=${SCALE_OPT:-$SCALE}
 STAGE_SECONDS=${STAGE_SECONDS_OPT:-$STAGE_SECONDS}
