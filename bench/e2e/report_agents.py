@@ -92,9 +92,9 @@ def _variant(work, wl, title, policies, titles, csv):
            "Busiest / mean: the busiest server's requests over the mean "
            "of %s servers. Session on its server: the mean over sessions "
            "of the share of its requests on the server that served most "
-           "of them. Open / context: the time means of the sessions open and of "
-           "their contexts (each one's last prompt) over the servers' "
-           "pools together." % servers, ""]
+           "of them. Open / context: the time means of the sessions open "
+           "and of their contexts (each one's last prompt) over the "
+           "servers' pools together." % servers, ""]
     md += _goals(rows)
     return md
 
