@@ -47,6 +47,10 @@ static void ngx_http_kv_aware_release(ngx_http_kv_aware_peer_data_t *kp,
     ngx_uint_t forget);
 static ngx_int_t ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
     ngx_http_kv_aware_peer_data_t *kp);
+static ngx_http_upstream_srv_conf_t *ngx_http_kv_aware_planned_upstream(
+    ngx_http_request_t *r);
+static ngx_int_t ngx_http_kv_aware_plan(ngx_http_request_t *r,
+    ngx_http_upstream_srv_conf_t *us);
 
 
 ngx_int_t
@@ -180,23 +184,17 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
 /*
  * $kv_aware_dp_rank: the rank of the server a data-parallel upstream
  * chooses, which has to be known while the request to the server is
- * built, before the balancer runs.  So the choice is made here, among
- * the servers the first try may take, and the first try takes it.  A
- * retry chooses anew but the request keeps this rank: any rank is one
- * every server has.
+ * built, before the balancer runs.  So the choice is made then (see
+ * ngx_http_kv_aware_balancer_plan()).  A retry chooses anew but the
+ * request keeps this rank: any rank is one every server has.
  */
 ngx_int_t
 ngx_http_kv_aware_balancer_plan_rank(ngx_http_request_t *r, ngx_uint_t *rank)
 {
-    time_t                          now;
-    ngx_uint_t                      n, best;
-    ngx_http_upstream_t            *u;
+    ngx_int_t                       rc;
     ngx_http_kv_aware_ctx_t        *ctx;
-    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
     ngx_http_upstream_srv_conf_t   *us;
-    ngx_http_upstream_rr_peers_t   *peers;
     ngx_http_kv_aware_srv_conf_t   *kcf;
-    ngx_http_kv_aware_peer_data_t  *kp;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
 
@@ -205,23 +203,108 @@ ngx_http_kv_aware_balancer_plan_rank(ngx_http_request_t *r, ngx_uint_t *rank)
         return NGX_OK;
     }
 
+    us = ngx_http_kv_aware_planned_upstream(r);
+
+    if (us == NULL) {
+        return NGX_DECLINED;
+    }
+
+    kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kv_aware_module);
+
+    if (kcf->data_parallel < 2) {
+        return NGX_DECLINED;
+    }
+
+    rc = ngx_http_kv_aware_plan(r, us);
+
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
+    *rank = ctx->rank;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The server of the request's kv_aware upstream, chosen while the request
+ * to it is built, for what has to name it then ($kv_aware_dp_rank, the
+ * split of ngx_http_kv_aware_pd.c): chosen among the servers the first
+ * try may take, charged as the balancer charges, and the first try takes
+ * it.  NGX_OK: ctx->decided, ctx->matched and ctx->rank are the choice's;
+ * NGX_DECLINED: no kv_aware upstream, or no server to choose yet.
+ */
+ngx_int_t
+ngx_http_kv_aware_balancer_plan(ngx_http_request_t *r)
+{
+    ngx_http_kv_aware_ctx_t        *ctx;
+    ngx_http_upstream_srv_conf_t   *us;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
+
+    if (ctx && ctx->decided) {
+        return NGX_OK;
+    }
+
+    us = ngx_http_kv_aware_planned_upstream(r);
+
+    if (us == NULL) {
+        return NGX_DECLINED;
+    }
+
+    return ngx_http_kv_aware_plan(r, us);
+}
+
+
+/* the request's kv_aware upstream, while its first try is to come */
+static ngx_http_upstream_srv_conf_t *
+ngx_http_kv_aware_planned_upstream(ngx_http_request_t *r)
+{
+    ngx_http_upstream_t            *u;
+    ngx_http_upstream_srv_conf_t   *us;
+    ngx_http_kv_aware_srv_conf_t   *kcf;
+
     u = r->upstream;
 
     /* proxy_pass with variables has no upstream{} to read yet */
     if (u == NULL || u->conf == NULL || u->conf->upstream == NULL
         || u->peer.connection != NULL)
     {
-        return NGX_DECLINED;
+        return NULL;
     }
 
     us = u->conf->upstream;
+
+    /* an implicit upstream (proxy_pass http://host) has no srv_conf */
+    if (us->srv_conf == NULL || us->peer.data == NULL) {
+        return NULL;
+    }
+
     kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kv_aware_module);
 
-    if (kcf->shm_zone == NULL || kcf->data_parallel < 2
-        || us->peer.data == NULL)
-    {
-        return NGX_DECLINED;
+    if (kcf->shm_zone == NULL || kcf->uscf != us) {
+        return NULL;
     }
+
+    return us;
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_plan(ngx_http_request_t *r,
+    ngx_http_upstream_srv_conf_t *us)
+{
+    time_t                          now;
+    ngx_uint_t                      n, best;
+    ngx_http_kv_aware_ctx_t        *ctx;
+    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
+    ngx_http_upstream_rr_peers_t   *peers;
+    ngx_http_kv_aware_srv_conf_t   *kcf;
+    ngx_http_kv_aware_peer_data_t  *kp;
+
+    kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kv_aware_module);
 
     if (ngx_http_kv_aware_init_peer(r, us) != NGX_OK) {
         return NGX_ERROR;
@@ -259,8 +342,6 @@ ngx_http_kv_aware_balancer_plan_rank(ngx_http_request_t *r, ngx_uint_t *rank)
     kp->planned_rank = picks[best].rank;
 
     ngx_http_upstream_rr_peers_unlock(peers);
-
-    *rank = ctx->rank;
 
     return NGX_OK;
 }
@@ -465,7 +546,7 @@ static ngx_uint_t
 ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     ngx_http_kv_aware_pick_t *picks, ngx_uint_t n, ngx_log_t *log)
 {
-    uint32_t                       nblocks, matched, from, piece;
+    uint32_t                       nblocks, matched;
     ngx_uint_t                     best, slot;
     kva_clock_t                    clk;
     kva_candidate_t                cand[KVA_MAX_SLOTS];
@@ -487,40 +568,7 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     slot = picks[best].slot;
     matched = cand[best].matched;
 
-    /* what the server is about to compute, it will cache */
-    kva_fill_add(&kcf->sh->slots[slot].routing.fill, ngx_current_msec,
-                 kcf->learned_ttl, nblocks - matched);
-
-    /*
-     * Learned bits serve while the server's events cannot be trusted;
-     * speculative ones bridge the time until its events confirm.  A long
-     * new prompt evicts an entry a block: it is recorded a piece per hold
-     * of the lock, so that other requests wait for one piece at most.
-     */
-    ngx_http_kv_aware_zone_learn_budget(kcf, slot, &clk);
-
-    for (from = 0; from < nblocks; from += piece) {
-        if (from) {
-            ngx_shmtx_unlock(&kcf->shpool->mutex);
-            ngx_shmtx_lock(&kcf->shpool->mutex);
-        }
-
-        piece = ngx_min(nblocks - from, KVA_ADD_CHUNK);
-
-        kva_index_add_found(kcf->sh->index, ctx->hashes + from, piece, slot,
-                            (clk.precise & (1ULL << slot))
-                            ? KVA_BIT_LEARNED | KVA_BIT_SPEC
-                            : KVA_BIT_LEARNED,
-                            &clk, ctx->found + from);
-    }
-
-    /* what the other instances do not know yet, of a server that is silent */
-    if (kcf->events && kcf->events->share && matched < nblocks
-        && !(clk.precise & (1ULL << slot)))
-    {
-        ngx_http_kv_aware_share_queue(kcf, slot, ctx->hashes + matched,
-                                      nblocks - matched);
-    }
+    ngx_http_kv_aware_balancer_learn_locked(kcf, ctx, slot, matched, &clk);
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);
 
@@ -546,6 +594,59 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
                    nblocks, cand[best].inflight_reqs);
 
     return best;
+}
+
+
+/*
+ * The blocks of the prompt that slot, chosen, is about to compute and
+ * will then hold, recorded in the index: so that siblings of a burst
+ * follow it before any of them has finished.  Called with the zone's
+ * lock held (ctx->found as the lookup left it), and returns with it
+ * held; a long prompt lets it go between pieces.
+ */
+void
+ngx_http_kv_aware_balancer_learn_locked(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_ctx_t *ctx, ngx_uint_t slot, uint32_t matched,
+    kva_clock_t *clk)
+{
+    uint32_t  nblocks, from, piece;
+
+    nblocks = ctx->nblocks;
+
+    /* what the server is about to compute, it will cache */
+    kva_fill_add(&kcf->sh->slots[slot].routing.fill, ngx_current_msec,
+                 kcf->learned_ttl, nblocks - matched);
+
+    /*
+     * Learned bits serve while the server's events cannot be trusted;
+     * speculative ones bridge the time until its events confirm.  A long
+     * new prompt evicts an entry a block: it is recorded a piece per hold
+     * of the lock, so that other requests wait for one piece at most.
+     */
+    ngx_http_kv_aware_zone_learn_budget(kcf, slot, clk);
+
+    for (from = 0; from < nblocks; from += piece) {
+        if (from) {
+            ngx_shmtx_unlock(&kcf->shpool->mutex);
+            ngx_shmtx_lock(&kcf->shpool->mutex);
+        }
+
+        piece = ngx_min(nblocks - from, KVA_ADD_CHUNK);
+
+        kva_index_add_found(kcf->sh->index, ctx->hashes + from, piece, slot,
+                            (clk->precise & (1ULL << slot))
+                            ? KVA_BIT_LEARNED | KVA_BIT_SPEC
+                            : KVA_BIT_LEARNED,
+                            clk, ctx->found + from);
+    }
+
+    /* what the other instances do not know yet, of a server that is silent */
+    if (kcf->events && kcf->events->share && matched < nblocks
+        && !(clk->precise & (1ULL << slot)))
+    {
+        ngx_http_kv_aware_share_queue(kcf, slot, ctx->hashes + matched,
+                                      nblocks - matched);
+    }
 }
 
 

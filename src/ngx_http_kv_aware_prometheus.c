@@ -107,6 +107,19 @@ static ngx_http_kv_aware_prom_family_t  ngx_http_kv_aware_prom_families[] = {
       "Requests whose prompt could not be read, routed by load alone, "
       "by cause." },
 
+    { "kv_aware_disaggregated_total", "counter",
+      NGX_HTTP_KV_AWARE_PS_UPSTREAM, "decision", ngx_http_kv_aware_pd_keys,
+      0, NGX_HTTP_KV_AWARE_PD_LAST,
+      ngx_http_kv_aware_pu(NUM, UINT, pd.decided),
+      "Requests to the decode upstream of a kv_aware_prefill location, by "
+      "decision: split, short or cached (aggregated), or a fallback." },
+
+    { "kv_aware_prefill_tokens_total", "counter",
+      NGX_HTTP_KV_AWARE_PS_UPSTREAM, NULL, NULL, 0, 0,
+      ngx_http_kv_aware_pu(NUM, UINT, pd.prefill_tokens),
+      "Prompt tokens the prefill servers chosen were to compute (what "
+      "they did not hold), of the requests split." },
+
     { "kv_aware_index_entries", "gauge",
       NGX_HTTP_KV_AWARE_PS_UPSTREAM, NULL, NULL, 0, 0,
       ngx_http_kv_aware_pu(NUM, U32, index.used),

@@ -128,6 +128,15 @@ static ngx_http_kv_aware_json_field_t  ngx_http_kv_aware_json_upstream[] = {
                              NGX_HTTP_KV_AWARE_ROUTED + 1,
                              NGX_HTTP_KV_AWARE_FALLBACK_LAST, NULL),
 
+    ngx_http_kv_aware_jopen(ALWAYS, "disaggregated"),
+    ngx_http_kv_aware_jkeyed(ALWAYS, "decided", UINT,
+                             ngx_http_kv_aware_ju(pd.decided),
+                             ngx_http_kv_aware_pd_keys, 0,
+                             NGX_HTTP_KV_AWARE_PD_LAST, NULL),
+    ngx_http_kv_aware_jnum(ALWAYS, "prefill_tokens", UINT,
+                           ngx_http_kv_aware_ju(pd.prefill_tokens)),
+    ngx_http_kv_aware_jclose(),
+
     ngx_http_kv_aware_jopen(ALWAYS, "index"),
     ngx_http_kv_aware_jnum(ALWAYS, "capacity", U32,
                            ngx_http_kv_aware_ju(index.capacity)),

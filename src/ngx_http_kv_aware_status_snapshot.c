@@ -119,6 +119,7 @@ ngx_http_kv_aware_status_upstream(ngx_http_request_t *r,
     u->routing = sh->routing;
     u->ev = sh->events;
     u->redis = sh->redis;
+    u->pd = sh->pd;
     u->index = *sh->index;
 
     if (u->share) {

@@ -2,9 +2,9 @@
  * ngx_http_kv_aware_module: the per-upstream shared memory zone, its
  * layout and the index clock.  Each concern declares its slice of the
  * zone in a header of its own with no .c (balancer_slice.h, events_slice.h,
- * share_slice.h, members_slice.h; the Redis link's stats in redis.h);
- * this header composes them, with the index, the server slots and the
- * load tables, and includes no concern whose .c includes it back.
+ * share_slice.h, members_slice.h, pd_slice.h; the Redis link's stats in
+ * redis.h); this header composes them, with the index, the server slots
+ * and the load tables, and includes no concern whose .c includes it back.
  */
 
 #ifndef _NGX_HTTP_KV_AWARE_ZONE_H_INCLUDED_
@@ -17,6 +17,7 @@
 #include "ngx_http_kv_aware_redis.h"
 #include "ngx_http_kv_aware_share_slice.h"
 #include "ngx_http_kv_aware_members_slice.h"
+#include "ngx_http_kv_aware_pd_slice.h"
 
 #include "kva_index.h"
 
@@ -61,6 +62,7 @@ struct ngx_http_kv_aware_shctx_s {
     ngx_http_kv_aware_redis_stats_t  redis;       /* redis.h: the link */
     ngx_http_kv_aware_share_t       *share;       /* share.h: its ring */
     ngx_http_kv_aware_members_sh_t   members;     /* members.h */
+    ngx_http_kv_aware_pd_sh_t        pd;          /* pd_slice.h */
 
     ngx_http_kv_aware_slot_t        slots[KVA_MAX_SLOTS];
     ngx_http_kv_aware_load_t        load[NGX_HTTP_KV_AWARE_GENERATIONS]

@@ -17,7 +17,7 @@
 
 
 #define KVA_JSON_KEY_OTHER  0
-#define KVA_JSON_KEY_MAX    16      /* longer keys are never looked for */
+#define KVA_JSON_KEY_MAX    24      /* longer keys are never looked for */
 
 
 typedef struct {

@@ -15,7 +15,15 @@
 # answer until the file PATH exists (at most 30 s), so that a test decides
 # when a request ends instead of guessing how long it needs.  A request's
 # "X-data-parallel-rank: R" (what vLLM reads) comes back as
-# "X-Backend-Rank: R".  SIGUSR1 toggles ok <-> fail
+# "X-Backend-Rank: R"; "x-prefiller-host-port: H" (what llm-d's decode
+# sidecar reads) as "X-Backend-Prefiller: H"; "X-Request-Id: I" as
+# "X-Backend-Request-Id: I".  A body asking for a remote decode
+# ("do_remote_decode":true, leg 1 of vLLM's NIXL contract) is answered as
+# a prefill server does, with "kv_transfer_params" naming this backend
+# and carrying "leg1_md5" (the body received) and "remote_request_id"
+# (its X-Request-Id); its "X-Prefill-Answer" header asks for a bad answer
+# instead: 500, none, null, array, deep, huge, html, slow (3 s).
+# SIGUSR1 toggles ok <-> fail
 # (any other mode -> ok).  SIGTERM/SIGINT: kill the children and exit.
 #
 # One forked child per connection (at most 200 alive), persistent
@@ -153,18 +161,26 @@ sub serve_connection {
 
         return if $mode eq 'close';
 
-        my $status = $mode eq 'fail' ? 502 : 200;
-        my $body = '{"server":' . $json->encode($name)
+        my ($status, $body) = ($mode eq 'fail' ? 502 : 200);
+        if ($req->{body} =~ /"do_remote_decode":true/) {
+            ($status, $body) = prefill_answer($req, $status);
+        }
+        $body //= '{"server":' . $json->encode($name)
             . ',"method":' . $json->encode($req->{method})
             . ',"uri":' . $json->encode($req->{uri})
             . ',"len":' . length($req->{body})
             . ',"md5":"' . md5_hex($req->{body}) . '"}';
 
-        my $reason = $status == 200 ? 'OK' : 'Bad Gateway';
+        my $reason = $status == 200 ? 'OK'
+                   : $status == 500 ? 'Internal Server Error' : 'Bad Gateway';
         my $head = "HTTP/1.1 $status $reason\r\n"
             . "X-Backend: $name\r\n"
             . (defined $req->{rank}
                ? "X-Backend-Rank: $req->{rank}\r\n" : '')
+            . (defined $req->{prefiller}
+               ? "X-Backend-Prefiller: $req->{prefiller}\r\n" : '')
+            . (defined $req->{request_id}
+               ? "X-Backend-Request-Id: $req->{request_id}\r\n" : '')
             . "Content-Type: application/json\r\n"
             . "Content-Length: " . length($body) . "\r\n"
             . "Connection: " . ($req->{keepalive} ? 'keep-alive' : 'close')
@@ -175,6 +191,31 @@ sub serve_connection {
 
         return unless $req->{keepalive};
     }
+}
+
+
+# A prefill server's answer to leg 1: (status, body).
+sub prefill_answer {
+    my ($req, $status) = @_;
+    my $how = $req->{prefill_answer};
+    my $params = '{"do_remote_prefill":true,"remote_engine_id":'
+        . $json->encode($name) . ',"remote_block_ids":[1,2,3],'
+        . '"remote_host":"' . $addr . '","remote_port":' . $port
+        . ',"remote_request_id":' . $json->encode($req->{request_id} // '')
+        . ',"leg1_md5":"' . md5_hex($req->{body}) . '","tp_size":1}';
+    Time::HiRes::sleep(3) if $how eq 'slow';
+    return (500, '{"error":"prefill failed"}') if $how eq '500';
+    return ($status, '<html>bad gateway</html>') if $how eq 'html';
+    my $v = $how eq 'none'  ? undef
+          : $how eq 'null'  ? 'null'
+          : $how eq 'array' ? '[1,2]'
+          : $how eq 'deep'  ? ('[' x 200) . (']' x 200)
+          : $how eq 'huge'  ? '{"pad":"' . ('x' x 200000) . '"}'
+          : $params;
+    return ($status, '{"id":"cmpl-' . $name . '","choices":[{"text":"x",'
+        . '"finish_reason":"length"}]'
+        . (defined $v ? ',"kv_transfer_params":' . $v : '')
+        . ',"usage":{"prompt_tokens":10,"completion_tokens":1}}');
 }
 
 
@@ -238,6 +279,11 @@ sub read_request {
         hold      => $h{'x-hold'},
         rank      => ($h{'x-data-parallel-rank'} // '') =~ /^(\d{1,4})\z/
                      ? $1 : undef,
+        request_id => ($h{'x-request-id'} // '') =~ /^([\w.:-]{1,128})\z/
+                      ? $1 : undef,
+        prefill_answer => $h{'x-prefill-answer'} // '',
+        prefiller => ($h{'x-prefiller-host-port'} // '')
+                     =~ /^([\w.:\[\]-]{1,100})\z/ ? $1 : undef,
     };
 }
 
