@@ -23,6 +23,10 @@
  * sidecar runs it before it sends the decode leg.  So the decode server's
  * response header means the prefill is over; the load is given back
  * then, or when the request ends, whichever comes first.
+ *
+ * mode=vllm decides earlier, before its leg 1 (ngx_http_kv_aware_pd_vllm.c),
+ * when no request to the decode server exists yet: step 1 reads what the
+ * server the balancer would choose holds, without choosing it.
  */
 
 #include "ngx_http_kv_aware_common.h"

@@ -75,8 +75,9 @@ ngx_http_kv_aware_pd_addr_var(ngx_http_request_t *r,
         return NGX_OK;
     }
 
+    /* empty, never NULL: nginx's scripts copy it with memcpy() */
     v->len = addr.len;
-    v->data = addr.data;
+    v->data = addr.len ? addr.data : (u_char *) "";
     v->valid = 1;
     v->no_cacheable = 1;
     v->not_found = 0;

@@ -29,3 +29,12 @@ $(BUILD)/unit/test_kvload_trace: t/unit/test_kvload_trace.c \
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) -Itools/kvload -It/unit -o $@ $< \
 	    tools/kvload/kvload_trace.c -ljansson
+
+# the sessions replay: its reader and bodies alone, on small sessions
+UNIT_TESTS += $(BUILD)/unit/test_kvload_sessions
+
+$(BUILD)/unit/test_kvload_sessions: t/unit/test_kvload_sessions.c \
+	    tools/kvload/kvload_sessions_load.c $(KVLOAD_HDRS)
+	@mkdir -p $(BUILD)/unit
+	$(CC) $(CFLAGS_CORE) -Itools/kvload -It/unit -o $@ $< \
+	    tools/kvload/kvload_sessions_load.c -ljansson

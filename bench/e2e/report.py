@@ -7,7 +7,9 @@ some are) reads WORKDIR/<workload>/<policy>.json and
 RESULTSDIR/e2e-summary.md, RESULTSDIR/e2e-all.csv and WORKDIR/ttft-p90.dat;
 for the trace workload (WORKDIR/trace/) RESULTSDIR/e2e-trace.md and
 e2e-trace.csv instead (report_trace.py), for llm-d's (WORKDIR/llm-d/)
-RESULTSDIR/e2e-llm-d.md (report_llmd.py). Standard library only.
+RESULTSDIR/e2e-llm-d.md (report_llmd.py), for the agents workload
+(WORKDIR/agents/, agents-shared/) RESULTSDIR/e2e-agents.md and
+e2e-agents.csv (report_agents.py). Standard library only.
 """
 
 import json
@@ -15,6 +17,7 @@ import math
 import os
 import sys
 
+import report_agents
 import report_llmd
 import report_trace
 
@@ -190,6 +193,8 @@ def main():
         traced = report_trace.report(work, results, POLICIES, TITLES)
     if not only or "llm-d" in only:
         traced |= report_llmd.report(work, results, POLICIES, TITLES)
+    if not only or "agents" in only:
+        traced |= report_agents.report(work, results, POLICIES, TITLES)
     if not runs and not traced:
         sys.exit("report.py: no results under %s" % work)
     if not runs:

@@ -7,6 +7,8 @@
 #   bash bench/e2e/run.sh --quick     smoke run (about 5 minutes)
 #   bash bench/e2e/run.sh --workloads trace     the trace alone (9 min)
 #   bash bench/e2e/run.sh --workloads agent     agent conversations (2 min)
+#   bash bench/e2e/run.sh --workloads agents    recorded Claude Code sessions
+#                                               (about 26 min; --agents-long)
 #   bash bench/e2e/run.sh --workloads llm-d     llm-d's run, its hardware
 #                                               (11 min)
 #
@@ -15,9 +17,10 @@
 #   --scale S          time compression (default: see below)
 #   --stage-seconds T, --stage-requests N   stage bounds (uncompressed)
 #   --workloads a,b    subset of: shared-prefix multi-turn no-sharing trace
-#                      agent llm-d;
+#                      agent llm-d agents (agents: not in the default set);
 #                      the report also takes what earlier runs left for others
 #   --no-extra         shared-prefix only
+#   --agents-long      agents: more and longer sessions (about 40 min)
 #   E2E_WORK, E2E_RESULTS  override build/bench-e2e and bench/results
 #                      (partial and --quick runs write to build/bench-e2e/results)
 #
@@ -152,6 +155,33 @@ LLMD_RUN_LIMIT_S=420
 BUDGET_S=1800
 RUN_LIMIT_S=240
 
+# ---------------------------------------------------------------------------
+# The agents workload: recorded Claude Code sessions (../shared/traces/,
+# claude_code_sessions.tar.gz; kvload --workload sessions), each replayed
+# on its own clock, sub-agents included, on 8 servers of AGENTS_BLOCKS
+# blocks.  A default run: the first AGENTS_SESSIONS sessions of the
+# archive whose prompts stay under AGENTS_MAX_TOKENS (so that one fits a
+# server's pool), each cut to its first AGENTS_REQUESTS requests, pauses
+# over AGENTS_IDLE_MAX s shortened; they arrive at AGENTS_RATE a second,
+# at most AGENTS_LIVE open at once.  Sized so that the contexts of the
+# live sessions are about 3x the servers' pools together: kvload measured
+# 48.3 sessions open and 2.53M tokens of context on time average, on 8 x
+# 1,600 blocks of 64 tokens (819k): 3.1x.  About 190 s a policy.  Two variants: sessions apart (each shares
+# nothing) and shared (every session's first system + tool tokens the same
+# text, an assumption: agents of one product send the same system prompt
+# and tools).  The bounds (session_bounds.py) come from each run's own
+# requests, in the order it sent them.  AGENTS_SKIP skips the first
+# sessions selected (held-out sets).
+# ---------------------------------------------------------------------------
+SESSIONS_FILE=${SESSIONS_FILE:-$ROOT/../shared/traces/claude_code_sessions.tar.gz}
+# sized by hand (any AGENTS_* below set): the results are not published
+AGENTS_CUSTOM=$(env | grep -c -E '^AGENTS_(SESSIONS|LIVE|RATE|REQUESTS|'\
+'IDLE_MAX|BLOCKS|MAX_TOKENS|SCALE|SKIP|VARIANTS)=' || true)
+AGENTS_LONG=${AGENTS_LONG:-0}
+AGENTS_POLICIES="round_robin least_conn kv_aware kv_aware_events"
+AGENTS_VARIANTS=${AGENTS_VARIANTS:-apart shared}
+AGENTS_SKIP=${AGENTS_SKIP:-0}
+
 QUICK=0
 ALL_WORKLOADS="shared-prefix multi-turn no-sharing trace agent llm-d"
 WORKLOADS=$ALL_WORKLOADS
@@ -166,7 +196,8 @@ while [ $# -gt 0 ]; do
     --stage-requests) STAGE_REQUESTS_OPT=$2; shift ;;
     --no-extra) WORKLOADS=shared-prefix ;;
     --workloads) WORKLOADS=${2//,/ }; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    --agents-long) AGENTS_LONG=1 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -176,7 +207,9 @@ done
 if [ -z "${E2E_RESULTS:-}" ] && { [ "$QUICK" = 1 ] \
         || [ "$POLICIES" != "$ALL_POLICIES" ] \
         || { [ "$WORKLOADS" != "$ALL_WORKLOADS" ] \
-             && [ "$WORKLOADS" != trace ] && [ "$WORKLOADS" != llm-d ]; } \
+             && [ "$WORKLOADS" != trace ] && [ "$WORKLOADS" != llm-d ] \
+             && { [ "$WORKLOADS" != agents ] \
+                  || [ "$AGENTS_CUSTOM" != 0 ]; }; } \
         || [ -n "${KV_AWARE_PARAMS:-}" ]; }; then
     RESULTS=$WORK/results
 fi
@@ -198,9 +231,37 @@ if [ "$QUICK" = 1 ]; then
     # llm-d's shape on a short ladder
     LLMD_WARMUP=15:20
     LLMD_LADDER=3:20,30:20,60:20
+    # agents: 24 sessions of 10 requests, 12 live (well under 3x the pools)
+    : "${AGENTS_SESSIONS:=24}" "${AGENTS_LIVE:=12}" "${AGENTS_RATE:=1}"
+    : "${AGENTS_REQUESTS:=10}" "${AGENTS_SCALE:=20}"
+    : "${AGENTS_BUDGET_S:=480}"
     BUDGET_S=300
     RUN_LIMIT_S=60
 fi
+
+if [ "$AGENTS_LONG" = 1 ]; then
+    # 2,400-block pools (154k tokens), sessions up to 144k tokens and 60
+    # requests, 72 live (about 72k tokens each: near 3x, not measured),
+    # 200 of them
+    : "${AGENTS_SESSIONS:=200}" "${AGENTS_LIVE:=72}" "${AGENTS_RATE:=2}"
+    : "${AGENTS_REQUESTS:=60}" "${AGENTS_IDLE_MAX:=60}"
+    : "${AGENTS_BLOCKS:=2400}" "${AGENTS_MAX_TOKENS:=144000}"
+    : "${AGENTS_SCALE:=15}" "${AGENTS_RUN_LIMIT_S:=600}"
+    : "${AGENTS_BUDGET_S:=4800}"
+fi
+AGENTS_SESSIONS=${AGENTS_SESSIONS:-96}
+AGENTS_LIVE=${AGENTS_LIVE:-64}
+AGENTS_RATE=${AGENTS_RATE:-2}
+AGENTS_REQUESTS=${AGENTS_REQUESTS:-30}
+AGENTS_IDLE_MAX=${AGENTS_IDLE_MAX:-30}
+AGENTS_BLOCKS=${AGENTS_BLOCKS:-1600}
+AGENTS_MAX_TOKENS=${AGENTS_MAX_TOKENS:-96000}
+AGENTS_SCALE=${AGENTS_SCALE:-15}
+AGENTS_RUN_LIMIT_S=${AGENTS_RUN_LIMIT_S:-300}
+# the agents' own share of the time budget, beside the others'
+case " $WORKLOADS " in
+*" agents "*) BUDGET_S=$(( BUDGET_S + ${AGENTS_BUDGET_S:-2400} )) ;;
+esac
 
 SCALE=${SCALE_OPT:-$SCALE}
 STAGE_SECONDS=${STAGE_SECONDS_OPT:-$STAGE_SECONDS}
@@ -461,6 +522,9 @@ run_one() {
     if [ "$policy" = kv_aware_bridge ] && [ "$BRIDGE_PROMPTS" = ids ]; then
         ids=(--prompt-ids 1)
     fi
+    if [ "${KVLOAD_WL:-}" = sessions ]; then
+        ids=(--sessions-log "$out.sessions.tsv")
+    fi
     k0=$(cpu_ticks "$KVSIM_PID")
     n0=$(cpu_ticks "$NGINX_PID")
     t0=$(date +%s.%N)
@@ -509,6 +573,14 @@ run_one() {
     if [ "$rc" = 124 ]; then
         echo "$wl/$policy: stopped at the ${RUN_LIMIT_S}s run limit," \
             "partial results" | tee -a "$WORK/skipped.txt"
+    fi
+
+    # the bounds of the requests this run sent, in its order
+    if [ "${KVLOAD_WL:-}" = sessions ]; then
+        "$PY" "$ROOT/bench/e2e/session_bounds.py" "$SESSIONS_FILE" \
+            "$out.sessions.tsv" --pool-blocks $(( SERVERS * BLOCKS )) \
+            ${AGENTS_SHARED:+--shared-prefix} --json "$out.bounds.json" \
+            | sed 's/^/    bounds: /' || true
     fi
 
     local alerts
@@ -567,6 +639,9 @@ command -v gnuplot >/dev/null || die "gnuplot is missing"
 mkdir -p "$WORK" "$RESULTS"
 for wl in $WORKLOADS; do
     rm -rf "${WORK:?}/$wl"
+    if [ "$wl" = agents ]; then
+        rm -rf "${WORK:?}/agents-shared"
+    fi
 done
 rm -rf "$WORK"/nginx-*
 : >"$WORK/skipped.txt"
@@ -590,10 +665,25 @@ log "shared-prefix: $SP_GROUPS groups x $PROMPTS prompts (llm-d: 150 x 5)," \
     "ladder $LADDER QPS, stages of ${STAGE_SECONDS}s uncompressed$(
     [ "$STAGE_REQUESTS" != 0 ] && echo " or $STAGE_REQUESTS requests")"
 
-SERVERS0=$SERVERS SCALE0=$SCALE RUN_LIMIT0=$RUN_LIMIT_S
+SERVERS0=$SERVERS SCALE0=$SCALE RUN_LIMIT0=$RUN_LIMIT_S BLOCKS0=$BLOCKS
+# agents: one pass per variant, each its own directory
+WL_LIST=
 for wl in $WORKLOADS; do
+    if [ "$wl" = agents ]; then
+        for v in $AGENTS_VARIANTS; do
+            case $v in
+            apart) WL_LIST+=" agents" ;;
+            shared) WL_LIST+=" agents-shared" ;;
+            *) die "unknown AGENTS_VARIANTS entry $v (apart, shared)" ;;
+            esac
+        done
+    else
+        WL_LIST+=" $wl"
+    fi
+done
+for wl in $WL_LIST; do
     SERVERS=$SERVERS0 SCALE=$SCALE0 RUN_LIMIT_S=$RUN_LIMIT0 WL_KV_PARAMS=
-    CALIBRATION=0.1 KVLOAD_WL=
+    CALIBRATION=0.1 KVLOAD_WL= BLOCKS=$BLOCKS0 AGENTS_SHARED=
     case $wl in
     shared-prefix) args=$SP_ARGS; pols=$POLICIES ;;
     multi-turn) args=$MT_ARGS; pols=$POLICIES ;;
@@ -623,6 +713,35 @@ for wl in $WORKLOADS; do
         for p in $AG_POLICIES; do
             case " $POLICIES " in *" $p "*) pols+=" $p" ;; esac
         done ;;
+    agents|agents-shared)
+        [ -r "$SESSIONS_FILE" ] \
+            || die "no sessions at $SESSIONS_FILE (SESSIONS_FILE)"
+        BLOCKS=$AGENTS_BLOCKS SCALE=$AGENTS_SCALE KVLOAD_WL=sessions
+        RUN_LIMIT_S=$AGENTS_RUN_LIMIT_S
+        WL_KV_PARAMS=learned_tokens=$(( BLOCKS * BLOCK_TOKENS ))
+        if [ "$wl" = agents-shared ]; then
+            AGENTS_SHARED=1
+        fi
+        args="--trace $SESSIONS_FILE --sessions $AGENTS_SESSIONS"
+        args+=" --sessions-skip $AGENTS_SKIP --sessions-live $AGENTS_LIVE"
+        args+=" --sessions-rate $AGENTS_RATE"
+        args+=" --session-max-tokens $AGENTS_MAX_TOKENS"
+        args+=" --session-requests $AGENTS_REQUESTS"
+        args+=" --session-idle-max $AGENTS_IDLE_MAX --servers $SERVERS"
+        args+=" --sessions-shared-prefix ${AGENTS_SHARED:-0}"
+        pols=""
+        for p in $AGENTS_POLICIES; do
+            case " $POLICIES " in *" $p "*) pols+=" $p" ;; esac
+        done
+        mkdir -p "$WORK/$wl"
+        echo "$SERVERS $BLOCKS $BLOCK_TOKENS $SCALE $AGENTS_SESSIONS" \
+            "$AGENTS_LIVE $AGENTS_RATE $AGENTS_REQUESTS $AGENTS_IDLE_MAX" \
+            "$AGENTS_MAX_TOKENS $AGENTS_SKIP ${AGENTS_SHARED:-0}" \
+            "$WL_KV_PARAMS" >"$WORK/$wl/setup.txt"
+        log "$wl: $AGENTS_SESSIONS sessions (${AGENTS_LIVE} live," \
+            "$AGENTS_RATE/s, first $AGENTS_REQUESTS requests, under" \
+            "$AGENTS_MAX_TOKENS tokens), $SERVERS servers x $BLOCKS blocks," \
+            "time scale $SCALE" ;;
     llm-d)
         args="$LLMD_ARGS --warmup $LLMD_WARMUP --qps-ladder $LLMD_LADDER"
         pols="" CALIBRATION=llm-d KVLOAD_WL=shared-prefix
@@ -646,7 +765,7 @@ done
 # a run of the trace or of llm-d alone reports on that alone; any other
 # reports on what every earlier run left in $WORK too
 only=()
-case $WORKLOADS in trace|llm-d) only=("$WORKLOADS") ;; esac
+case $WORKLOADS in trace|llm-d|agents) only=("$WORKLOADS") ;; esac
 NCOLS=$("$PY" "$ROOT/bench/e2e/report.py" "$WORK" "$RESULTS" "${only[@]}")
 if [ -n "$NCOLS" ] && [ -s "$WORK/ttft-p90.dat" ]; then
     gnuplot -e "datafile='$WORK/ttft-p90.dat'; \

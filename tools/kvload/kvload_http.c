@@ -138,6 +138,7 @@ kvl_http_send(kvl_http_req_t *r, const char *path, const char *body,
     h = evhttp_request_get_output_headers(req);
 
     if (evhttp_add_header(h, "Host", t->host) != 0
+        || (r->hname && evhttp_add_header(h, r->hname, r->hvalue) != 0)
         || (body && (evhttp_add_header(h, "Content-Type", "application/json")
                      != 0
                      || evbuffer_add(evhttp_request_get_output_buffer(req),

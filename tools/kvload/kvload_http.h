@@ -44,6 +44,8 @@ struct kvl_http_req_s {
     kvl_http_event_pt           on_event;   /* SSE; NULL: body kept */
     kvl_http_done_pt            done;
     void                       *data;
+    const char                 *hname;  /* one more header, or NULL */
+    const char                 *hvalue;
 
     int                         status;
     int                         error;

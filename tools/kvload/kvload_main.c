@@ -25,6 +25,7 @@
 
 #include "kvload.h"
 #include "kvload_agent.h"
+#include "kvload_sessions.h"
 
 
 static int kvl_options(int argc, char **argv);
@@ -35,11 +36,12 @@ static int kvl_metrics_targets(const char *s);
 
 static kvl_ctx_t  ctx;
 static kvl_agent_conf_t  agent;
+static kvl_ss_conf_t     sessions;
 
 static kvl_opt_t  kvl_opts[] = {
     { "target", 's', &ctx.target, "127.0.0.1:8080", "HOST:PORT" },
     { "workload", 's', &ctx.workload, "shared-prefix",
-      "shared-prefix | multi-turn | no-sharing | agent | trace" },
+      "shared-prefix | multi-turn | no-sharing | agent | sessions | trace" },
     { "qps-ladder", 's', &ctx.ladder, "3,10,20,40,60",
       "QPS[:SECONDS] per stage" },
     { "warmup", 's', &ctx.warmup, "", "QPS:SECONDS first, marked warmup" },
@@ -63,7 +65,7 @@ static kvl_opt_t  kvl_opts[] = {
     { "think-ms", 'd', &agent.think_ms, "3000",
       "agent: mean think time between turns" },
     { "servers", 'u', &agent.servers, "0",
-      "agent: servers behind the target (0: those that answered)" },
+      "agent, sessions: servers behind the target (0: those answering)" },
     { "seed", 'U', &ctx.wl.seed, "1", "prompts and arrivals" },
     { "max-inflight", 'U', &ctx.max_inflight, "2048", "drop beyond" },
     { "timeout", 'd', &ctx.timeout, "600", "idle seconds per request" },
@@ -76,7 +78,29 @@ static kvl_opt_t  kvl_opts[] = {
     { "csv", 's', &ctx.csv, NULL, "write results as CSV, a row per stage" },
     { "label", 's', &ctx.label, "", "a name for this run" },
     { "trace", 's', &ctx.tc.path, NULL,
-      "with --workload trace: a Mooncake-format trace (JSON lines)" },
+      "trace: a Mooncake-format trace (JSON lines); sessions: a .tar.gz" },
+    { "trace-dir", 's', &sessions.dir, NULL,
+      "sessions: a directory of session files" },
+    { "sessions", 'U', &sessions.count, "0",
+      "sessions: how many are replayed (0: all)" },
+    { "sessions-skip", 'U', &sessions.skip, "0",
+      "sessions: the first ones selected are skipped" },
+    { "sessions-live", 'u', &sessions.live, "0",
+      "sessions: open at once at most (0: no cap)" },
+    { "sessions-rate", 'd', &sessions.rate, "0",
+      "sessions: arrivals a second, Poisson (0: as soon as one may)" },
+    { "sessions-shared-prefix", 'u', &sessions.shared_prefix, "0",
+      "sessions: 1: system + tool tokens the same text in all (assumed)" },
+    { "session-max-tokens", 'U', &sessions.max_tokens, "0",
+      "sessions: leave out those with a longer prompt (0: none)" },
+    { "session-requests", 'u', &sessions.requests, "0",
+      "sessions: each one's first requests only (0: all)" },
+    { "session-idle-max", 'd', &sessions.idle_max, "0",
+      "sessions: longer pauses shortened to this (0: kept)" },
+    { "session-header", 's', &sessions.header, "x-session-affinity",
+      "sessions: the header carrying the session's id (\"\": none)" },
+    { "sessions-log", 's', &sessions.log, NULL,
+      "sessions: a line per request sent: session, index, seconds" },
     { "trace-start", 'd', &ctx.tc.start, "0", "trace seconds skipped" },
     { "trace-seconds", 'd', &ctx.tc.seconds, "0",
       "window, trace seconds (0: to the end)" },
@@ -90,7 +114,7 @@ static kvl_opt_t  kvl_opts[] = {
 int
 main(int argc, char **argv)
 {
-    int             rc;
+    int             rc, closed;
     unsigned        i;
     json_t         *res;
     struct rlimit   rl;
@@ -109,22 +133,31 @@ main(int argc, char **argv)
 
     signal(SIGPIPE, SIG_IGN);
 
-    ctx.work = ctx.wl.kind == KVL_WL_AGENT ? NULL
-                                           : kvl_workload_create(&ctx.wl);
+    closed = ctx.wl.kind == KVL_WL_AGENT || ctx.wl.kind == KVL_WL_SESSIONS;
+    ctx.work = closed ? NULL : kvl_workload_create(&ctx.wl);
 
-    if (ctx.tc.path && kvl_trace_setup(&ctx) != 0) {
+    if (ctx.tc.path && !closed && kvl_trace_setup(&ctx) != 0) {
         return 1;
     }
 
-    if ((ctx.work == NULL && ctx.wl.kind != KVL_WL_AGENT)
-        || kvl_run_init(&ctx) != 0)
-    {
+    if ((ctx.work == NULL && !closed) || kvl_run_init(&ctx) != 0) {
         fprintf(stderr, "kvload: out of memory\n");
         return 1;
     }
 
-    rc = ctx.wl.kind == KVL_WL_AGENT ? kvl_agent_run(&ctx, &agent)
-                                     : kvl_run(&ctx);
+    if (ctx.wl.kind == KVL_WL_SESSIONS) {
+        sessions.tar = ctx.tc.path;
+        sessions.servers = agent.servers;
+        rc = kvl_ss_run(&ctx, &sessions);
+
+        if (rc != 0 && ctx.stages[0].t_start == 0.0) {
+            return 1;                   /* nothing was sent */
+        }
+
+    } else {
+        rc = ctx.wl.kind == KVL_WL_AGENT ? kvl_agent_run(&ctx, &agent)
+                                         : kvl_run(&ctx);
+    }
 
     res = kvl_report_json(&ctx, kvl_opts);
     if (res == NULL) {
@@ -134,7 +167,9 @@ main(int argc, char **argv)
 
     kvl_report_print(&ctx, json_object_get(res, "stages"));
 
-    if (ctx.wl.kind == KVL_WL_AGENT && kvl_agent_report(&ctx, res) != 0) {
+    if ((ctx.wl.kind == KVL_WL_AGENT && kvl_agent_report(&ctx, res) != 0)
+        || (ctx.wl.kind == KVL_WL_SESSIONS && kvl_ss_report(&ctx, res) != 0))
+    {
         fprintf(stderr, "kvload: out of memory\n");
         return 1;
     }
@@ -175,7 +210,7 @@ kvl_options(int argc, char **argv)
     kvl_opt_t      *opt;
     struct option   lo[sizeof(kvl_opts) / sizeof(kvl_opt_t)];
     static const char  *kinds[] = {
-        "shared-prefix", "multi-turn", "no-sharing", "agent"
+        "shared-prefix", "multi-turn", "no-sharing", "agent", "sessions"
     };                                          /* kvl_wl_kind_e */
 
     for (n = 0; kvl_opts[n].name; n++) {
@@ -197,15 +232,20 @@ kvl_options(int argc, char **argv)
         }
     }
 
-    for (n = 0; n < 4 && strcmp(ctx.workload, kinds[n]) != 0; n++) {
+    for (n = 0; n < 5 && strcmp(ctx.workload, kinds[n]) != 0; n++) {
         /* void */
     }
 
-    if ((ctx.tc.path != NULL) != (strcmp(ctx.workload, "trace") == 0)) {
-        goto usage;                     /* --trace and trace go together */
+    /* --trace with trace or sessions, --trace-dir with sessions: one */
+    if (n == KVL_WL_SESSIONS
+        ? (ctx.tc.path != NULL) == (sessions.dir != NULL)
+        : (ctx.tc.path != NULL) != (strcmp(ctx.workload, "trace") == 0)
+          || sessions.dir != NULL)
+    {
+        goto usage;
     }
 
-    n = ctx.tc.path ? 0 : n;            /* the trace: kvload_trace.c */
+    n = ctx.tc.path && n != KVL_WL_SESSIONS ? 0 : n;    /* the trace */
     ctx.wl.kind = (kvl_wl_kind_e) n;
 
     for (p = ctx.wl.model; *p; p++) {
@@ -214,13 +254,17 @@ kvl_options(int argc, char **argv)
         }
     }
 
-    if (optind != argc || n == 4 || ctx.scale <= 0.0 || ctx.stage_seconds <= 0.0
-        || ctx.timeout <= 0.0 || ctx.max_inflight == 0 || ctx.metrics_ms == 0
+    if (optind != argc || n == 5 || ctx.scale <= 0.0
+        || ctx.stage_seconds <= 0.0 || ctx.timeout <= 0.0 || ctx.max_inflight == 0 || ctx.metrics_ms == 0
         || ctx.wl.groups == 0 || ctx.wl.prompts_per_group == 0
         || ctx.wl.turns == 0 || ctx.wl.output_tokens == 0
         || ctx.wl.system_tokens == 0 || ctx.wl.question_tokens == 0
         || (n == KVL_WL_AGENT && (ctx.wl.prompt_ids || agent.think_ms < 0))
-        || ((n == KVL_WL_AGENT || ctx.tc.path) && ctx.warmup[0])
+        || ((n >= KVL_WL_AGENT || ctx.tc.path) && ctx.warmup[0])
+        || (n == KVL_WL_SESSIONS && (ctx.wl.prompt_ids
+                                     || sessions.idle_max < 0.0
+                                     || sessions.rate < 0.0))
+        || (sessions.header && strpbrk(sessions.header, ": \r\n") != NULL)
         || strlen(ctx.wl.model) > 128
         || (ctx.warmup[0] && kvl_ladder(ctx.warmup, 1) != 0)
         || kvl_ladder(ctx.ladder, 0) != 0)

@@ -14,7 +14,8 @@ typedef enum {
     KVL_WL_SHARED_PREFIX = 0,
     KVL_WL_MULTI_TURN,
     KVL_WL_NO_SHARING,
-    KVL_WL_AGENT                        /* kvload_agent.c: closed loop */
+    KVL_WL_AGENT,                       /* kvload_agent.c: closed loop */
+    KVL_WL_SESSIONS                     /* kvload_sessions.c: replayed */
 } kvl_wl_kind_e;
 
 
