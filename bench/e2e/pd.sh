@@ -25,7 +25,9 @@
 #   make bench-pd                        the same
 #
 #   --arms a,b          of agg_kv pd_kv pd_rr pd_vllm (default: the first 3)
-#   --workloads a,b     subset of shared-prefix agent
+#   --workloads a,b     of shared-prefix agent sessions (default: the
+#                       first two; sessions: recorded Claude Code sessions,
+#                       ../shared/traces/claude_code_sessions.tar.gz)
 #   --no-cost           skip bench/pd_cost.sh
 #   PD_MIN_UNCACHED=N   kv_aware_prefill's min_uncached (default 1024)
 #   PD_SCALE=S          time compression (default 3)
@@ -79,6 +81,14 @@ SP_ARGS+=" --qps-ladder ${PD_LADDER:-5,10,15} --stage-seconds $STAGE_S"
 # may hold: under min_uncached, the decision keeps it aggregated
 AG_ARGS="--groups 24 --turns 8 --system-tokens 1000 --question-tokens 2000"
 AG_ARGS+=" --output-tokens 100 --tool-tokens 800 --think-ms 3000"
+# the recorded Claude Code sessions (kvload --workload sessions, as
+# bench-e2e's agents workload runs them, at its --quick sizes): 24
+# sessions of their first 10 requests, 12 open at once, 1 a second,
+# sub-agents included, each on its own clock
+SESSIONS_FILE=${SESSIONS_FILE:-$ROOT/../shared/traces/claude_code_sessions.tar.gz}
+SS_ARGS="--trace $SESSIONS_FILE --sessions 24 --sessions-live 12"
+SS_ARGS+=" --sessions-rate 1 --session-max-tokens 96000"
+SS_ARGS+=" --session-requests 10 --session-idle-max 30"
 RUN_LIMIT_S=240
 
 ARGS="$*"
@@ -367,6 +377,10 @@ for wl in $WORKLOADS; do
     case $wl in
     shared-prefix) args=$SP_ARGS ;;
     agent) args=$AG_ARGS ;;
+    sessions)
+        [ -r "$SESSIONS_FILE" ] \
+            || die "no sessions at $SESSIONS_FILE (SESSIONS_FILE)"
+        args=$SS_ARGS ;;
     *) die "unknown workload $wl" ;;
     esac
     for arm in $ARMS; do

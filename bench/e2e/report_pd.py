@@ -21,7 +21,7 @@ ARMS = [
     ("pd_rr", "disaggregated, round-robin on both pools (4 + 4)"),
     ("pd_vllm", "pd_kv with mode=vllm: nginx runs both legs"),
 ]
-WORKLOADS = ["shared-prefix", "agent"]
+WORKLOADS = ["shared-prefix", "agent", "sessions"]
 
 
 def metrics(path):
@@ -179,12 +179,13 @@ def main():
       "it ran in; the last stage runs to the run's end), and over the "
       "whole run.\n"
       % (n, blocks, bt, n, npf, ndc, bw, tb, min_unc, scale))
-    w("The Claude Code sessions replay (../shared/traces/"
-      "claude_code_sessions.tar.gz) is being built in kvload by another "
-      "branch and is not in this run: the agentic workload is kvload's "
-      "`agent` (24 conversations x 8 turns, a 1,000-token shared system "
-      "prompt, 2,000-token tasks, each turn +100 tokens out +800 tool "
-      "tokens).\n")
+    w("Agentic workloads: kvload's `agent` (24 conversations x 8 turns, "
+      "a 1,000-token shared system prompt, 2,000-token tasks, each turn "
+      "+100 tokens out +800 tool tokens) and, with `--workloads "
+      "sessions`, the recorded Claude Code sessions (../shared/traces/"
+      "claude_code_sessions.tar.gz; kvload --workload sessions at "
+      "bench-e2e's --quick sizes: 24 sessions of their first 10 "
+      "requests, sub-agents included, 12 open at once).\n")
 
     res = {}
     for wl in WORKLOADS:

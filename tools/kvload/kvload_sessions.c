@@ -58,6 +58,7 @@ typedef struct {
     kvl_ss_req_t       *r;
     double              t_sent;
     double              t_first;
+    double              t_last;
     uint64_t            chunks;
     uint64_t            prompt_tokens;
     uint64_t            cached_tokens;
@@ -460,8 +461,16 @@ kvl_ss_event(kvl_http_req_t *hr, const char *d, size_t len, double now)
     {
         if (fl->chunks++ == 0) {
             fl->t_first = now;
+
+        } else if (kvl_samples_add(&kvl_ss.ctx->stages[0].gap,
+                                   now - fl->t_last)
+                   != 0)
+        {
+            fprintf(stderr, "kvload: out of memory\n");
+            exit(1);
         }
 
+        fl->t_last = now;
         kvl_ss.ctx->stages[0].window_tokens++;
     }
 
