@@ -100,7 +100,7 @@ while [ $# -gt 0 ]; do
     --arms) ARMS=${2//,/ }; shift ;;
     --workloads) WORKLOADS=${2//,/ }; shift ;;
     --no-cost) COST=0 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "pd.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
