@@ -397,6 +397,8 @@ if [ "$COST" = 1 ]; then
            | tee -a "$WORK/notes.txt"
 fi
 
+# the machine's load over the last 1, 5 and 15 minutes, for the report
+cut -d' ' -f1-3 /proc/loadavg >"$WORK/loadavg"
 "$PY" "$ROOT/bench/e2e/report_pd.py" "$WORK" "$RESULT" \
     "bash bench/e2e/pd.sh${ARGS:+ $ARGS}"
 log "done in $(( $(date +%s) - T0 ))s: $RESULT"

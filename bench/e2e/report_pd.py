@@ -152,12 +152,16 @@ def main():
     out = []
     w = out.append
     w("# pd: disaggregated prefill/decode (issue 20)\n")
+    la = os.path.join(work, "loadavg")
+    la = (open(la) if os.path.exists(la) else open("/proc/loadavg")) \
+        .read().split()[:3]
     w("**Run on a loaded 2-core machine shared with other builds and tests**"
-      " (load average %s when the report was written): latencies and "
+      " (load average %s over the last 1, 5 and 15 minutes at the run's "
+      "end): latencies and "
       "rates are kvsim's simulated ones, compressed %sx; a loaded machine "
       "stretches kvsim's steps (step lag below) and so every arm's "
       "figures, not their mechanism.  Rerun idle for figures to quote.\n"
-      % (open("/proc/loadavg").read().split()[0], scale))
+      % (" / ".join(la), scale))
     w("Command: `%s`%s.\n" % (cmd, "" if " -" in cmd
                                  else " (the default run)"))
     w("Setup: %s kvsim servers of %s blocks x %s tokens; aggregated: all %s "
