@@ -83,12 +83,16 @@ ups() {
         location /kv/ { proxy_pass http://decode/; }
         location /split/ {
             kv_aware_prefill prefill mode=header min_uncached=0;
+            # a proxy_set_header here drops the server's: say it again,
+            # or each request opens a connection of its own (+50 us)
+            proxy_set_header Connection "";
             proxy_set_header x-prefiller-host-port \$kv_aware_prefill_addr;
             proxy_pass http://decode/;
         }
         location /vllm/ {
             kv_aware_prefill prefill mode=vllm min_uncached=0
                              uri=/_kv_prefill;
+            proxy_set_header Connection "";
             proxy_set_header X-Request-Id \$kv_aware_request_id;
             proxy_pass http://decode/;
         }
