@@ -17,12 +17,15 @@
 #     the bootstrap server is up: the decode server waits its bounded
 #     time (--pd-wait-s) for the room, then serves the prompt itself; the
 #     client gets 200, fallback:prefill_failed counted, one warning;
+#   * a client that leaves while its prefill leg hangs: the request ends
+#     (499), client_gone counted, the prefill leg with it;
 #   * the prefill servers gone: 200 all the same, at once;
 #   * the counters in status; the prefill load given back.
 
 use strict;
 use warnings;
 
+use IO::Socket::INET;
 use JSON::PP ();
 use Time::HiRes qw(time);
 use Test::More;
@@ -42,6 +45,12 @@ my $env  = Test::KvAware->new(backends => 0, log_level => 'info');
 my $pbase = free_run(2);
 my $dbase = free_run(2);
 my $boot  = free_run(1);
+
+# a prefill location that never answers: connected, never accepted
+my $hole = IO::Socket::INET->new(Listen => 8, LocalAddr => '127.0.0.1',
+                                 LocalPort => 0, ReuseAddr => 1)
+    or BAIL_OUT("listen: $!");
+my $HOLE = $hole->sockport;
 my @PREFILL = map { "127.0.0.1:$_" } $pbase, $pbase + 1;
 my @DECODE  = map { "127.0.0.1:$_" } $dbase, $dbase + 1;
 
@@ -95,6 +104,16 @@ $env->conf(http_config => "
             internal;
             proxy_pass http://\$kv_aware_prefill_addr/v1/chat/completions;
             proxy_read_timeout 10s;
+        }
+        location /hang/ {
+            kv_aware_prefill prefill mode=sglang uri=/_kv_prefill_hang
+                             bootstrap_port=$boot min_uncached=256;
+            proxy_pass http://decode/v1/;$HEADERS
+        }
+        location = /_kv_prefill_hang {
+            internal;
+            proxy_pass http://127.0.0.1:$HOLE/v1/chat/completions;
+            proxy_read_timeout 30s;
         }
         location = /_kv_prefill_404 {
             internal;
@@ -248,7 +267,18 @@ my @warn = $env->error_log($off)
 is(scalar @warn, 1, 'one warning for both (once every 5 s)')
     or diag $env->error_log($off);
 
-# --- 5. the prefill servers gone ----------------------------------------------
+# --- 5. a client that leaves while its prefill leg hangs ----------------------
+
+my $gone = $env->request(POST => '/hang/chat/completions',
+                         body(system_prompt('golf'), 'leaving'),
+                         { 'Content-Type' => 'application/json' },
+                         timeout => 0.5);
+ok($gone->{error}, 'a client that leaves while the decode waits for the '
+   . 'room of a hung prefill leg');
+ok(wait_until(5, sub { $env->access_log =~ m{"POST /hang/\S+ [^"]*" 499 } }),
+   'its request ends (499)') or diag $env->access_log;
+
+# --- 6. the prefill servers gone ----------------------------------------------
 
 $env->launch->stop('kvsim-prefill');
 my $d1 = ask(body(system_prompt('foxtrot'), 'prefill is gone'));
@@ -259,7 +289,7 @@ ok(defined $d1->{fallback}, 'the decode server served it alone ('
 cmp_ok($d1->{took}, '<', $WAIT + 8, sprintf('in bounded time (%.1f s)',
        $d1->{took}));
 
-# --- 6. the counters, the load given back ------------------------------------
+# --- 7. the counters, the load given back ------------------------------------
 
 my $d;
 ok(wait_until(5, sub {
@@ -269,7 +299,8 @@ ok(wait_until(5, sub {
 is($d->{split}, 3, 'status: three splits');
 is($d->{cached}, 1, 'status: the cached one');
 is($d->{short}, 1, 'status: the short one');
-is($d->{client_gone} // 0, 0, 'status: no client gone');
+is($d->{client_gone}, 1, 'status: the client gone before its prefill leg '
+   . 'ended');
 ok(wait_until(5, sub {
        !grep { $_->{in_flight} }
            @{ status()->{upstreams}{prefill}{servers} } }),
