@@ -26,7 +26,8 @@
  *
  * mode=vllm decides earlier, before its leg 1 (ngx_http_kv_aware_pd_vllm.c),
  * when no request to the decode server exists yet: step 1 reads what the
- * server the balancer would choose holds, without choosing it.
+ * server the balancer would choose holds, without choosing it.  So does
+ * mode=sglang (ngx_http_kv_aware_pd_sglang.c), whose body both legs get.
  */
 
 #include "ngx_http_kv_aware_common.h"
@@ -481,11 +482,19 @@ ngx_http_kv_aware_pd_give_back(ngx_http_kv_aware_pd_ctx_t *pctx)
 }
 
 
-/* the decode server answered: its sidecar's prefill leg is over */
+/*
+ * The decode server answered: its sidecar's prefill leg is over.  Not so
+ * in mode=sglang, whose prefill leg runs beside the decode leg and gives
+ * the load back when it ends.
+ */
 static ngx_int_t
 ngx_http_kv_aware_pd_header_filter(ngx_http_request_t *r)
 {
-    if (r == r->main) {
+    ngx_http_kv_aware_pd_conf_t  *pcf;
+
+    pcf = ngx_http_get_module_loc_conf(r, ngx_http_kv_aware_pd_module);
+
+    if (r == r->main && pcf->mode != NGX_HTTP_KV_AWARE_PD_SGLANG) {
         ngx_http_kv_aware_pd_release(r);
     }
 

@@ -16,13 +16,17 @@
 #define NGX_HTTP_KV_AWARE_PD_VLLM       1     /* nginx, NIXL's contract */
 #define NGX_HTTP_KV_AWARE_PD_SGLANG     2     /* nginx, bootstrap fields */
 
+/* SGLang's --disaggregation-bootstrap-port when none is given */
+#define NGX_HTTP_KV_AWARE_PD_BOOTSTRAP_PORT  8998
+
 
 /* a location's kv_aware_prefill; not inherited */
 typedef struct {
     ngx_str_t                       name;         /* len 0: none */
     ngx_uint_t                      mode;
     ngx_uint_t                      min_uncached; /* tokens */
-    ngx_str_t                       uri;          /* mode=vllm: leg 1's */
+    ngx_str_t                       uri;          /* vllm, sglang: leg 1's */
+    ngx_uint_t                      bootstrap_port; /* mode=sglang */
     ngx_msec_t                      logged;       /* leg 1's last warning */
 
     /* found once the configuration is read */
@@ -46,7 +50,8 @@ typedef struct {
     ngx_http_kv_aware_load_t       *charged;
     uint32_t                        charged_blocks;
 
-    void                           *leg;          /* mode=vllm's leg 1 */
+    void                           *leg;          /* vllm, sglang: leg 1 */
+    uint64_t                        room;         /* sglang: 0: none */
     ngx_str_t                       request_id;   /* both legs' */
     unsigned                        decided:1;
 } ngx_http_kv_aware_pd_ctx_t;
@@ -85,6 +90,9 @@ void ngx_http_kv_aware_pd_give_back(ngx_http_kv_aware_pd_ctx_t *pctx);
 
 /* mode=vllm: the precontent handler that runs leg 1 (pd_vllm.c) */
 ngx_int_t ngx_http_kv_aware_pd_vllm_init(ngx_conf_t *cf);
+
+/* mode=sglang: the precontent handler that starts the prefill leg */
+ngx_int_t ngx_http_kv_aware_pd_sglang_init(ngx_conf_t *cf);
 
 
 #endif /* _NGX_HTTP_KV_AWARE_PD_H_INCLUDED_ */

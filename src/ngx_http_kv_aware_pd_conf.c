@@ -18,8 +18,8 @@
  * prefill upstream missing or not kv_aware, a location that does not
  * proxy_pass to a kv_aware upstream, two upstreams whose blocks are keyed
  * differently (the decode server's match would not count the prefill
- * server's blocks), a mode this build does not run, mode=vllm without
- * the uri of its leg 1.
+ * server's blocks), mode=vllm or mode=sglang without the uri of its
+ * prefill leg, a parameter of a mode other than the one set.
  */
 
 #include "ngx_http_kv_aware_common.h"
@@ -75,11 +75,21 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_prefill_params[] = {
       offsetof(ngx_http_kv_aware_pd_conf_t, min_uncached),
       0, 1LL << 30, "256" },
 
-    /* mode=vllm: the internal location that proxies leg 1 */
+    /* mode=vllm and mode=sglang: the internal location of the prefill leg */
     { ngx_string("uri"),
       ngx_http_kv_aware_conf_str,
       offsetof(ngx_http_kv_aware_pd_conf_t, uri),
       0, 0, NULL },
+
+    /*
+     * mode=sglang: the port of the prefill servers' bootstrap server
+     * (SGLang's --disaggregation-bootstrap-port), one for the whole pool,
+     * as SGLang's router is given; SGLang's default when unset
+     */
+    { ngx_string("bootstrap_port"),
+      ngx_http_kv_aware_conf_uint,
+      offsetof(ngx_http_kv_aware_pd_conf_t, bootstrap_port),
+      1, 65535, NULL },
 
     ngx_http_kv_aware_null_param
 };
@@ -219,31 +229,34 @@ ngx_http_kv_aware_pd_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    /* said rather than accepted and ignored */
-    if (pcf->mode == NGX_HTTP_KV_AWARE_PD_SGLANG) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "%V: mode=sglang is not implemented by this "
-                           "build, only mode=header (a sidecar on the "
-                           "decode server runs both legs) and mode=vllm",
-                           &value[0]);
-        return NGX_CONF_ERROR;
-    }
-
-    if (pcf->mode == NGX_HTTP_KV_AWARE_PD_VLLM
+    if (pcf->mode != NGX_HTTP_KV_AWARE_PD_HEADER
         && (pcf->uri.len == 0 || pcf->uri.data[0] != '/'))
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "%V: mode=vllm needs uri=, expected the uri of "
+                           "%V: mode=%s needs uri=, expected the uri of "
                            "an internal location that proxies to "
-                           "$kv_aware_prefill_addr", &value[0]);
+                           "$kv_aware_prefill_addr", &value[0],
+                           ngx_http_kv_aware_pd_modes[pcf->mode]);
         return NGX_CONF_ERROR;
     }
 
     if (pcf->mode == NGX_HTTP_KV_AWARE_PD_HEADER && pcf->uri.len) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "%V: uri= is for mode=vllm, expected no uri "
-                           "with mode=header", &value[0]);
+                           "%V: uri= is for mode=vllm and mode=sglang, "
+                           "expected no uri with mode=header", &value[0]);
         return NGX_CONF_ERROR;
+    }
+
+    if (pcf->mode != NGX_HTTP_KV_AWARE_PD_SGLANG && pcf->bootstrap_port) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "%V: bootstrap_port= is for mode=sglang, "
+                           "expected none with mode=%s", &value[0],
+                           ngx_http_kv_aware_pd_modes[pcf->mode]);
+        return NGX_CONF_ERROR;
+    }
+
+    if (pcf->bootstrap_port == 0) {
+        pcf->bootstrap_port = NGX_HTTP_KV_AWARE_PD_BOOTSTRAP_PORT;
     }
 
     pcf->proxy = ngx_http_conf_get_module_loc_conf(cf, ngx_http_proxy_module);
@@ -287,7 +300,7 @@ ngx_http_kv_aware_pd_conf_mode(ngx_conf_t *cf, ngx_http_kv_aware_param_t *p,
 static ngx_int_t
 ngx_http_kv_aware_pd_postconfiguration(ngx_conf_t *cf)
 {
-    ngx_uint_t                          i;
+    ngx_uint_t                          i, vllm, sglang;
     ngx_http_kv_aware_pd_conf_t       **pcfp;
     ngx_http_kv_aware_pd_main_conf_t   *pmcf;
 
@@ -304,14 +317,20 @@ ngx_http_kv_aware_pd_postconfiguration(ngx_conf_t *cf)
         return NGX_OK;
     }
 
-    for (i = 0; i < pmcf->confs.nelts; i++) {
-        if (pcfp[i]->mode == NGX_HTTP_KV_AWARE_PD_VLLM) {
-            if (ngx_http_kv_aware_pd_vllm_init(cf) != NGX_OK) {
-                return NGX_ERROR;
-            }
+    vllm = 0;
+    sglang = 0;
 
-            break;
-        }
+    for (i = 0; i < pmcf->confs.nelts; i++) {
+        vllm |= (pcfp[i]->mode == NGX_HTTP_KV_AWARE_PD_VLLM);
+        sglang |= (pcfp[i]->mode == NGX_HTTP_KV_AWARE_PD_SGLANG);
+    }
+
+    if (vllm && ngx_http_kv_aware_pd_vllm_init(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (sglang && ngx_http_kv_aware_pd_sglang_init(cf) != NGX_OK) {
+        return NGX_ERROR;
     }
 
     return ngx_http_kv_aware_pd_init_filter(cf);

@@ -1,8 +1,9 @@
 /*
  * ngx_http_kv_aware_module: the variables of kv_aware_prefill:
  * $kv_aware_prefill_addr and $kv_aware_pd, which make the decision when
- * first read (ngx_http_kv_aware_pd.c), and $kv_aware_request_id, the id
- * both legs of mode=vllm carry.
+ * first read (ngx_http_kv_aware_pd.c), $kv_aware_request_id, the id
+ * both legs of mode=vllm carry, and $kv_aware_bootstrap_room, the room
+ * both legs of mode=sglang name.
  */
 
 #include "ngx_http_kv_aware_common.h"
@@ -16,6 +17,8 @@ static ngx_int_t ngx_http_kv_aware_pd_var(ngx_http_request_t *r,
 static ngx_int_t ngx_http_kv_aware_pd_var_decision(ngx_http_request_t *r,
     ngx_http_kv_aware_pd_e *outcome, ngx_str_t *addr);
 static ngx_int_t ngx_http_kv_aware_pd_request_id_var(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_kv_aware_pd_room_var(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 
 
@@ -32,6 +35,10 @@ static ngx_http_variable_t  ngx_http_kv_aware_pd_vars[] = {
     /* for proxy_set_header X-Request-Id on both legs of mode=vllm */
     { ngx_string("kv_aware_request_id"), NULL,
       ngx_http_kv_aware_pd_request_id_var, 0, 0, 0 },
+
+    /* mode=sglang: the bootstrap_room of a split; empty: none */
+    { ngx_string("kv_aware_bootstrap_room"), NULL,
+      ngx_http_kv_aware_pd_room_var, 0, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
 };
@@ -210,6 +217,33 @@ ngx_http_kv_aware_pd_request_id_var(ngx_http_request_t *r,
     v->data = pctx->request_id.data;
     v->valid = 1;
     v->no_cacheable = 0;
+    v->not_found = 0;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_pd_room_var(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_kv_aware_pd_ctx_t  *pctx;
+
+    pctx = ngx_http_get_module_ctx(r->main, ngx_http_kv_aware_pd_module);
+
+    if (pctx == NULL || pctx->room == 0) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->data = ngx_pnalloc(r->pool, NGX_INT64_LEN);
+    if (v->data == NULL) {
+        return NGX_ERROR;
+    }
+
+    v->len = ngx_sprintf(v->data, "%uL", pctx->room) - v->data;
+    v->valid = 1;
+    v->no_cacheable = 1;
     v->not_found = 0;
 
     return NGX_OK;

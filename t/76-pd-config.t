@@ -5,10 +5,11 @@
 # location whose proxy_pass is not a kv_aware upstream (or has none),
 # two upstreams whose blocks are keyed differently (keys, block_size,
 # block_tokens), a prefill upstream of data-parallel servers (the
-# prefill address names a server, not a rank), a mode this build does
-# not run yet, mode=vllm without the uri of its leg 1, and bad
-# parameters, worded as the other directives' are.  A valid one
-# starts, wherever the upstreams are written.
+# prefill address names a server, not a rank), mode=vllm or mode=sglang
+# without the uri of the prefill leg, bootstrap_port= outside
+# mode=sglang, and bad parameters, worded as the other directives' are.
+# A valid one starts, wherever the upstreams are written; mode=sglang
+# with its uri too.
 
 use strict;
 use warnings;
@@ -51,10 +52,17 @@ my @REFUSED = (
     ['', '', 'kv_aware_prefill prefill mode=vllm uri=prefill', 'decode']
         => 'mode=vllm needs uri=',
     ['', '', 'kv_aware_prefill prefill uri=/_kv_prefill', 'decode']
-        => 'uri= is for mode=vllm, expected no uri with mode=header',
+        => 'uri= is for mode=vllm and mode=sglang, expected no uri with '
+           . 'mode=header',
     ['', '', 'kv_aware_prefill prefill mode=sglang', 'decode']
-        => 'mode=sglang is not implemented by this build, only mode=header'
-           . ' (a sidecar on the decode server runs both legs) and '
+        => 'mode=sglang needs uri=, expected the uri of an internal '
+           . 'location',
+    ['', '', 'kv_aware_prefill prefill mode=sglang bootstrap_port=0 '
+             . 'uri=/_kv_prefill', 'decode']
+        => 'invalid bootstrap_port "0", expected a number from 1 to 65535',
+    ['', '', 'kv_aware_prefill prefill mode=vllm uri=/_kv_prefill '
+             . 'bootstrap_port=8998', 'decode']
+        => 'bootstrap_port= is for mode=sglang, expected none with '
            . 'mode=vllm',
     ['', '', 'kv_aware_prefill prefill mode=nixl', 'decode']
         => 'invalid mode "nixl", expected header, vllm or sglang',
@@ -140,3 +148,31 @@ qr/\[emerg\].*"kv_aware_prefill" directive is not allowed here/
 --- response_headers eval
 ["X-Backend: b1\nX-PD: split\nX-Backend-Prefiller: \$TEST_NGINX_BACKEND_2",
  "X-Backend: b1\nX-PD: []\n!X-Backend-Prefiller"]
+
+=== TEST 3: valid, mode=sglang with its uri, bootstrap_port's default
+--- config
+    location / {
+        kv_aware_prefill prefill mode=sglang uri=/_kv_prefill
+                         min_uncached=0;
+        proxy_pass http://decode;
+        add_header X-PD $kv_aware_pd always;
+    }
+    location = /_kv_prefill {
+        internal;
+        proxy_pass http://$kv_aware_prefill_addr$request_uri;
+    }
+--- http_config
+    upstream decode {
+        kv_aware block_size=64;
+        server $TEST_NGINX_BACKEND_1;
+    }
+    upstream prefill {
+        kv_aware block_size=64;
+        server $TEST_NGINX_BACKEND_2;
+    }
+--- backends: 2
+--- request eval
+"POST /v1/chat/completions\n" . '{"model":"m","prompt":"' . ('x' x 300) . '"}'
+--- response_headers
+X-Backend: b1
+X-PD: split

@@ -2,6 +2,7 @@
  * kv_aware core: the bodies of a disaggregated request (kva_pd_body.h).
  */
 
+#include <stdio.h>
 #include <string.h>
 
 #include "kva_json_walk.h"
@@ -15,6 +16,13 @@
 #define KVA_PD_KEY_MAX_COMPLETION   4
 #define KVA_PD_KEY_MIN_TOKENS       5
 #define KVA_PD_KEY_PARAMS           6
+#define KVA_PD_KEY_BOOT_HOST        7
+#define KVA_PD_KEY_BOOT_PORT        8
+#define KVA_PD_KEY_BOOT_ROOM        9
+
+#define KVA_PD_BOOTSTRAP                                                      \
+    (kva_pd_bit(KVA_PD_KEY_BOOT_HOST) | kva_pd_bit(KVA_PD_KEY_BOOT_PORT)      \
+     | kva_pd_bit(KVA_PD_KEY_BOOT_ROOM))
 
 #define kva_pd_bit(key)             (1u << (key))
 
@@ -39,6 +47,8 @@ static kva_prompt_rc_e kva_pd_rewrite(const uint8_t *body, size_t len,
 static int kva_pd_member(kva_json_walk_t *w, unsigned key, void *ctx);
 static int kva_pd_answer_member(kva_json_walk_t *w, unsigned key, void *ctx);
 static void kva_pd_add(kva_pd_rewrite_t *rw, const char *text, size_t len);
+static size_t kva_pd_bootstrap(const uint8_t *host, size_t host_len,
+    unsigned port, uint64_t room, uint8_t *out);
 
 
 static const kva_json_key_t  kva_pd_keys[] = {
@@ -47,7 +57,10 @@ static const kva_json_key_t  kva_pd_keys[] = {
     { "max_tokens", 10, KVA_PD_KEY_MAX_TOKENS },
     { "max_completion_tokens", 21, KVA_PD_KEY_MAX_COMPLETION },
     { "min_tokens", 10, KVA_PD_KEY_MIN_TOKENS },
-    { "kv_transfer_params", 18, KVA_PD_KEY_PARAMS }
+    { "kv_transfer_params", 18, KVA_PD_KEY_PARAMS },
+    { "bootstrap_host", 14, KVA_PD_KEY_BOOT_HOST },
+    { "bootstrap_port", 14, KVA_PD_KEY_BOOT_PORT },
+    { "bootstrap_room", 14, KVA_PD_KEY_BOOT_ROOM }
 };
 
 
@@ -148,6 +161,98 @@ kva_pd_decode_body(const uint8_t *body, size_t len, const uint8_t *params,
     *out_len = rw.n;
 
     return KVA_PROMPT_OK;
+}
+
+
+kva_prompt_rc_e
+kva_pd_sglang_body(const uint8_t *body, size_t len, const uint8_t *host,
+    size_t host_len, unsigned port, uint64_t room, uint8_t *out,
+    size_t *out_len)
+{
+    size_t            i, n;
+    uint8_t           c, fields[KVA_PD_SGLANG_EXTRA];
+    kva_prompt_rc_e   rc;
+    kva_pd_rewrite_t  rw;
+
+    /* the host goes into a JSON string unescaped: only what needs none */
+    if (host_len == 0 || host_len > KVA_PD_HOST_MAX || port == 0
+        || port > 65535)
+    {
+        return KVA_PROMPT_NOT_JSON;
+    }
+
+    for (i = 0; i < host_len; i++) {
+        c = host[i];
+
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+              || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == ':'))
+        {
+            return KVA_PROMPT_NOT_JSON;
+        }
+    }
+
+    n = kva_pd_bootstrap(host, host_len, port, room, fields);
+
+    memset(&rw, 0, sizeof(kva_pd_rewrite_t));
+    rw.out = out;
+
+    /* the whole body checked first, whichever way it is written */
+    rc = kva_pd_rewrite(body, len, KVA_PD_BOOTSTRAP, &rw);
+
+    if (rc != KVA_PROMPT_OK) {
+        return rc;
+    }
+
+    if (rw.seen & KVA_PD_BOOTSTRAP) {
+        kva_pd_add(&rw, (const char *) fields, n);
+
+        out[rw.n++] = '}';
+        *out_len = rw.n;
+
+        return KVA_PROMPT_OK;
+    }
+
+    /* none of the client's (the usual case): its bytes after the fields */
+    while (*body != '{') {
+        body++;
+        len--;
+    }
+
+    rw.n = 0;
+    out[rw.n++] = '{';
+    memcpy(out + rw.n, fields, n);
+    rw.n += n;
+
+    if (rw.members) {
+        out[rw.n++] = ',';
+    }
+
+    memcpy(out + rw.n, body + 1, len - 1);
+    rw.n += len - 1;
+
+    *out_len = rw.n;
+
+    return KVA_PROMPT_OK;
+}
+
+
+/* the three members, without braces; the host checked by the caller */
+static size_t
+kva_pd_bootstrap(const uint8_t *host, size_t host_len, unsigned port,
+    uint64_t room, uint8_t *out)
+{
+    size_t  n;
+
+    n = sizeof("\"bootstrap_host\":\"") - 1;
+    memcpy(out, "\"bootstrap_host\":\"", n);
+    memcpy(out + n, host, host_len);
+    n += host_len;
+
+    n += (size_t) snprintf((char *) out + n, KVA_PD_SGLANG_EXTRA - n,
+                           "\",\"bootstrap_port\":%u,\"bootstrap_room\":%llu",
+                           port, (unsigned long long) room);
+
+    return n;
 }
 
 

@@ -1,7 +1,8 @@
 /*
  * kv_aware core: the bodies of a disaggregated request in vLLM's NIXL
  * contract (the module's kv_aware_prefill mode=vllm): leg 1 to a prefill
- * server, what its answer hands over, leg 2 to a decode server.
+ * server, what its answer hands over, leg 2 to a decode server; and in
+ * SGLang's (mode=sglang): one body for both, with the bootstrap fields.
  *
  * Bodies are rewritten member by member at the top level of the object:
  * the members kept are copied byte for byte, those replaced are left out
@@ -63,6 +64,31 @@ kva_prompt_rc_e kva_pd_answer_params(const uint8_t *answer, size_t len,
 kva_prompt_rc_e kva_pd_decode_body(const uint8_t *body, size_t len,
     const uint8_t *params, size_t params_len, uint8_t *out,
     size_t *out_len);
+
+
+/* the longest bootstrap_host taken (a DNS name's limit) */
+#define KVA_PD_HOST_MAX  253
+
+/* the most kva_pd_sglang_body() adds to the client's body */
+#define KVA_PD_SGLANG_EXTRA                                                   \
+    (sizeof("\"bootstrap_host\":\"\",\"bootstrap_port\":,"                   \
+            "\"bootstrap_room\":,")                                          \
+     + KVA_PD_HOST_MAX + sizeof("65535") + sizeof("18446744073709551615")    \
+     + 8)
+
+/*
+ * SGLang's bootstrap: the client's object with "bootstrap_host": host
+ * (a string), "bootstrap_port": port, "bootstrap_room": room (numbers)
+ * first, the client's bytes after them as they came; the client's own
+ * bootstrap fields, if any, are left out (the body then rewritten member
+ * by member, the fields at the end).  host is an IP address or a name:
+ * letters, digits, '.', '-', ':' (an IPv6 address), at most
+ * KVA_PD_HOST_MAX bytes, else KVA_PROMPT_NOT_JSON.  out holds at least
+ * len + KVA_PD_SGLANG_EXTRA bytes.
+ */
+kva_prompt_rc_e kva_pd_sglang_body(const uint8_t *body, size_t len,
+    const uint8_t *host, size_t host_len, unsigned port, uint64_t room,
+    uint8_t *out, size_t *out_len);
 
 
 #endif /* _KVA_PD_BODY_H_INCLUDED_ */

@@ -1,7 +1,8 @@
 /*
  * Unit tests: the bodies of a disaggregated request (kva_pd_body.h):
  * leg 1's rewrite, the prefill answer's kv_transfer_params, leg 2's
- * splice, byte for byte, and what they refuse.
+ * splice, byte for byte, and what they refuse; SGLang's bootstrap
+ * fields, the one body of both legs.
  */
 
 #include <stdlib.h>
@@ -38,6 +39,27 @@ decode(const char *body, const char *params, kva_prompt_rc_e *rc)
                              (const uint8_t *) params, strlen(params),
                              (uint8_t *) out, &n);
     out[n] = '\0';
+
+    return out;
+}
+
+
+static const char *
+sglang(const char *body, const char *host, unsigned port, uint64_t room,
+    kva_prompt_rc_e *rc)
+{
+    size_t   n;
+    uint8_t  *o;
+
+    /* exactly the room promised, so that a write past it shows (ASan) */
+    o = malloc(strlen(body) + KVA_PD_SGLANG_EXTRA);
+    n = 0;
+    *rc = kva_pd_sglang_body((const uint8_t *) body, strlen(body),
+                             (const uint8_t *) host, strlen(host), port,
+                             room, o, &n);
+    memcpy(out, o, n);
+    out[n] = '\0';
+    free(o);
 
     return out;
 }
@@ -190,6 +212,75 @@ main(void)
 
     decode("\"a\"", "{}", &rc);
     ok(rc == KVA_PROMPT_NOT_JSON, "leg 2: a string is refused");
+
+    /* SGLang's bootstrap fields */
+
+    s = sglang("{\"model\":\"m\", \"stream\":true,\n \"max_tokens\":200}",
+               "10.0.1.11", 8998, 9223372036854775807ULL, &rc);
+    ok(rc == KVA_PROMPT_OK && strcmp(s,
+       "{\"bootstrap_host\":\"10.0.1.11\",\"bootstrap_port\":8998,"
+       "\"bootstrap_room\":9223372036854775807,"
+       "\"model\":\"m\", \"stream\":true,\n \"max_tokens\":200}") == 0,
+       "sglang: the fields first, the client's bytes after them as they "
+       "came (2^63-1 room): %s", s);
+
+    s = sglang(" {\n} \n", "prefill-0.svc", 1, 0, &rc);
+    ok(rc == KVA_PROMPT_OK && strcmp(s,
+       "{\"bootstrap_host\":\"prefill-0.svc\",\"bootstrap_port\":1,"
+       "\"bootstrap_room\":0\n} \n") == 0,
+       "sglang: an empty object, its spaces kept, a host name: %s", s);
+
+    s = sglang("{\"bootstrap_room\":1,\"a\":1,\"bootstrap_host\":\"evil\","
+               "\"bootstrap_port\":\"x\",\"bootstrap_room\":2}",
+               "::1", 65535, 7, &rc);
+    ok(rc == KVA_PROMPT_OK && strcmp(s,
+       "{\"a\":1,\"bootstrap_host\":\"::1\",\"bootstrap_port\":65535,"
+       "\"bootstrap_room\":7}") == 0,
+       "sglang: the client's own fields (twice, any type) replaced, an "
+       "IPv6 host: %s", s);
+
+    s = sglang("{\"bootstrap_roo\\u006d\":1}", "h", 2, 3, &rc);
+    ok(rc == KVA_PROMPT_OK && strstr(s, "u006d") == NULL,
+       "sglang: keys compared decoded: %s", s);
+
+    sglang("[1]", "h", 8998, 1, &rc);
+    ok(rc == KVA_PROMPT_NOT_JSON, "sglang: an array is refused");
+    sglang("{\"a\":1", "h", 8998, 1, &rc);
+    ok(rc == KVA_PROMPT_NOT_JSON, "sglang: a truncated object is refused");
+    sglang("{\"a\":1}{}", "h", 8998, 1, &rc);
+    ok(rc == KVA_PROMPT_NOT_JSON, "sglang: trailing bytes are refused");
+    sglang("{\"a\":\"\xff\"}", "h", 8998, 1, &rc);
+    ok(rc == KVA_PROMPT_BAD_UTF8, "sglang: bad UTF-8 is refused");
+    sglang("", "h", 8998, 1, &rc);
+    ok(rc == KVA_PROMPT_EMPTY, "sglang: an empty body is refused");
+    sglang(deep, "h", 8998, 1, &rc);
+    ok(rc == KVA_PROMPT_TOO_DEEP, "sglang: 100 levels deep are refused");
+
+    sglang("{}", "a\"b", 8998, 1, &rc);
+    ok(rc == KVA_PROMPT_NOT_JSON, "sglang: a host that needs escaping is "
+       "refused");
+    sglang("{}", "", 8998, 1, &rc);
+    ok(rc == KVA_PROMPT_NOT_JSON, "sglang: an empty host is refused");
+    sglang("{}", "h", 0, 1, &rc);
+    ok(rc == KVA_PROMPT_NOT_JSON, "sglang: port 0 is refused");
+    sglang("{}", "h", 65536, 1, &rc);
+    ok(rc == KVA_PROMPT_NOT_JSON, "sglang: port 65536 is refused");
+
+    {
+        char  host[KVA_PD_HOST_MAX + 2];
+
+        memset(host, 'a', KVA_PD_HOST_MAX);
+        host[KVA_PD_HOST_MAX] = '\0';
+        s = sglang("{}", host, 65535, 18446744073709551615ULL, &rc);
+        ok(rc == KVA_PROMPT_OK && strlen(s) < 2 + KVA_PD_SGLANG_EXTRA,
+           "sglang: the longest host, port and room fit the room "
+           "promised (%zu bytes)", strlen(s));
+
+        host[KVA_PD_HOST_MAX] = 'a';
+        host[KVA_PD_HOST_MAX + 1] = '\0';
+        sglang("{}", host, 8998, 1, &rc);
+        ok(rc == KVA_PROMPT_NOT_JSON, "sglang: a longer host is refused");
+    }
 
     free(deep);
 
