@@ -9,6 +9,7 @@
  */
 
 #include <string.h>
+#include <xxhash.h>
 
 #include "kva_session.h"
 
@@ -81,6 +82,17 @@ kva_session_init(void *mem, size_t size, uint32_t capacity)
     t->free = 0;
 
     return t;
+}
+
+
+uint64_t
+kva_session_key(kva_session_t *t, const void *data, size_t len)
+{
+    uint64_t  key;
+
+    key = XXH3_64bits_withSeed(data, len, t->seed);
+
+    return key ? key : 1;
 }
 
 

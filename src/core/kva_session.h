@@ -42,6 +42,7 @@ typedef struct {
     uint32_t            free;            /* free entries, by next */
     uint64_t            expired;         /* idle past the timeout */
     uint64_t            evicted;         /* given up to a new session */
+    uint64_t            seed;            /* keys the keys: secret */
     uint32_t           *buckets;
     kva_session_entry_t  *entries;
 } kva_session_t;
@@ -66,6 +67,9 @@ kva_session_t *kva_session_init(void *mem, size_t size, uint32_t capacity);
  */
 kva_session_rc_e kva_session_get(kva_session_t *t, uint64_t key,
     uint64_t now, uint64_t timeout, uint32_t *slot);
+
+/* the key of a session's value, never 0: a hash keyed by t->seed */
+uint64_t kva_session_key(kva_session_t *t, const void *data, size_t len);
 
 /* binds key (not 0) to slot, as used now; a full table evicts the LRU */
 void kva_session_bind(kva_session_t *t, uint64_t key, uint32_t slot,
