@@ -7,6 +7,9 @@
 #   * the binding yields, and the session moves, when its server is
 #     stopped (failed), full (max_conns) or overloaded (session_margin),
 #     and $kv_aware_reason says which;
+#   * a full table forgets the least recently used; reloads keep the
+#     bindings, and a reload may turn session= on; a data-parallel
+#     session stays on one rank;
 #   * a 1 MB session header: refused by nginx's header limits as any
 #     header, or, with room for it, hashed and bound like any other;
 #   * the counters in kv_aware_status and its Prometheus page;
@@ -52,14 +55,22 @@ sub turn {
                        %{ $o{headers} || {} } });
 }
 
-sub start {
-    my (%o) = @_;
-    my $env = Test::KvAware->new(backends => 3, log_level => 'info');
+sub write_conf {
+    my ($env, %o) = @_;
     $env->conf(http_config => ($o{http} // '')
-                   . llm_upstream(params => "block_size=64 $SESSION "
-                                            . ($o{params} // ''),
+                   . llm_upstream(params => 'block_size=64 '
+                                  . ($o{session} // $SESSION) . ' '
+                                  . ($o{params} // ''),
+                                  n => $o{n},
                                   server => $o{server} // 'max_fails=0'),
                config => locations($o{location}));
+}
+
+sub start {
+    my (%o) = @_;
+    my $env = Test::KvAware->new(backends => $o{n} // 3,
+                                 log_level => 'info');
+    write_conf($env, %o);
     $env->start_nginx or return;
     return $env;
 }
@@ -222,6 +233,67 @@ subtest 'its server full or overloaded: the binding yields' => sub {
         $env->stop_nginx;
         $env->check_logs_clean("margin $params");
     }
+};
+
+
+subtest 'a full table forgets the least recently used' => sub {
+    my $env = start(params => 'session_capacity=16') or return;
+
+    turn($env, "c$_", "c$_") for 1 .. 20;
+    my $s = sessions($env);
+    is("$s->{entries} $s->{capacity} $s->{evicted}", '16 16 4',
+       '20 sessions in 16: 16 held, 4 evicted');
+    unlike(turn($env, 'c1', 'c1b')->{reason}, qr/^session$/,
+           'the oldest was forgotten');
+    is(turn($env, 'c20', 'c20b')->{reason}, 'session',
+       'the newest is still bound');
+
+    $env->stop_nginx;
+    $env->check_logs_clean('capacity');
+};
+
+
+subtest 'reloads: bindings kept, session= turned on' => sub {
+    my $env = start(session => '') or return;
+    unlike(turn($env, 'r', 'r1')->{reason}, qr/session/,
+           'without session=: no session');
+    is(sessions($env)->{capacity}, 0, 'status: capacity 0');
+
+    write_conf($env);
+    $env->reload or return;
+    my $a = turn($env, 'r', 'r2');
+    unlike($a->{reason}, qr/session/, 'turned on: the first is placed');
+    is(turn($env, 'r', 'r3')->{reason}, 'session', 'then bound');
+
+    $env->reload or return;
+    my $b = turn($env, 'r', 'r4');
+    is("$b->{backend} $b->{reason}", "$a->{backend} session",
+       'a reload keeps the binding');
+
+    $env->stop_nginx;
+    $env->check_logs_clean('reloads');
+};
+
+
+subtest 'data-parallel: a session stays on one rank' => sub {
+    my $env = start(n => 2, params => 'data_parallel=2',
+                    location => 'proxy_set_header X-data-parallel-rank '
+                                . '$kv_aware_dp_rank;') or return;
+    my %at;
+    for my $t (1 .. 6) {
+        my $r = $env->request(POST => '/v1/chat/completions',
+                              chat_body('m', user => prompt("dp$t")),
+                              { 'Content-Type' => 'application/json',
+                                'X-Session-Affinity' => 'ranked' });
+        $at{ ($r->{headers}{'x-backend'} // '-') . '#'
+             . ($r->{headers}{'x-backend-rank'} // '-') }++;
+    }
+    is(scalar(keys %at), 1, '6 turns on one server and rank')
+        or diag fmt(\%at);
+    unlike((keys %at)[0], qr/#-$/, 'the rank went to the server');
+
+    $env->stop_nginx;
+    $env->check_logs_clean('data-parallel');
 };
 
 
