@@ -6,8 +6,9 @@
  * and binds the session to the server (rank) chosen, in a table of the
  * upstream's zone (src/core/kva_session.c); its next ones go there,
  * whatever their prompt, unless the binding would hurt: the server is
- * down, failed, full or gone, or its cost exceeds the best one's by more
- * than session_margin.  Then the usual choice is taken and the session
+ * down, failed, full or gone, or overloaded (kva_score_overloaded(): a
+ * hot spot by the gate's test, or its cost over the least one's by more
+ * than session_margin).  Then the usual choice is taken and the session
  * moves there.  A session idle for session_timeout is forgotten.
  */
 
@@ -116,15 +117,14 @@ ngx_http_kv_aware_session_pick_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
     kva_candidate_t *cand, ngx_uint_t n)
 {
-    double                        cost[KVA_MAX_SLOTS];
     uint32_t                      slot;
     ngx_uint_t                    best, i;
     kva_session_t                *t;
     ngx_http_kv_aware_shctx_t    *sh;
     ngx_http_kv_aware_session_e   outcome;
 
-    best = kva_score_costs(&kcf->score, cand, n, ctx->nblocks,
-                           (uint32_t) ngx_random(), cost, &ctx->why);
+    best = kva_score_pick(&kcf->score, cand, n, ctx->nblocks,
+                          (uint32_t) ngx_random(), &ctx->why);
 
     ctx->session = NGX_HTTP_KV_AWARE_SESS_NONE;
 
@@ -149,7 +149,9 @@ ngx_http_kv_aware_session_pick_locked(ngx_http_kv_aware_srv_conf_t *kcf,
         if (i == n) {
             outcome = ngx_http_kv_aware_session_cause(kcf, slot);
 
-        } else if (cost[i] > cost[best] + kcf->session_margin) {
+        } else if (kva_score_overloaded(&kcf->score, cand, n, ctx->nblocks,
+                                        i, kcf->session_margin))
+        {
             outcome = NGX_HTTP_KV_AWARE_SESS_OVERLOADED;
 
         } else {
