@@ -15,6 +15,11 @@ static kva_session_t *make(uint32_t capacity);
 static void test_random(void);
 
 
+/* every table made, freed at the end (the sanitizers' leak check) */
+static void   *made[8];
+static int     nmade;
+
+
 int
 main(void)
 {
@@ -77,9 +82,14 @@ main(void)
     (void) kva_session_get(t, 99, 1005, 100, &slot);
     ok(t->used == 1, "then the rest, and never a live one");
 
-    ok(kva_session_init(malloc(16), 16, 4) == NULL, "too small: refused");
+    made[nmade] = malloc(16);
+    ok(kva_session_init(made[nmade++], 16, 4) == NULL, "too small: refused");
 
     test_random();
+
+    while (nmade) {
+        free(made[--nmade]);
+    }
 
     return done_testing();
 }
@@ -91,8 +101,9 @@ make(uint32_t capacity)
     size_t  size;
 
     size = kva_session_size(capacity);
+    made[nmade] = malloc(size);
 
-    return kva_session_init(malloc(size), size, capacity);
+    return kva_session_init(made[nmade++], size, capacity);
 }
 
 
