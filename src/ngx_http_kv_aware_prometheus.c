@@ -127,7 +127,7 @@ static ngx_http_kv_aware_prom_family_t  ngx_http_kv_aware_prom_families[] = {
       ngx_http_kv_aware_pu(NUM, UINT, session.routed),
       "Tries of requests with a session (kv_aware session=), by outcome: "
       "bound (to its server), new (placed, then bound), or why the "
-      "binding yielded: down, failed, full, gone, overloaded." },
+      "binding yielded: down, failed, full, gone, cold, overloaded." },
 
     { "kv_aware_session_entries", "gauge",
       NGX_HTTP_KV_AWARE_PS_UPSTREAM, NULL, NULL, 0, 0,

@@ -6,7 +6,8 @@
  * and binds the session to the server (rank) chosen, in a table of the
  * upstream's zone (src/core/kva_session.c); its next ones go there,
  * whatever their prompt, unless the binding would hurt: the server is
- * down, failed, full or gone, or overloaded (kva_score_overloaded(): a
+ * down, failed, full or gone, cold (it holds no more of the prompt than
+ * the usual choice, which holds some), or overloaded (kva_score_overloaded(): a
  * hot spot by the gate's test, or its cost over the least one's by more
  * than session_margin).  Then the usual choice is taken and the session
  * moves there.  A session idle for session_timeout is forgotten.
@@ -20,6 +21,8 @@
 #include "kva_session.h"
 
 
+static ngx_uint_t ngx_http_kv_aware_session_cold(kva_candidate_t *cand,
+    ngx_uint_t n, ngx_uint_t bound);
 static ngx_http_kv_aware_session_e ngx_http_kv_aware_session_cause(
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_uint_t slot);
 
@@ -149,6 +152,12 @@ ngx_http_kv_aware_session_pick_locked(ngx_http_kv_aware_srv_conf_t *kcf,
         if (i == n) {
             outcome = ngx_http_kv_aware_session_cause(kcf, slot);
 
+        } else if (i == best) {
+            outcome = NGX_HTTP_KV_AWARE_SESS_BOUND;
+
+        } else if (ngx_http_kv_aware_session_cold(cand, n, i)) {
+            outcome = NGX_HTTP_KV_AWARE_SESS_COLD;
+
         } else if (kva_score_overloaded(&kcf->score, cand, n, ctx->nblocks,
                                         i, kcf->session_margin))
         {
@@ -173,6 +182,34 @@ ngx_http_kv_aware_session_pick_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     (void) ngx_atomic_fetch_add(&sh->session.routed[outcome], 1);
 
     return best;
+}
+
+
+/*
+ * What the binding keeps is the session's own blocks.  Cold: the bound
+ * server holds nothing of the prompt that another candidate does not (as
+ * far as the index knows), and another holds some: only what others hold
+ * too is left there, such as a system prompt all sessions share, and the
+ * session's context is gone.  Kept, such a session would stay on a server
+ * too full to hold the sessions bound to it.  A prompt nobody holds any
+ * of (changed completely, or evicted everywhere) is not cold.
+ */
+static ngx_uint_t
+ngx_http_kv_aware_session_cold(kva_candidate_t *cand, ngx_uint_t n,
+    ngx_uint_t bound)
+{
+    uint32_t    other;
+    ngx_uint_t  j;
+
+    other = 0;
+
+    for (j = 0; j < n; j++) {
+        if (j != bound && cand[j].matched > other) {
+            other = cand[j].matched;
+        }
+    }
+
+    return other && cand[bound].matched <= other;
 }
 
 

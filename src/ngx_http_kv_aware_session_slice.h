@@ -22,7 +22,10 @@
  * reason then stays the usual one; the others: the binding yielded, and
  * why.  Down (marked down), failed (max_fails, or already tried by this
  * request), full (max_conns), gone (no longer in the upstream: DNS),
- * overloaded (its cost over the best one's by more than session_margin).
+ * cold (it holds no more of the prompt than the usual choice, which holds
+ * some: the session's context there is gone, as far as the index knows),
+ * overloaded (a hot spot by the gate's test, or its cost over the least
+ * one's by more than session_margin).
  */
 #define NGX_HTTP_KV_AWARE_SESSIONS(X)                                         \
     X(SESS_NONE, "", "")                                                      \
@@ -32,6 +35,7 @@
     X(SESS_FAILED, "failed", "session:yielded:failed")                        \
     X(SESS_FULL, "full", "session:yielded:full")                              \
     X(SESS_GONE, "gone", "session:yielded:gone")                              \
+    X(SESS_COLD, "cold", "session:yielded:cold")                              \
     X(SESS_OVERLOADED, "overloaded", "session:yielded:overloaded")
 
 typedef enum {

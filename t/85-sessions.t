@@ -5,8 +5,9 @@
 #     requests without the header are routed as before;
 #   * an idle session (session_timeout) is placed anew;
 #   * the binding yields, and the session moves, when its server is
-#     stopped (failed), full (max_conns) or overloaded (session_margin),
-#     and $kv_aware_reason says which;
+#     stopped (failed), full (max_conns), overloaded (session_margin), or
+#     cold (it holds nothing of the prompt that another does not), and
+#     $kv_aware_reason says which;
 #   * a full table forgets the least recently used; reloads keep the
 #     bindings, and a reload may turn session= on; a data-parallel
 #     session stays on one rank;
@@ -233,6 +234,36 @@ subtest 'its server full or overloaded: the binding yields' => sub {
         $env->stop_nginx;
         $env->check_logs_clean("margin $params");
     }
+};
+
+
+subtest 'its server holds nothing more than another: cold' => sub {
+    my $env = start() or return;
+
+    # ~1 KB of system prompt all sessions share, a short question each
+    my $sys = join ' ', map { "Rule $_: answer precisely, cite sources." }
+                        1 .. 24;
+    my $a = turn($env, 'cold', 'k1');
+    my $b = send_body($env, chat_body('m', system => $sys, user => 'q0'),
+                      undef, { 'X-Session-Affinity' => 'warm' });
+    isnt($b->{backend}, $a->{backend},
+         'another session took the shared prompt elsewhere');
+    my $c = send_body($env, chat_body('m', system => $sys, user => 'q1'),
+                      undef, { 'X-Session-Affinity' => 'cold' });
+    is("$c->{backend} $c->{reason}", "$b->{backend} session:yielded:cold",
+       'its server holds none of it: the session moves where it is');
+    my $d = send_body($env, chat_body('m', system => $sys, user => 'q2'),
+                      undef, { 'X-Session-Affinity' => 'cold' });
+    is("$d->{backend} $d->{reason}", "$b->{backend} session",
+       'and stays there');
+
+    # unrelated prompts (nothing held anywhere) never make it cold
+    is(turn($env, 'cold', 'k2')->{reason}, 'session',
+       'a prompt nobody holds: bound');
+    is(sessions($env)->{routed}{cold}, 1, 'status: cold 1');
+
+    $env->stop_nginx;
+    $env->check_logs_clean('cold');
 };
 
 
