@@ -12,6 +12,7 @@
 #include "ngx_http_kv_aware_share.h"
 #include "ngx_http_kv_aware_members.h"
 #include "ngx_http_kv_aware_ranking.h"
+#include "ngx_http_kv_aware_session.h"
 #include "ngx_http_kv_aware_balancer.h"
 
 
@@ -176,6 +177,7 @@ ngx_http_kv_aware_init_peer(ngx_http_request_t *r,
     kp->primary = kp->rrp.peers;
 
     ngx_http_kv_aware_ranking_hash(r, kcf, ctx);
+    ngx_http_kv_aware_session_key(r, kcf, ctx);
 
     return NGX_OK;
 }
@@ -563,8 +565,7 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
 
     ngx_http_kv_aware_ranking_weigh_locked(kcf, ctx, picks, n, &clk, cand);
 
-    best = kva_score_pick(&kcf->score, cand, n, nblocks,
-                          (uint32_t) ngx_random(), &ctx->why);
+    best = ngx_http_kv_aware_session_pick_locked(kcf, ctx, picks, cand, n);
     slot = picks[best].slot;
     matched = cand[best].matched;
 

@@ -79,6 +79,12 @@ typedef struct {
     ngx_msec_t                      spec_ttl;     /* 0: no events */
     kva_score_conf_t                score;
 
+    /* sessions (kv_aware session=): NULL, none */
+    ngx_http_complex_value_t       *session;
+    ngx_msec_t                      session_timeout;
+    ngx_uint_t                      session_capacity;
+    double                          session_margin;
+
     ngx_shm_zone_t                 *shm_zone;
     ngx_http_kv_aware_shctx_t      *sh;
     ngx_slab_pool_t                *shpool;
@@ -125,6 +131,14 @@ typedef struct {
     /* the balancer's, made early when $kv_aware_dp_rank asks for it */
     void                           *peer_data;
     ngx_uint_t                      rank;         /* data-parallel rank */
+
+    /*
+     * the session's key (0: none) for the upstream session_of, and what
+     * the last try made of it (ngx_http_kv_aware_session_e)
+     */
+    uint64_t                        session_key;
+    void                           *session_of;
+    ngx_uint_t                      session;
 
     unsigned                        hashed:1;
     unsigned                        decided:1;

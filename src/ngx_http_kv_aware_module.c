@@ -12,6 +12,7 @@
 #include "ngx_http_kv_aware_status.h"
 #include "ngx_http_kv_aware_variables.h"
 #include "ngx_http_kv_aware_tokenize.h"
+#include "ngx_http_kv_aware_session.h"
 
 
 static void *ngx_http_kv_aware_create_srv_conf(ngx_conf_t *cf);
@@ -89,6 +90,28 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_params[] = {
       ngx_http_kv_aware_conf_fixed,
       offsetof(ngx_http_kv_aware_srv_conf_t, score.affinity_min),
       NGX_HTTP_KV_AWARE_FIXED(0), NGX_HTTP_KV_AWARE_FIXED(1), "0.5" },
+
+    /* a session's requests to the server it is bound to (session.c) */
+    { ngx_string("session"),
+      ngx_http_kv_aware_session_conf,
+      offsetof(ngx_http_kv_aware_srv_conf_t, session),
+      0, 0, NULL },
+
+    { ngx_string("session_timeout"),
+      ngx_http_kv_aware_conf_msec,
+      offsetof(ngx_http_kv_aware_srv_conf_t, session_timeout),
+      1000, 30 * 86400 * 1000LL, "10m" },
+
+    { ngx_string("session_capacity"),
+      ngx_http_kv_aware_conf_uint,
+      offsetof(ngx_http_kv_aware_srv_conf_t, session_capacity),
+      16, 16 * 1024 * 1024, "65536" },
+
+    /* in the cost's units: blocks of work, as overlap_weight weighs them */
+    { ngx_string("session_margin"),
+      ngx_http_kv_aware_conf_fixed,
+      offsetof(ngx_http_kv_aware_srv_conf_t, session_margin),
+      NGX_HTTP_KV_AWARE_FIXED(0), NGX_HTTP_KV_AWARE_FIXED(1000000), "256" },
 
     ngx_http_kv_aware_null_param
 };
@@ -204,6 +227,7 @@ ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_http_kv_aware_srv_conf_t *kcf = conf;
 
     u_char                        *p;
+    size_t                         size;
     ngx_str_t                      name;
     ngx_http_upstream_srv_conf_t  *uscf;
 
@@ -235,9 +259,10 @@ ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     p = ngx_cpymem(name.data, "kv_aware:", sizeof("kv_aware:") - 1);
     ngx_memcpy(p, uscf->host.data, uscf->host.len);
 
-    kcf->shm_zone = ngx_shared_memory_add(cf, &name,
-                                          kcf->index_size
-                                          + ngx_http_kv_aware_share_size(),
+    size = kcf->index_size + ngx_http_kv_aware_share_size()
+           + ngx_http_kv_aware_session_size(kcf);
+
+    kcf->shm_zone = ngx_shared_memory_add(cf, &name, size,
                                           &ngx_http_kv_aware_module);
     if (kcf->shm_zone == NULL) {
         return NGX_CONF_ERROR;

@@ -120,6 +120,36 @@ static ngx_http_kv_aware_prom_family_t  ngx_http_kv_aware_prom_families[] = {
       "Prompt tokens the prefill servers chosen were to compute (what "
       "they did not hold), of the requests split." },
 
+    { "kv_aware_session_requests_total", "counter",
+      NGX_HTTP_KV_AWARE_PS_UPSTREAM, "outcome",
+      ngx_http_kv_aware_session_keys,
+      NGX_HTTP_KV_AWARE_SESS_NONE + 1, NGX_HTTP_KV_AWARE_SESS_LAST,
+      ngx_http_kv_aware_pu(NUM, UINT, session.routed),
+      "Tries of requests with a session (kv_aware session=), by outcome: "
+      "bound (to its server), new (placed, then bound), or why the "
+      "binding yielded: down, failed, full, gone, cold, overloaded." },
+
+    { "kv_aware_session_entries", "gauge",
+      NGX_HTTP_KV_AWARE_PS_UPSTREAM, NULL, NULL, 0, 0,
+      ngx_http_kv_aware_pu(NUM, U64, session.entries),
+      "Sessions bound, of session_capacity." },
+
+    { "kv_aware_session_capacity_entries", "gauge",
+      NGX_HTTP_KV_AWARE_PS_UPSTREAM, NULL, NULL, 0, 0,
+      ngx_http_kv_aware_pu(NUM, U64, session.capacity),
+      "Sessions the table can hold (session_capacity; 0: no session=)." },
+
+    { "kv_aware_session_expired_total", "counter",
+      NGX_HTTP_KV_AWARE_PS_UPSTREAM, NULL, NULL, 0, 0,
+      ngx_http_kv_aware_pu(NUM, U64, session.expired),
+      "Sessions forgotten after session_timeout idle." },
+
+    { "kv_aware_session_evicted_total", "counter",
+      NGX_HTTP_KV_AWARE_PS_UPSTREAM, NULL, NULL, 0, 0,
+      ngx_http_kv_aware_pu(NUM, U64, session.evicted),
+      "Sessions forgotten to make room for a new one, the least recently "
+      "used first." },
+
     { "kv_aware_index_entries", "gauge",
       NGX_HTTP_KV_AWARE_PS_UPSTREAM, NULL, NULL, 0, 0,
       ngx_http_kv_aware_pu(NUM, U32, index.used),

@@ -120,6 +120,7 @@ ngx_http_kv_aware_status_upstream(ngx_http_request_t *r,
     u->ev = sh->events;
     u->redis = sh->redis;
     u->pd = sh->pd;
+    u->session = sh->session;
     u->index = *sh->index;
 
     if (u->share) {

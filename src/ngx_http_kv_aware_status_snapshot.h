@@ -50,6 +50,7 @@ typedef struct {
     ngx_http_kv_aware_redis_stats_t  redis;
     ngx_http_kv_aware_share_stats_t  shared;
     ngx_http_kv_aware_pd_sh_t        pd;          /* kv_aware_prefill's */
+    ngx_http_kv_aware_session_sh_t   session;     /* kv_aware session= */
     kva_index_t                      index;       /* its header */
 
     /* tokenizer calls by kva_tokenize_e, made of the routing counters */

@@ -6,6 +6,7 @@
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_balancer.h"
 #include "ngx_http_kv_aware_ranking.h"
+#include "ngx_http_kv_aware_session_slice.h"
 #include "ngx_http_kv_aware_variables.h"
 
 
@@ -83,7 +84,10 @@ ngx_http_kv_aware_number(ngx_http_request_t *r,
 }
 
 
-/* affinity, load, gate, or fallback:<cause> when the prompt was unusable */
+/*
+ * affinity, load, gate, or fallback:<cause> when the prompt was unusable;
+ * session, or session:yielded:<cause>, for a request of a bound session
+ */
 static ngx_int_t
 ngx_http_kv_aware_reason(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data)
@@ -99,7 +103,14 @@ ngx_http_kv_aware_reason(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    if (ctx->fallback == NGX_HTTP_KV_AWARE_ROUTED) {
+    if (ctx->session != NGX_HTTP_KV_AWARE_SESS_NONE
+        && ctx->session != NGX_HTTP_KV_AWARE_SESS_NEW)
+    {
+        why = ngx_http_kv_aware_session_texts[ctx->session];
+        v->len = ngx_strlen(why);
+        v->data = (u_char *) why;
+
+    } else if (ctx->fallback == NGX_HTTP_KV_AWARE_ROUTED) {
         why = kva_score_why(ctx->why);
         v->len = ngx_strlen(why);
         v->data = (u_char *) why;

@@ -141,6 +141,31 @@ ngx_http_kv_aware_create_sh(ngx_shm_zone_t *shm_zone,
 
     kcf->sh->share->origin = ngx_http_kv_aware_secret();
 
+    /*
+     * session=: its table, for which kv_aware grew the zone, before the
+     * index takes the rest.  Made with the zone only: a reload that turns
+     * session= on or changes session_capacity changes the zone's size,
+     * and so comes with a new zone.
+     */
+    if (kcf->session) {
+        size = kva_session_size(kcf->session_capacity);
+        region = ngx_slab_alloc(shpool, size);
+
+        kcf->sh->sessions = region ? kva_session_init(region, size,
+                                                      kcf->session_capacity)
+                                   : NULL;
+
+        if (kcf->sh->sessions == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                          "kv_aware: no room for the sessions in zone "
+                          "\"%V\"", &shm_zone->shm.name);
+            return NGX_ERROR;
+        }
+
+        kcf->sh->sessions->seed = ngx_http_kv_aware_secret();
+        kcf->sh->session.capacity = kcf->session_capacity;
+    }
+
     /* the index takes every page left, in one run of pages */
     size = shpool->pfree * ngx_pagesize;
     region = NULL;

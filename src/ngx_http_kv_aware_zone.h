@@ -2,7 +2,8 @@
  * ngx_http_kv_aware_module: the per-upstream shared memory zone, its
  * layout and the index clock.  Each concern declares its slice of the
  * zone in a header of its own with no .c (balancer_slice.h, events_slice.h,
- * share_slice.h, members_slice.h, pd_slice.h; the Redis link's stats in
+ * share_slice.h, members_slice.h, pd_slice.h, session_slice.h; the Redis
+ * link's stats in
  * redis.h); this header composes them, with the index, the server slots
  * and the load tables, and includes no concern whose .c includes it back.
  */
@@ -18,8 +19,10 @@
 #include "ngx_http_kv_aware_share_slice.h"
 #include "ngx_http_kv_aware_members_slice.h"
 #include "ngx_http_kv_aware_pd_slice.h"
+#include "ngx_http_kv_aware_session_slice.h"
 
 #include "kva_index.h"
+#include "kva_session.h"
 
 
 /* the slot masks (reserved, drops, a page's servers) are 64 bits wide */
@@ -63,6 +66,8 @@ struct ngx_http_kv_aware_shctx_s {
     ngx_http_kv_aware_share_t       *share;       /* share.h: its ring */
     ngx_http_kv_aware_members_sh_t   members;     /* members.h */
     ngx_http_kv_aware_pd_sh_t        pd;          /* pd_slice.h */
+    ngx_http_kv_aware_session_sh_t   session;     /* session_slice.h */
+    kva_session_t                   *sessions;    /* NULL: no session= */
 
     ngx_http_kv_aware_slot_t        slots[KVA_MAX_SLOTS];
     ngx_http_kv_aware_load_t        load[NGX_HTTP_KV_AWARE_GENERATIONS]

@@ -154,6 +154,61 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
 }
 
 
+int
+kva_score_overloaded(const kva_score_conf_t *conf, const kva_candidate_t *c,
+    unsigned n, uint32_t nblocks, unsigned bound, double margin)
+{
+    double    mean_weight, cost, least, mine;
+    unsigned  i;
+    uint64_t  least_reqs, total_weight;
+
+    if (n > 64) {
+        n = 64;
+    }
+
+    if (bound >= n) {
+        return 0;
+    }
+
+    total_weight = 0;
+    least_reqs = UINT64_MAX;
+
+    for (i = 0; i < n; i++) {
+        total_weight += c[i].weight;
+
+        if (c[i].inflight_reqs < least_reqs) {
+            least_reqs = c[i].inflight_reqs;
+        }
+    }
+
+    if (conf->imbalance
+        && c[bound].inflight_reqs > least_reqs + conf->imbalance
+        && c[bound].inflight_reqs > conf->imbalance_ratio * least_reqs)
+    {
+        return 1;
+    }
+
+    mean_weight = (double) total_weight / n;
+    least = 0.0;
+    mine = 0.0;
+
+    for (i = 0; i < n; i++) {
+        cost = conf->overlap_weight * (nblocks - c[i].matched)
+               + kva_load(&c[i], mean_weight);
+
+        if (i == 0 || cost < least) {
+            least = cost;
+        }
+
+        if (i == bound) {
+            mine = cost;
+        }
+    }
+
+    return mine > least + margin;
+}
+
+
 static double
 kva_fill_kept(const kva_fill_t *f, uint64_t now, uint64_t tau)
 {

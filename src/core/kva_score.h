@@ -94,6 +94,19 @@ unsigned kva_score_costs(const kva_score_conf_t *conf,
     const kva_candidate_t *c, unsigned n, uint32_t nblocks, uint32_t rnd,
     double *cost, kva_why_e *why);
 
+/*
+ * Whether candidate bound (a server a session is bound to) is overloaded
+ * against the others: the gate's test holds for it (more than imbalance
+ * requests in flight over the least busy candidate and more than
+ * imbalance_ratio times as many), or its cost, overlap_weight * blocks to
+ * recompute + load, exceeds the least one's by more than margin.  That
+ * cost whatever the mode of the choice: placing by capacity weighs what
+ * a server stored lately, which a session's own server has the most of.
+ */
+int kva_score_overloaded(const kva_score_conf_t *conf,
+    const kva_candidate_t *c, unsigned n, uint32_t nblocks, unsigned bound,
+    double margin);
+
 /* now and tau in ms; tau 0: nothing fades */
 void kva_fill_add(kva_fill_t *f, uint64_t now, uint64_t tau, double blocks);
 double kva_fill_get(const kva_fill_t *f, uint64_t now, uint64_t tau);

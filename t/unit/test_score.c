@@ -10,6 +10,7 @@
 
 static void test_capacity(void);
 static void test_fill(void);
+static void test_overloaded(void);
 
 
 int
@@ -94,6 +95,8 @@ main(void)
 
     test_capacity();
     test_fill();
+
+    test_overloaded();
 
     return done_testing();
 }
@@ -227,4 +230,52 @@ test_fill(void)
 
     ok(f.blocks > 360 && f.blocks < 370, "fill: frequent updates decay "
        "as exp(-t/tau) (%.1f of 1000 after tau)", f.blocks);
+}
+
+
+/* a session's server: overloaded by cost over the margin, or by the gate */
+static void
+test_overloaded(void)
+{
+    unsigned          i;
+    kva_candidate_t   c[3];
+    kva_score_conf_t  conf = { 16.0, 4, 1.5, 0.5 };
+
+    memset(c, 0, sizeof(c));
+
+    for (i = 0; i < 3; i++) {
+        c[i].weight = 1;
+    }
+
+    /* the bound one holds 8 of 10 blocks: 32 + its load, the others 160 */
+    c[0].matched = 8;
+    c[0].inflight_reqs = 2;
+    c[0].inflight_blocks = 100;
+    ok(!kva_score_overloaded(&conf, c, 3, 10, 0, 0.0),
+       "its cache outweighs its load: not overloaded");
+
+    c[0].inflight_blocks = 200;
+    ok(kva_score_overloaded(&conf, c, 3, 10, 0, 0.0),
+       "74 more than the least: overloaded at margin 0");
+    ok(!kva_score_overloaded(&conf, c, 3, 10, 0, 100.0),
+       "and not at margin 100");
+
+    /* what capacity weighs, however much: not what a session's is by */
+    c[0].inflight_blocks = 0;
+    c[0].fill = 1e6;
+    ok(!kva_score_overloaded(&conf, c, 3, 10, 0, 0.0),
+       "what it stored lately does not count");
+
+    /* the gate: 6 in flight over 1, more than 4 over and 1.5 times */
+    c[0].inflight_reqs = 6;
+    c[1].inflight_reqs = 1;
+    c[2].inflight_reqs = 1;
+    ok(kva_score_overloaded(&conf, c, 3, 10, 0, 1e9),
+       "a hot spot by the gate's test, whatever the margin");
+    conf.imbalance = 0;
+    ok(!kva_score_overloaded(&conf, c, 3, 10, 0, 1e9),
+       "imbalance=0: no gate");
+
+    ok(!kva_score_overloaded(&conf, c, 3, 10, 3, 0.0),
+       "a candidate out of range: not overloaded");
 }
