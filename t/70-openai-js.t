@@ -4,8 +4,10 @@
 # through nginx kv_aware as an application would: chat completions whole
 # and streamed, text completions, usage with cached tokens, a stream the
 # client leaves half read, and conversations whose second turn goes to
-# the first turn's server.  kvsim names the server that answered in the
-# X-Kvsim-Server header and in the body's "kvsim" member.
+# the first turn's server; and a stream through a disaggregated route
+# (kv_aware_prefill mode=header before kvsim's prefill and sidecar decode
+# roles).  kvsim names the server that answered in the X-Kvsim-Server
+# header and in the body's "kvsim" member.
 
 use strict;
 use warnings;
@@ -49,6 +51,23 @@ ok(eval { $env->launch->start_kvsim($base, $SERVERS, { binary => $KVSIM },
 my $servers = join "\n", map { "server $_;" } sort keys %addr;
 my $p = $env->prefix;
 
+# a disaggregated pool beside it: one prefill kvsim, two decode kvsims in
+# llm-d's sidecar role, nginx naming the prefill server (mode=header)
+my $pf = free_run(1);
+my $dc = free_run(2);
+my $PREFILL = "127.0.0.1:$pf";
+my %decode = map { ("127.0.0.1:$_" => 1) } $dc, $dc + 1;
+ok(eval { $env->launch->start_kvsim($pf, 1,
+              { binary => $KVSIM, name => 'kvsim-prefill' },
+              '--time-scale', 5, '--redis', 'off', '--quiet',
+              '--role', 'prefill') }, 'prefill kvsim listens') or diag $@;
+ok(eval { $env->launch->start_kvsim($dc, 2,
+              { binary => $KVSIM, name => 'kvsim-decode' },
+              '--time-scale', 5, '--redis', 'off', '--quiet',
+              '--role', 'decode', '--sidecar') }, 'decode kvsims listen')
+    or diag $@;
+my $pd_servers = join "\n", map { "server $_;" } sort keys %decode;
+
 # what an SSE deployment sets: no buffering, keepalive to the servers
 $env->conf(http_config => "
     client_body_buffer_size 1m;
@@ -58,8 +77,27 @@ $env->conf(http_config => "
         kv_aware;
         $servers
         keepalive 8;
+    }
+    upstream pd_decode {
+        kv_aware;
+        $pd_servers
+        keepalive 8;
+    }
+    upstream pd_prefill {
+        kv_aware;
+        server $PREFILL;
     }",
            config => "
+    location /pd/v1/ {
+        kv_aware_prefill pd_prefill mode=header min_uncached=64;
+        access_log $p/logs/pd.log llm;
+        proxy_pass http://pd_decode/v1/;
+        proxy_http_version 1.1;
+        proxy_set_header Connection '';
+        proxy_set_header x-prefiller-host-port \$kv_aware_prefill_addr;
+        proxy_buffering off;
+        add_header X-PD \$kv_aware_pd always;
+    }
     location /v1/ {
         access_log $p/logs/llm.log llm;
         proxy_pass http://llm;
@@ -73,9 +111,9 @@ my $url = 'http://127.0.0.1:' . $env->port . '/v1';
 
 # one scenario of t/js/openai-client.js: its JSON, or undef and a diag
 sub client {
-    my ($scenario, $opt) = @_;
-    my @cmd = ('timeout', '60', $NODE, 't/js/openai-client.js', $url,
-               $scenario, encode_json($opt || {}));
+    my ($scenario, $opt, $base_url) = @_;
+    my @cmd = ('timeout', '60', $NODE, 't/js/openai-client.js',
+               $base_url // $url, $scenario, encode_json($opt || {}));
     local $ENV{NODE_PATH} = $modules;
     open my $out, '-|', @cmd or die "$NODE: $!";
     my $text = do { local $/; <$out> };
@@ -237,6 +275,27 @@ subtest 'the second turn goes to the first turn\'s server' => sub {
     is(scalar(grep { $_->[3] eq 'affinity' && $_->[4] > 0 } @later),
        2 * $users, 'turns two and three routed by affinity')
         or diag(join "\n", map { "@$_" } @lines);
+};
+
+# the SDK's stream through a split: the decode kvsim runs leg 1 against
+# the prefill kvsim nginx named, pulls the blocks, then streams
+subtest 'streamed through a disaggregated route' => sub {
+    my $legs0 = metrics($PREFILL)->{kvsim_pd_prefill_legs_total} // 0;
+    my $r = client('chat-stream', { max_tokens => 12 },
+                   'http://127.0.0.1:' . $env->port . '/pd/v1')
+        or return fail('ran');
+    like($r->{type} // '', qr{^text/event-stream}, 'an event stream');
+    is($r->{chunks}, 12, 'one chunk a token, each passed on');
+    is($r->{finish}, 'length', 'finish_reason');
+    ok($r->{server} && $decode{ $r->{server} },
+       'answered by a decode server (' . ($r->{server} // 'none') . ')');
+    is((metrics($PREFILL)->{kvsim_pd_prefill_legs_total} // 0) - $legs0, 1,
+       'its prompt was computed on the prefill server');
+    ok(($r->{usage}{cached} // 0) > 0,
+       'the pulled prompt counts as cached in the stream\'s usage ('
+       . ($r->{usage}{cached} // 'none') . ')');
+    my $t = KvAware::Launch::slurp("$p/logs/pd.log") // '';
+    like($t, qr/ 200 \S+ \S+/, 'nginx logged it');
 };
 
 ok(KvAware::Launch::alive($env->launch->pid('kvsim')),
