@@ -69,7 +69,7 @@ NGINX_VERSION := 1.30.4
 NGINX_DIR   = $(BUILD)/nginx-$(NGINX_VERSION)
 # each stage's output also lands in build/test-STAGE.log (tools/prove-stage.sh)
 PROVE      = HARNESS_RULESFILE=$(TEST_RULES) \
-             bash tools/prove-stage.sh $(BUILD)/$@.log -I t/lib
+             bash tools/prove-stage.sh $(BUILD)/$@.log --timer -I t/lib
 
 # The stages run the tests in two phases, by a rules file that prove
 # reads (HARNESS_RULESFILE, written from the lists below):
