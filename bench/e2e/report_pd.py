@@ -155,13 +155,18 @@ def main():
     la = os.path.join(work, "loadavg")
     la = (open(la) if os.path.exists(la) else open("/proc/loadavg")) \
         .read().split()[:3]
-    w("**Run on a loaded 2-core machine shared with other builds and tests**"
-      " (load average %s over the last 1, 5 and 15 minutes at the run's "
+    # a machine busy with more than this run (two cores: the run itself
+    # keeps about one and a half busy) stretches kvsim's steps
+    loaded = float(la[1]) > 2.5
+    w("%s (load average %s over the last 1, 5 and 15 minutes at the run's "
       "end): latencies and "
       "rates are kvsim's simulated ones, compressed %sx; a loaded machine "
       "stretches kvsim's steps (step lag below) and so every arm's "
-      "figures, not their mechanism.  Rerun idle for figures to quote.\n"
-      % (" / ".join(la), scale))
+      "figures, not their mechanism.%s\n"
+      % ("**Run on a loaded machine, shared with other builds and tests**"
+         if loaded else "Run on a 2-core machine running nothing else",
+         " / ".join(la), scale,
+         "  Rerun idle for figures to quote." if loaded else ""))
     w("Command: `%s`%s.\n" % (cmd, "" if " -" in cmd
                                  else " (the default run)"))
     w("Setup: %s kvsim servers of %s blocks x %s tokens; aggregated: all %s "
