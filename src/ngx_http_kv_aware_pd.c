@@ -500,3 +500,47 @@ ngx_http_kv_aware_pd_header_filter(ngx_http_request_t *r)
 
     return ngx_http_next_header_filter(r);
 }
+
+
+ngx_chain_t *
+ngx_http_kv_aware_pd_body_chain(ngx_http_request_t *r, u_char *data,
+    size_t len)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    b = ngx_calloc_buf(r->pool);
+    cl = ngx_alloc_chain_link(r->pool);
+
+    if (b == NULL || cl == NULL) {
+        return NULL;
+    }
+
+    b->pos = data;
+    b->last = data + len;
+    b->start = data;
+    b->end = data + len;
+    b->memory = 1;
+    b->last_buf = 1;
+    b->last_in_chain = 1;
+
+    cl->buf = b;
+    cl->next = NULL;
+
+    return cl;
+}
+
+
+ngx_uint_t
+ngx_http_kv_aware_pd_warn_due(ngx_http_kv_aware_pd_conf_t *pcf)
+{
+    if (pcf->logged
+        && ngx_current_msec - pcf->logged < NGX_HTTP_KV_AWARE_PD_LOG)
+    {
+        return 0;
+    }
+
+    pcf->logged = ngx_current_msec;
+
+    return 1;
+}

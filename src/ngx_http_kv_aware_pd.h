@@ -18,6 +18,7 @@
 
 /* SGLang's --disaggregation-bootstrap-port when none is given */
 #define NGX_HTTP_KV_AWARE_PD_BOOTSTRAP_PORT  8998
+#define NGX_HTTP_KV_AWARE_PD_LOG             5000  /* ms between warnings */
 
 
 /* a location's kv_aware_prefill; not inherited */
@@ -86,6 +87,12 @@ void ngx_http_kv_aware_pd_count(ngx_http_kv_aware_pd_conf_t *pcf,
 
 /* the prefill load a split charged, given back (once) */
 void ngx_http_kv_aware_pd_release(ngx_http_request_t *r);
+
+/* for the modes that send leg 1: the body as one memory buffer; whether a
+ * failed leg may be logged now (once every 5 s a location) */
+ngx_chain_t *ngx_http_kv_aware_pd_body_chain(ngx_http_request_t *r,
+    u_char *data, size_t len);
+ngx_uint_t ngx_http_kv_aware_pd_warn_due(ngx_http_kv_aware_pd_conf_t *pcf);
 void ngx_http_kv_aware_pd_give_back(ngx_http_kv_aware_pd_ctx_t *pctx);
 
 /* mode=vllm: the precontent handler that runs leg 1 (pd_vllm.c) */

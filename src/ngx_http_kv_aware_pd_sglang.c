@@ -35,7 +35,6 @@
 #include "kva_pd_body.h"
 
 
-#define NGX_HTTP_KV_AWARE_PD_SGLANG_LOG  5000   /* ms between warnings */
 
 
 typedef struct {
@@ -58,8 +57,6 @@ static ngx_int_t ngx_http_kv_aware_pd_sglang_done(ngx_http_request_t *sr,
 static void ngx_http_kv_aware_pd_sglang_cleanup(void *data);
 static void ngx_http_kv_aware_pd_sglang_count(ngx_http_kv_aware_sglang_t *leg,
     ngx_http_kv_aware_pd_e outcome);
-static ngx_chain_t *ngx_http_kv_aware_pd_sglang_chain(ngx_http_request_t *r,
-    u_char *data, size_t len);
 static void ngx_http_kv_aware_pd_sglang_warn(ngx_http_kv_aware_sglang_t *leg,
     const char *why, ngx_uint_t status);
 static ngx_int_t ngx_http_kv_aware_pd_sglang_body_filter(
@@ -271,8 +268,8 @@ ngx_http_kv_aware_pd_sglang_start(ngx_http_request_t *r,
     }
 
     /* each leg its own buffer over the same bytes: each proxy moves it */
-    rb->bufs = ngx_http_kv_aware_pd_sglang_chain(r, out, n);
-    decode = ngx_http_kv_aware_pd_sglang_chain(r, out, n);
+    rb->bufs = ngx_http_kv_aware_pd_body_chain(r, out, n);
+    decode = ngx_http_kv_aware_pd_body_chain(r, out, n);
 
     if (rb->bufs == NULL || decode == NULL) {
         goto failed;
@@ -410,35 +407,6 @@ ngx_http_kv_aware_pd_sglang_count(ngx_http_kv_aware_sglang_t *leg,
 }
 
 
-static ngx_chain_t *
-ngx_http_kv_aware_pd_sglang_chain(ngx_http_request_t *r, u_char *data,
-    size_t len)
-{
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
-
-    b = ngx_calloc_buf(r->pool);
-    cl = ngx_alloc_chain_link(r->pool);
-
-    if (b == NULL || cl == NULL) {
-        return NULL;
-    }
-
-    b->pos = data;
-    b->last = data + len;
-    b->start = data;
-    b->end = data + len;
-    b->memory = 1;
-    b->last_buf = 1;
-    b->last_in_chain = 1;
-
-    cl->buf = b;
-    cl->next = NULL;
-
-    return cl;
-}
-
-
 static void
 ngx_http_kv_aware_pd_sglang_warn(ngx_http_kv_aware_sglang_t *leg,
     const char *why, ngx_uint_t status)
@@ -447,13 +415,9 @@ ngx_http_kv_aware_pd_sglang_warn(ngx_http_kv_aware_sglang_t *leg,
 
     pcf = leg->conf;
 
-    if (pcf->logged
-        && ngx_current_msec - pcf->logged < NGX_HTTP_KV_AWARE_PD_SGLANG_LOG)
-    {
+    if (!ngx_http_kv_aware_pd_warn_due(pcf)) {
         return;
     }
-
-    pcf->logged = ngx_current_msec;
 
     if (status) {
         ngx_log_error(NGX_LOG_WARN, leg->request->connection->log, 0,

@@ -30,7 +30,6 @@
 #include "kva_pd_body.h"
 
 
-#define NGX_HTTP_KV_AWARE_PD_LOG  5000   /* ms between two warnings */
 
 
 typedef enum {
@@ -60,8 +59,6 @@ static ngx_int_t ngx_http_kv_aware_pd_vllm_done(ngx_http_request_t *sr,
     void *data, ngx_int_t rc);
 static const char *ngx_http_kv_aware_pd_vllm_splice(ngx_http_request_t *sr,
     ngx_int_t rc, ngx_http_kv_aware_leg_t *leg);
-static ngx_chain_t *ngx_http_kv_aware_pd_vllm_chain(ngx_http_request_t *r,
-    u_char *data, size_t len);
 static void ngx_http_kv_aware_pd_vllm_warn(ngx_http_kv_aware_leg_t *leg,
     const char *why, ngx_uint_t status);
 static ngx_http_kv_aware_leg_t *ngx_http_kv_aware_pd_vllm_leg_of(
@@ -324,7 +321,7 @@ ngx_http_kv_aware_pd_vllm_start(ngx_http_request_t *r,
         goto failed;
     }
 
-    rb->bufs = ngx_http_kv_aware_pd_vllm_chain(r, out, n);
+    rb->bufs = ngx_http_kv_aware_pd_body_chain(r, out, n);
     if (rb->bufs == NULL) {
         goto failed;
     }
@@ -461,7 +458,7 @@ ngx_http_kv_aware_pd_vllm_splice(ngx_http_request_t *sr, ngx_int_t rc,
         return "no decode body";
     }
 
-    cl = ngx_http_kv_aware_pd_vllm_chain(r, out, n);
+    cl = ngx_http_kv_aware_pd_body_chain(r, out, n);
     if (cl == NULL) {
         return "no memory";
     }
@@ -474,35 +471,6 @@ ngx_http_kv_aware_pd_vllm_splice(ngx_http_request_t *sr, ngx_int_t rc,
 }
 
 
-static ngx_chain_t *
-ngx_http_kv_aware_pd_vllm_chain(ngx_http_request_t *r, u_char *data,
-    size_t len)
-{
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
-
-    b = ngx_calloc_buf(r->pool);
-    cl = ngx_alloc_chain_link(r->pool);
-
-    if (b == NULL || cl == NULL) {
-        return NULL;
-    }
-
-    b->pos = data;
-    b->last = data + len;
-    b->start = data;
-    b->end = data + len;
-    b->memory = 1;
-    b->last_buf = 1;
-    b->last_in_chain = 1;
-
-    cl->buf = b;
-    cl->next = NULL;
-
-    return cl;
-}
-
-
 static void
 ngx_http_kv_aware_pd_vllm_warn(ngx_http_kv_aware_leg_t *leg,
     const char *why, ngx_uint_t status)
@@ -511,13 +479,9 @@ ngx_http_kv_aware_pd_vllm_warn(ngx_http_kv_aware_leg_t *leg,
 
     pcf = leg->conf;
 
-    if (pcf->logged
-        && ngx_current_msec - pcf->logged < NGX_HTTP_KV_AWARE_PD_LOG)
-    {
+    if (!ngx_http_kv_aware_pd_warn_due(pcf)) {
         return;
     }
-
-    pcf->logged = ngx_current_msec;
 
     if (status) {
         ngx_log_error(NGX_LOG_WARN, leg->request->connection->log, 0,

@@ -255,7 +255,8 @@ kvl_options(int argc, char **argv)
     }
 
     if (optind != argc || n == 5 || ctx.scale <= 0.0
-        || ctx.stage_seconds <= 0.0 || ctx.timeout <= 0.0 || ctx.max_inflight == 0 || ctx.metrics_ms == 0
+        || ctx.stage_seconds <= 0.0 || ctx.timeout <= 0.0
+        || ctx.max_inflight == 0 || ctx.metrics_ms == 0
         || ctx.wl.groups == 0 || ctx.wl.prompts_per_group == 0
         || ctx.wl.turns == 0 || ctx.wl.output_tokens == 0
         || ctx.wl.system_tokens == 0 || ctx.wl.question_tokens == 0
