@@ -251,9 +251,9 @@ my $b1 = ask(body(system_prompt('delta'), 'broken prefill'), '/broken/');
 is($b1->{status}, 200, 'the prefill leg fails (404): the client gets 200')
     or diag show($b1), $b1->{body};
 is($b1->{mode}, 'sglang', 'the decode server had the room');
-# "pull timed out" when its last ask for the room was still out at the
-# deadline (it was once, in CI's stage two, side by side)
-like($b1->{fallback} // '', qr/room never ready|pull timed out/,
+# also when its last ask for the room was still out at the deadline (it
+# was, once in CI's stage two side by side: kvsim now says never ready)
+is($b1->{fallback} // '', 'bootstrap room never ready',
      'it waited for the room, then served the prompt itself')
     or diag show($b1);
 cmp_ok($b1->{took}, '>=', $WAIT - 0.5, sprintf('after its wait (%.1f s)',

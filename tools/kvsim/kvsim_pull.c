@@ -57,6 +57,7 @@ struct kvs_pull_s {
     struct event               *timer;
     double                      start;  /* ms */
     kvs_pull_state_e            state;
+    unsigned                    not_ready:1;  /* the room said 409 */
     uint32_t                    first;  /* blocks held locally */
     uint32_t                    n;      /* blocks pulled */
     uint32_t                    npins;
@@ -306,12 +307,22 @@ kvs_pull_ask_done(struct evhttp_request *req, void *arg)
     {
         /* the prefill has not finished (or started) the room yet */
         json_decref(root);
+        p->not_ready = 1;
         p->srv->pd.bootstrap_retries++;
         p->state = KVS_PULL_RETRY;
         tv.tv_sec = 0;
         tv.tv_usec = KVS_PULL_RETRY_MS * 1000;
         evtimer_add(p->timer, &tv);
         return;
+    }
+
+    /*
+     * a room that answered "not ready" and then ran out of time (its last
+     * ask still out at the deadline, on a loaded machine) was never ready:
+     * say so rather than blame the link
+     */
+    if (root == NULL && p->not_ready && code < 0) {
+        code = 409;
     }
 
     if (root == NULL || kvs_pull_verify(p, root) != 0) {
