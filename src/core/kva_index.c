@@ -642,7 +642,8 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
         }
 
         if (srcs & KVA_BIT_LEARNED) {
-            anew += (e->bits[KVA_SRC_LEARNED] & bit) == 0;
+            anew += (e->bits[KVA_SRC_LEARNED] & bit)
+                    ? kva_index_learn_again(ix, slot, e->stamp) : 1;
             e->bits[KVA_SRC_LEARNED] |= bit;
         }
 

@@ -212,6 +212,14 @@ void kva_index_learn_budget(kva_index_t *ix, unsigned slot, uint32_t blocks,
 void kva_index_learn_note(kva_index_t *ix, unsigned slot, uint32_t n,
     uint32_t now);
 
+/*
+ * A block that slot holds, touched again (the entry's stamp before the
+ * touch): 1 when it counts anew, moved from the generation it was counted
+ * in to the one filling, as the server's LRU moves it to the front.
+ */
+uint32_t kva_index_learn_again(kva_index_t *ix, unsigned slot,
+    uint32_t stamp);
+
 /* the learned bits of an entry that its slots' budgets still allow */
 static inline uint64_t
 kva_index_learn_bits(const kva_index_t *ix, uint64_t bits, uint32_t stamp)

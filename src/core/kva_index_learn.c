@@ -77,7 +77,13 @@ kva_index_learn_note(kva_index_t *ix, unsigned slot, uint32_t n, uint32_t now)
             /*
              * Blocks of generation p and before are forgotten; and those
              * of the tick it ended in, which may be either side of it.
+             * But never the generation just filled: one long prompt that
+             * the server holds whole is not forgotten as it is learned.
              */
+            if (k == 1) {
+                keep = p;
+            }
+
             l->cutoff = l->start[keep] + 1;
             l->active = 1;
             ix->learn_active |= 1ULL << slot;
@@ -89,4 +95,44 @@ kva_index_learn_note(kva_index_t *ix, unsigned slot, uint32_t n, uint32_t now)
     }
 
     /* all the generations fit: what came before them is counted nowhere */
+}
+
+
+/*
+ * A block slot already held, touched again by a request sent there: in
+ * the server's LRU it is now among the most recent, so it is counted in
+ * the generation filling and no more in the one it was counted in (the
+ * one its stamp falls in), as if learned anew.  Without this a server's
+ * sessions, each sent again and again and each counted once when first
+ * learned, were all trusted long after the server had evicted most of
+ * them: its budget counted only what their turns added.  A block touched
+ * since the generation filling began (by this slot or another) counts
+ * there already.  Returns 1 when the block counts anew.
+ */
+uint32_t
+kva_index_learn_again(kva_index_t *ix, unsigned slot, uint32_t stamp)
+{
+    uint32_t      k, p;
+    kva_learn_t  *l;
+
+    l = &ix->learn[slot];
+
+    /* signed differences: right across the wrap of the ticks */
+    if (l->budget == 0 || (int32_t) (stamp - l->start[l->cur]) >= 0) {
+        return 0;
+    }
+
+    for (k = 1; k < KVA_LEARN_GENS; k++) {
+        p = (l->cur + KVA_LEARN_GENS - k) % KVA_LEARN_GENS;
+
+        if ((int32_t) (stamp - l->start[p]) >= 0) {
+            if (l->count[p]) {
+                l->count[p]--;
+            }
+
+            break;
+        }
+    }
+
+    return 1;
 }

@@ -440,6 +440,65 @@ test_learn_budget(uint32_t t0)
 }
 
 
+/*
+ * Sessions sent again and again to one server, together more than its
+ * cache holds: as in its LRU, only the most recently sent are trusted.
+ * Each turn sends a session's whole context again and adds a little, so
+ * a budget that counted only what turns added trusted them all.
+ */
+static void
+test_learn_again(uint32_t t0)
+{
+    uint32_t      s, turn, len, kept, gone;
+    uint64_t      h[12][120], n0;
+    kva_clock_t   clk = { 0, 1u << 30, 10, 0 };
+    kva_index_t  *ix;
+
+    ix = fresh(65536, 77);
+
+    for (s = 0; s < 12; s++) {
+        chain(h[s], 120, 11000 + s);
+    }
+
+    /* 12 sessions of 50 blocks fit in 800; 10 more a turn, they do not */
+    clk.now = t0;
+    kva_index_learn_budget(ix, 0, 800, clk.now);
+
+    for (turn = 0; turn < 7; turn++) {
+        for (s = 0; s < 12; s++) {
+            clk.now++;
+            kva_index_add(ix, h[s], 50 + 10 * turn, 0, KVA_BIT_LEARNED,
+                          &clk);
+        }
+    }
+
+    n0 = learned_count(ix, 0, &clk);
+    ok(n0 <= 800, "t0 %u: sessions sent again: %llu blocks trusted, within "
+       "the budget of 800", t0, (unsigned long long) n0);
+
+    /* the last sent whole, from some session on; none before it */
+    kept = 0;
+    gone = 0;
+
+    for (s = 0; s < 12; s++) {
+        len = learned_depth(ix, h[s], 120, 0, &clk);
+
+        if (len == 110) {
+            kept++;
+
+        } else if (len == 0 && kept == 0) {
+            gone++;
+        }
+    }
+
+    ok(kept >= 4 && kept <= 6 && gone + kept == 12,
+       "the %u sessions sent last are trusted whole, the %u before not",
+       kept, gone);
+    ok(sound(ix, "learned again"), "the index is sound");
+
+    free(ix);
+}
+
 int
 main(void)
 {
@@ -657,6 +716,8 @@ main(void)
     test_crash_states();
     test_learn_budget(1000);
     test_learn_budget(0xffffffe0u);
+    test_learn_again(1000);
+    test_learn_again(0xffffffe0u);
 
     return done_testing();
 }
