@@ -79,13 +79,15 @@ typedef struct {
 /*
  * The budget of what this router learned of one server: no more blocks
  * than the server's KV cache holds, its oldest learned blocks forgotten
- * first.  The blocks a slot learns anew are counted in generations of
+ * first.  The blocks a slot learns anew, or is sent again after they
+ * were counted (kva_index_learn_again()), are counted in generations of
  * budget / KVA_LEARN_SHARE; when one fills, the slot's cutoff moves to
  * the start of the oldest generation that, with those after it, fits in
  * the budget less one generation.  A learned bit of that slot on an entry
  * last touched before the cutoff counts no more, and is cleared when the
- * entry is next touched.  O(1) an add, O(KVA_LEARN_GENS) a generation: no
- * scan under the lock.  The TTL still applies.
+ * entry is next touched.  O(1) a block learned anew, O(KVA_LEARN_GENS) at
+ * most a block sent again and a generation: no scan under the lock.  The
+ * TTL still applies.
  */
 #define KVA_LEARN_GENS      16
 #define KVA_LEARN_SHARE     8

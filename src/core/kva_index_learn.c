@@ -106,8 +106,11 @@ kva_index_learn_note(kva_index_t *ix, unsigned slot, uint32_t n, uint32_t now)
  * sessions, each sent again and again and each counted once when first
  * learned, were all trusted long after the server had evicted most of
  * them: its budget counted only what their turns added.  A block touched
- * since the generation filling began (by this slot or another) counts
- * there already.  Returns 1 when the block counts anew.
+ * since the generation filling began is taken as counted there already:
+ * right for this slot's own touches; one that other slots keep young (a
+ * system prompt that all share) is counted once only, as one stamp an
+ * entry cannot tell whose touch it was.  Returns 1 when the block counts
+ * anew.
  */
 uint32_t
 kva_index_learn_again(kva_index_t *ix, unsigned slot, uint32_t stamp)
