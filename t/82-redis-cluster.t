@@ -20,15 +20,13 @@ use strict;
 use warnings;
 
 use Test::More;
-use IO::Select;
-use IO::Socket::INET;
 use Time::HiRes qw(sleep time);
 
-use KvAware::Launch ();
 use Test::KvAware ();
+use Test::KvAware::Cluster;
 use Test::KvAware::Events qw(
     $JSON $LOCATIONS preflight block_hashes prompt chat show addr bnum
-    status server_status wait_status wait_until stored
+    status server_status wait_status stored
 );
 
 preflight();
@@ -37,114 +35,20 @@ my $CH = '{kvc}:events';
 
 my $env = Test::KvAware->new(backends => 3, workers => 1,
                              log_level => 'info');
-my $launch = $env->launch;
+my ($cl, $why) = Test::KvAware::Cluster->start($env->launch, $CH);
+ok($cl, 'a cluster of 3 masters and 3 replicas') or BAIL_OUT($why);
 
-# six nodes, each with its bus port given (the default, port + 10000,
-# may be taken or past 65535)
-my @P = KvAware::Launch::free_ports(12);
-my @nodes = @P[0 .. 5];
-for my $i (0 .. 5) {
-    $launch->start_redis($nodes[$i], { name => "redis$i" },
-        '--cluster-enabled', 'yes', '--cluster-port', $P[6 + $i],
-        '--cluster-config-file', "nodes-$nodes[$i].conf",
-        '--cluster-node-timeout', '1000')
-        or BAIL_OUT("redis node $i did not start");
-}
-my (undef, $out) = $launch->run_cmd(['redis-cli', '--cluster', 'create',
-    (map { "127.0.0.1:$_" } @nodes), '--cluster-replicas', '1',
-    '--cluster-yes']);
-like($out, qr/All 16384 slots covered/, 'redis-cli --cluster create');
-
-sub cli {
-    my ($port, @cmd) = @_;
-    my (undef, $o) = $launch->run_cmd(['redis-cli', '-h', '127.0.0.1',
-                                       '-p', $port, @cmd]);
-    chomp $o;
-    return $o;
-}
-
-my $slot = cli($nodes[0], CLUSTER => KEYSLOT => $CH);
-
-# the master of the slot and its replicas, as node $from sees it; the
-# ports of the nodes alive as the cluster says
-sub owner {
-    my ($from) = @_;
-    my ($master, @replicas, %id);
-    for (split /\n/, cli($from, CLUSTER => 'NODES')) {
-        my ($id, $a, $flags, $of, @rest) = split ' ';
-        next unless $a && $a =~ /:(\d+)@/;
-        my $port = $1;
-        next if $flags =~ /fail/;
-        $id{$id} = $port;
-        if ($flags =~ /master/) {
-            for (@rest[4 .. $#rest]) {
-                my ($lo, $hi) = split /-/;
-                $master = [$id, $port]
-                    if defined $lo && $lo =~ /^\d+$/
-                       && $lo <= $slot && $slot <= ($hi // $lo);
-            }
-        }
-    }
-    return undef unless $master;
-    for (split /\n/, cli($from, CLUSTER => 'NODES')) {
-        my ($id, $a, $flags, $of) = split ' ';
-        push @replicas, $1 if $flags =~ /slave/ && $flags !~ /fail/
-                              && $of eq $master->[0] && $a =~ /:(\d+)@/;
-    }
-    return { port => $master->[1], replicas => \@replicas };
-}
-
-# ready: every node says ok, and the slot's master has a replica in sync
-ok(wait_until(20, sub {
-        return 0 if grep { cli($_, CLUSTER => 'INFO') !~ /cluster_state:ok/ }
-                         @nodes;
-        my $o = owner($nodes[0]) or return 0;
-        return @{ $o->{replicas} }
-               && cli($o->{replicas}[0], INFO => 'replication')
-                  =~ /master_link_status:up/;
-    }), 'the cluster is up, the slot\'s master has a replica')
-    or BAIL_OUT('no cluster');
-
-my $own = owner($nodes[0]);
-my ($seed) = grep { $_ != $own->{port} && $_ != $own->{replicas}[0] } @nodes;
-
-# as a node still alive sees it
-sub owner_now {
-    for my $p (@nodes) {
-        next unless KvAware::Launch::redis_ping($p);
-        my $o = owner($p);
-        return $o if $o;
-    }
-    return undef;
-}
-
-# --- a publisher that follows the slot ------------------------------------
-
-my %pub = (port => $own->{port});
+my $own = $cl->owner(($cl->nodes)[0]);
+my ($seed) = grep { $_ != $own->{port} && $_ != $own->{replicas}[0] }
+             $cl->nodes;
 my %seq;
-
-sub spublish {
-    my ($channel, $msg) = @_;
-    for my $try (1 .. 40) {
-        my $c = $pub{c} //= eval {
-            Test::KvAware::Redis->new($pub{port}) };
-        my $n = $c ? $c->cmd(SPUBLISH => $channel, $msg) : undef;
-        return $n if defined $n && !ref $n;
-        # MOVED, a dead node or a refused connection: ask who owns it now
-        delete $pub{c};
-        my $o = owner_now();
-        $pub{port} = $o->{port} if $o;
-        sleep 0.1;
-    }
-    return undef;
-}
 
 sub event {
     my ($server, %m) = @_;
     my $seq = delete $m{seq} // ($seq{$server} // 0) + 1;
     $seq{$server} = $seq;
-    return spublish($CH, $JSON->encode({ v => 1, server => $server,
-                                         seq => $seq, %m }));
+    return $cl->spublish($CH, $JSON->encode({ v => 1, server => $server,
+                                              seq => $seq, %m }));
 }
 
 # an event nginx has taken in (it counts its messages)
@@ -157,45 +61,10 @@ sub event_seen {
     return $n;
 }
 
-# --- a sharded subscriber, for the resync requests ---------------------------
-
-sub ssubscribe {
-    my ($port, $channel) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
-                                  PeerPort => $port, Timeout => 2)
-        or return undef;
-    print {$s} sprintf("*2\r\n\$10\r\nSSUBSCRIBE\r\n\$%d\r\n%s\r\n",
-                       length $channel, $channel);
-    return { s => $s, buf => '' };
-}
-
-# the payloads of "smessage"s within $timeout s, until $until->(@so_far)
-sub smessages {
-    my ($sub, $timeout, $until) = @_;
-    my $deadline = time + $timeout;
-    my @m;
-    my $sel = IO::Select->new($sub->{s});
-    while (time < $deadline) {
-        while ($sub->{buf} =~ s/\A\*3\r\n\$\d+\r\n(\w+)\r\n\$\d+\r\n([^\r]*)\r\n
-                                  (?:\$(\d+)\r\n|:(\d+)\r\n)//x) {
-            my ($kind, $len) = ($1, $3);
-            if (defined $len) {
-                my $payload = substr($sub->{buf}, 0, $len + 2, '');
-                push @m, substr($payload, 0, $len) if $kind eq 'smessage';
-            }
-            return @m if $until && @m && $until->(@m);
-        }
-        next unless $sel->can_read(0.05);
-        sysread($sub->{s}, $sub->{buf}, 65536, length $sub->{buf}) or last;
-    }
-    return @m;
-}
-
 sub resync_for {
     my ($sub, $server, $timeout) = @_;
-    my @m = smessages($sub, $timeout, sub {
-        grep { ($JSON->decode($_)->{server} // '') eq $server } @_ });
-    return scalar grep { ($JSON->decode($_)->{server} // '') eq $server } @m;
+    my $of = sub { grep { ($JSON->decode($_)->{server} // '') eq $server } @_ };
+    return scalar $of->($cl->smessages($sub, $timeout, $of));
 }
 
 # --- nginx -t ----------------------------------------------------------------
@@ -239,7 +108,7 @@ ok(wait_status($env, 10, sub { $_[0]{redis}{state} eq 'up' }),
 like($env->error_log,
      qr/subscribed to "\Q$CH\E" on redis 127\.0\.0\.1:$own->{port} \(the slot/,
      "on the slot's master ($own->{port}), the seed was $seed");
-is((split /\n/, cli($own->{port}, PUBSUB => SHARDNUMSUB => $CH))[1], 1,
+is((split /\n/, $cl->cli($own->{port}, PUBSUB => SHARDNUMSUB => $CH))[1], 1,
    'PUBSUB SHARDNUMSUB: one sharded subscriber on the owner');
 is(status($env)->{redis}{failures}, 0, 'moving to the owner is no failure');
 
@@ -258,8 +127,8 @@ is($r1->{backend}, "b$x", 'a stored event SPUBLISHed routes to its server')
     or diag show($r1);
 is($r1->{matched}, scalar @H, 'matched == blocks');
 
-my $rs = ssubscribe($own->{port}, "$CH:resync");
-smessages($rs, 0.2);
+my $rs = $cl->ssubscribe($own->{port}, "$CH:resync");
+$cl->smessages($rs, 0.2);
 event_seen($A[$x - 1], seq => $seq{$A[$x - 1]} + 2, events => []);
 is(server_status(status($env), $A[$x - 1])->{state}, 'degraded',
    'a gap: degraded');
@@ -277,7 +146,7 @@ is(server_status(status($env), $A[$x - 1])->{state}, 'fresh',
 # it; then what is asked of the resync is answered
 sub failover_round {
     my ($what, $trigger) = @_;
-    my $old = owner_now()->{port};
+    my $old = $cl->owner_now->{port};
     my $offset = $env->error_log_offset;
     my $Q = prompt("failover-$what", 10);
     my @Q = block_hashes($Q);
@@ -289,12 +158,12 @@ sub failover_round {
     while (time - $t0 < 15) {
         event($A[$y - 1], events => []);
         $n++;
-        my $o = $n > 10 && owner_now();
+        my $o = $n > 10 && $cl->owner_now;
         last if $o && $o->{port} != $old
                 && status($env)->{redis}{state} eq 'up';
         sleep 0.02;
     }
-    my $new = owner_now() // { port => 0 };
+    my $new = $cl->owner_now // { port => 0 };
     ok($new->{port} && $new->{port} != $old,
        "$what: the slot moved from $old to $new->{port}");
     ok(wait_status($env, 10, sub { $_[0]{redis}{state} eq 'up' }),
@@ -305,7 +174,7 @@ sub failover_round {
 
     # what nginx heard is no longer trusted: each server asks a resync,
     # on the new master, and the answer is what routes
-    my $rs = ssubscribe($new->{port}, "$CH:resync");
+    my $rs = $cl->ssubscribe($new->{port}, "$CH:resync");
     ok(resync_for($rs, $A[$y - 1], 5), "$what: a resync asked of b$y");
     event_seen($A[$y - 1], seq => $seq{$A[$y - 1]} + 100, snapshot => 'full',
                events => [stored(@Q)]);
@@ -320,15 +189,12 @@ sub failover_round {
 }
 
 my $new = failover_round('CLUSTER FAILOVER', sub {
-    is(cli($own->{replicas}[0], CLUSTER => 'FAILOVER'), 'OK',
+    is($cl->cli($own->{replicas}[0], CLUSTER => 'FAILOVER'), 'OK',
        "CLUSTER FAILOVER on $own->{replicas}[0]");
 });
 
 failover_round('the master killed', sub {
-    my ($i) = grep { $nodes[$_] == $new->{port} } 0 .. 5;
-    kill 'KILL', $launch->pid("redis$i");
-    $launch->stop("redis$i");
-    ok(!KvAware::Launch::port_open($new->{port}), "master $new->{port} killed");
+    ok($cl->kill_node($new->{port}), "master $new->{port} killed");
 });
 
 $env->check_logs_clean('after two failovers');
