@@ -18,6 +18,7 @@
 
 #include <zmq.h>
 
+#include "kva_cluster.h"
 #include "kvb_conf.h"
 #include "kvb_engine.h"
 #include "kvb_guard.h"
@@ -140,6 +141,16 @@ main(int argc, char **argv)
         return 2;
     }
 
+    /* nginx's resync requests come on the channel's slot, not another */
+    if (kvb_conf.redis_cluster
+        && !kva_cluster_has_tag((const unsigned char *) kvb_conf.channel,
+                                strlen(kvb_conf.channel)))
+    {
+        fprintf(stderr, "kvbridge: --redis-cluster needs a --channel with "
+                "a hash tag, e.g. {kv_aware}:events\n");
+        return 2;
+    }
+
     kvb_log_level = (kvb_log_level_e) kvb_conf.log_level;
 
     if (kvb_conf.daemon && kvb_daemonize(kvb_conf.pid_file) != 0) {
@@ -165,6 +176,7 @@ main(int argc, char **argv)
     rconf.channel = kvb_conf.channel;
     rconf.max_pending_bytes = kvb_conf.redis_max_pending;
     rconf.timeout_ms = kvb_conf.redis_timeout_ms;
+    rconf.cluster = kvb_conf.redis_cluster;
     rh.resync = kvb_on_resync;
     rh.data = NULL;
 
