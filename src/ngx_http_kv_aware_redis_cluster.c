@@ -76,7 +76,9 @@ ngx_http_kv_aware_cluster_on_slots(redisAsyncContext *ac, void *r,
                                 ? reply->len : 0),
                       reply->type == REDIS_REPLY_ERROR ? reply->str : "");
 
+        /* nothing was subscribed: said once above, not again as a loss */
         link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MAX;
+        link->connected = 0;
         redisAsyncDisconnect(ac);
         return;
     }
@@ -85,6 +87,7 @@ ngx_http_kv_aware_cluster_on_slots(redisAsyncContext *ac, void *r,
 
     if (ngx_http_kv_aware_cluster_addr(link, &owner, &addr) != NGX_OK) {
         link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MAX;
+        link->connected = 0;
         redisAsyncDisconnect(ac);
         return;
     }

@@ -10,6 +10,9 @@
 #     replica: Redis sends an "sunsubscribe"; then the new owner killed:
 #     the connection drops and the replica takes over): nginx follows the
 #     slot each time, asks a resync, and routes by the answer;
+#   * a reload hands the sharded subscription over;
+#   * cluster=on on a Redis that is no cluster: a clear error, requests
+#     routed all the same;
 #   * nginx -t refuses cluster=on without a hash tag, with pattern=on, and
 #     a resync_channel= in another slot.
 #
@@ -22,7 +25,8 @@ use warnings;
 use Test::More;
 use Time::HiRes qw(sleep time);
 
-use Test::KvAware ();
+use KvAware::Launch ();
+use Test::KvAware qw(wait_until);
 use Test::KvAware::Cluster;
 use Test::KvAware::Events qw(
     $JSON $LOCATIONS preflight block_hashes prompt chat show addr bnum
@@ -71,14 +75,14 @@ sub resync_for {
 
 # a parameter with a brace is quoted: nginx would read a block
 sub upstream {
-    my ($events) = @_;
+    my ($events, $redis) = @_;
     $events = join ' ', map { /[{}]/ ? "\"$_\"" : $_ } split ' ', $events;
     my $servers = join '', map {
         "        server \$TEST_NGINX_BACKEND_$_ max_fails=0;\n" } 1 .. 3;
     return <<"EOF";
     upstream llm {
         kv_aware block_size=64 learned_ttl=10m affinity_min=0;
-        kv_aware_events redis=127.0.0.1:$seed $events;
+        kv_aware_events redis=127.0.0.1:${\($redis // $seed)} $events;
 $servers    }
 EOF
 }
@@ -95,6 +99,22 @@ for ([ 'cluster=on', qr/needs a channel= with a hash tag/ ],
     ok(!$ok, "nginx -t refuses \"$events\"");
     like($err, $re, 'and says why');
 }
+
+# --- a Redis that is no cluster ----------------------------------------------
+
+my ($plain) = KvAware::Launch::free_ports(1);
+$env->launch->start_redis($plain, { name => 'plain' });
+$env->conf(http_config => upstream("cluster=on channel=$CH", $plain),
+           config => $LOCATIONS);
+$env->start_nginx or BAIL_OUT('nginx did not start: ' . $env->last_error);
+ok($env->wait_for_log("redis 127.0.0.1:$plain: CLUSTER SLOTS answered ERR "
+                      . 'This instance has cluster support disabled', 5),
+   'cluster=on on a Redis that is no cluster: a clear error');
+isnt(status($env)->{redis}{state}, 'up', 'the link is not up');
+is(chat($env, prompt('plain', 4))->{status}, 200,
+   'requests are routed all the same');
+$env->stop_nginx;
+$env->launch->stop('plain');
 
 # --- subscribed on the slot's master, through the seed -----------------------
 
@@ -138,6 +158,23 @@ event_seen($A[$x - 1], seq => $seq{$A[$x - 1]} + 5, snapshot => 'full',
            events => [stored(@H)]);
 is(server_status(status($env), $A[$x - 1])->{state}, 'fresh',
    'the snapshot made it fresh');
+
+# a reload hands the sharded subscription over as any other
+my $offset = $env->error_log_offset;
+$env->reload;
+ok($env->wait_for_log(qr/takes the subscription over/, 10, $offset),
+   'reload: the new subscriber takes over');
+ok(wait_until(10, sub {
+        ($cl->cli($own->{port}, PUBSUB => SHARDNUMSUB => $CH))
+            =~ /\n1$/ }),
+   'reload: one sharded subscriber again, the old one let go');
+my $R = prompt('reloaded', 8);
+my @R = block_hashes($R);
+event_seen($A[$x - 1], events => [stored(@R)]);
+sleep 1.1;
+my $r2 = chat($env, $R);
+is("$r2->{backend} $r2->{matched}", "b$x " . scalar @R,
+   'reload: events still route') or diag show($r2);
 
 # --- failovers while events flow ---------------------------------------------
 
