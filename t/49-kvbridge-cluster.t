@@ -140,7 +140,8 @@ ok(wait_until(10, sub {
    'kvbridge SSUBSCRIBEd to the resync channel on the new master');
 ok(wait_until(15, sub { status()->{events}{resyncs} >= $resyncs + $SERVERS }),
    'nginx asked a resync of every engine');
-ok(wait_until(15, \&all_fresh), 'every engine fresh again: the bridge answered');
+ok(wait_until(15, \&all_fresh),
+   'every engine fresh again: the bridge answered');
 
 drawn(1, 1, 'after the failover, from the snapshot', 1);
 drawn(2, 2, 'a prompt computed after the failover');

@@ -67,7 +67,8 @@ sub event_seen {
 
 sub resync_for {
     my ($sub, $server, $timeout) = @_;
-    my $of = sub { grep { ($JSON->decode($_)->{server} // '') eq $server } @_ };
+    my $of = sub {
+        grep { ($JSON->decode($_)->{server} // '') eq $server } @_ };
     return scalar $of->($cl->smessages($sub, $timeout, $of));
 }
 

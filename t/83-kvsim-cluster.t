@@ -131,8 +131,9 @@ ok(wait_until(15, sub {
         $new = $cl->owner_now;
         $new && $new->{port} != $own->{port} }),
    'the slot moved to ' . ($new ? $new->{port} : '-'));
-ok($env->wait_for_log(qr/subscribed to "\Q$CH\E" on redis 127\.0\.0\.1:$new->{port} /,
-                      10, $offset),
+ok($env->wait_for_log(
+       qr/subscribed to "\Q$CH\E" on redis 127\.0\.0\.1:$new->{port} /,
+       10, $offset),
    'nginx subscribed on the new master');
 ok(wait_until(10, sub {
         $cl->cli($new->{port}, PUBSUB => SHARDNUMSUB => "$CH:resync")

@@ -74,7 +74,8 @@ sub cli {
 # ({port, replicas => [port...]}), failed nodes left out
 sub owner {
     my ($c, $from) = @_;
-    my @lines = map { [split ' '] } split /\n/, $c->cli($from, CLUSTER => 'NODES');
+    my @lines = map { [split ' '] }
+                split /\n/, $c->cli($from, CLUSTER => 'NODES');
     my (%port, $master);
     for (@lines) {
         my ($id, $addr, $flags, $of, @rest) = @$_;
@@ -84,7 +85,8 @@ sub owner {
         for (@rest[4 .. $#rest]) {
             my ($lo, $hi) = split /-/;
             $master = $id if defined $lo && $lo =~ /^\d+$/
-                             && $lo <= $c->{slot} && $c->{slot} <= ($hi // $lo);
+                             && $lo <= $c->{slot}
+                             && $c->{slot} <= ($hi // $lo);
         }
     }
     return undef unless $master;
