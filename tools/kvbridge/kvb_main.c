@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/resource.h>
 
 #include <zmq.h>
 
@@ -40,6 +41,12 @@
 
 /* the loop waits at most this long, deadlines or not */
 #define KVB_LOOP_WAIT_MS       1000
+
+/* ZeroMQ sockets of the context: 4 an engine, and room for the rest */
+#define KVB_ZMQ_SOCKETS        (4 * KVB_ENGINES_MAX + 64)
+
+/* open files an engine may take (sockets, their ZeroMQ mailboxes) */
+#define KVB_FILES_ENGINE       8
 
 
 /* one engine as the bridge runs it: the engine, its scrape, its sources */
@@ -74,6 +81,7 @@ static volatile sig_atomic_t   kvb_stop;
 
 
 static void kvb_on_signal(int signo);
+static void kvb_raise_nofile(size_t nengines);
 static void kvb_on_resync(void *data, const char *server, size_t len,
     unsigned rank);
 static int kvb_scrape_setup(kvb_eng_t *g, char *err, size_t errlen);
@@ -168,6 +176,18 @@ main(int argc, char **argv)
         kvb_log(KVB_LOG_ERR, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
         return 1;
     }
+
+    /*
+     * An engine takes up to four sockets (its SUB, the monitor's pair,
+     * the replay DEALER): ZeroMQ's default of 1,023 a context ran out at
+     * about 250 engines, short of KVB_ENGINES_MAX.
+     */
+    if (zmq_ctx_set(zctx, ZMQ_MAX_SOCKETS, KVB_ZMQ_SOCKETS) != 0) {
+        kvb_log(KVB_LOG_WARN, "zmq_ctx_set(ZMQ_MAX_SOCKETS, %d): %s",
+                KVB_ZMQ_SOCKETS, zmq_strerror(zmq_errno()));
+    }
+
+    kvb_raise_nofile(kvb_conf.nengines);
 
     rconf.host = kvb_conf.redis_host;
     rconf.port = kvb_conf.redis_port;
@@ -1030,4 +1050,33 @@ kvb_daemonize(const char *pid_file)
     fclose(f);
 
     return 0;
+}
+
+
+/*
+ * 256 engines held 1,037 descriptors (sockets, ZeroMQ's mailboxes):
+ * past the 1,024 a process gets by default.  The soft limit goes up to
+ * what the engines may need, as far as the hard limit allows.
+ */
+static void
+kvb_raise_nofile(size_t nengines)
+{
+    rlim_t         want;
+    struct rlimit  rl;
+
+    want = (rlim_t) (KVB_FILES_ENGINE * nengines + 256);
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want) {
+        return;
+    }
+
+    rl.rlim_cur = (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want)
+                  ? want : rl.rlim_max;
+
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < want) {
+        kvb_log(KVB_LOG_WARN, "open files limited to %llu: %zu engines may "
+                "need %llu (LimitNOFILE= in the unit)",
+                (unsigned long long) rl.rlim_cur, nengines,
+                (unsigned long long) want);
+    }
 }
