@@ -307,6 +307,7 @@ bench: deps module $(BENCHES)
 bench-events: deps module tools $(KVA_HASHES) $(BUILD)/bench_bridge
 	bash bench/bench_events.sh
 	bash bench/bench_bridge.sh
+	bash bench/bench_fleet.sh
 
 # worst-case lock holds: floods of colliding keys, the largest messages
 bench-worst: $(BUILD)/bench_worst
