@@ -319,6 +319,15 @@ ngx_http_kv_aware_on_connect(const redisAsyncContext *ac, int status)
         ngx_del_timer(&link->watch);
     }
 
+    /*
+     * cluster=on: a hung node (what a failover often follows) accepts and
+     * answers nothing; the link waits for CLUSTER SLOTS and its setup no
+     * longer than for a connect, then tries the next node.
+     */
+    if (link->redis->conf->cluster) {
+        ngx_add_timer(&link->watch, link->redis->conf->connect_timeout);
+    }
+
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, link->redis->log, 0,
                    "kv_aware: redis %s connected",
                    link->subscriber ? "subscriber" : "publisher");
@@ -639,6 +648,17 @@ ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
                       &conf->addr_text, conf->connect_timeout);
         ngx_http_kv_aware_link_close(link);
         ngx_http_kv_aware_link_lost(link, "connect timed out");
+        return;
+    }
+
+    if (!link->ready && conf->cluster) {
+        ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                      "kv_aware: redis cluster node %s:%ui: no answer in "
+                      "%M ms after connecting", link->addr.ip,
+                      link->addr.port, conf->connect_timeout);
+        ngx_http_kv_aware_link_close(link);
+        link->connected = 0;
+        ngx_http_kv_aware_link_lost(link, "no answer");
         return;
     }
 

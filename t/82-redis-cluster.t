@@ -12,7 +12,7 @@
 #     slot each time, asks a resync, and routes by the answer;
 #   * a reload hands the sharded subscription over;
 #   * cluster=on on a Redis that is no cluster: a clear error, requests
-#     routed all the same;
+#     routed all the same; a node that answers nothing is given up;
 #   * nginx -t refuses cluster=on without a hash tag, with pattern=on, and
 #     a resync_channel= in another slot.
 #
@@ -105,7 +105,8 @@ for ([ 'cluster=on', qr/needs a channel= with a hash tag/ ],
 
 my ($plain) = KvAware::Launch::free_ports(1);
 $env->launch->start_redis($plain, { name => 'plain' });
-$env->conf(http_config => upstream("cluster=on channel=$CH", $plain),
+$env->conf(http_config => upstream("cluster=on channel=$CH "
+                                   . 'connect_timeout=1s', $plain),
            config => $LOCATIONS);
 $env->start_nginx or BAIL_OUT('nginx did not start: ' . $env->last_error);
 ok($env->wait_for_log("redis 127.0.0.1:$plain: CLUSTER SLOTS answered ERR "
@@ -114,6 +115,14 @@ ok($env->wait_for_log("redis 127.0.0.1:$plain: CLUSTER SLOTS answered ERR "
 isnt(status($env)->{redis}{state}, 'up', 'the link is not up');
 is(chat($env, prompt('plain', 4))->{status}, 200,
    'requests are routed all the same');
+
+# a node that accepts and answers nothing (stopped): not waited for forever
+my $offset0 = $env->error_log_offset;
+kill 'STOP', $env->launch->pid('plain');
+ok($env->wait_for_log("redis cluster node 127.0.0.1:$plain: no answer in",
+                      10, $offset0),
+   'a stopped node: given up after connect_timeout, tried again');
+kill 'CONT', $env->launch->pid('plain');
 $env->stop_nginx;
 $env->launch->stop('plain');
 
