@@ -13,6 +13,7 @@
 #   * a reload hands the sharded subscription over;
 #   * cluster=on on a Redis that is no cluster: a clear error, requests
 #     routed all the same; a node that answers nothing is given up;
+#   * share=on: a second nginx hears what the first routed, sharded;
 #   * nginx -t refuses cluster=on without a hash tag, with pattern=on, and
 #     a resync_channel= in another slot.
 #
@@ -245,5 +246,52 @@ failover_round('the master killed', sub {
 });
 
 $env->check_logs_clean('after two failovers');
+
+# --- share=on: two nginx learn together over the slot -------------------------
+
+# the servers publish nothing now: what routes is what each nginx learned
+# and what the other SPUBLISHed on CHANNEL:learned
+$env->stop_nginx;
+my $share = "cluster=on channel=$CH share=on heartbeat=60s";
+$env->conf(http_config => upstream($share), config => $LOCATIONS);
+$env->start_nginx or BAIL_OUT('nginx did not start: ' . $env->last_error);
+
+my ($port_b) = KvAware::Launch::free_ports(1);
+my $lb = KvAware::Launch->new(template => 'cluster-b-XXXXXX', watchdog => 1,
+                              diag => \&diag);
+(my $http_b = upstream($share)) =~ s/\$TEST_NGINX_BACKEND_(\d+)/
+                                     '127.0.0.1:' . $env->backend_port($1)/ge;
+$lb->write_nginx_conf(http => $http_b . <<EOF);
+    server {
+        listen 127.0.0.1:$port_b;
+$LOCATIONS    }
+EOF
+my ($ok_b, $err_b) = $lb->start_nginx;
+ok($ok_b, 'a second nginx, share=on too') or diag($err_b);
+
+sub status_b {
+    my $r = $env->request(GET => '/kv_status', undef, {}, port => $port_b);
+    return $r->{json} ? $r->{json}{upstreams}{llm} : undef;
+}
+
+ok(wait_until(10, sub {
+        my $b = status_b();
+        $b && $b->{redis}{state} eq 'up'
+        && status($env)->{redis}{state} eq 'up' }),
+   'both subscribed to the cluster');
+
+my $S = prompt('shared', 10);
+my $ra = chat($env, $S);
+ok(wait_until(5, sub { (status_b() // {})->{share}{received} > 0 }),
+   'the second nginx heard what the first routed (SPUBLISHed, learned)');
+my $rb = $env->request(POST => '/v1/chat/completions', $S,
+                       { 'Content-Type' => 'application/json' },
+                       port => $port_b);
+is(($rb->{headers}{'x-backend'} // '-') . ' '
+   . ($rb->{headers}{'x-kv-reason'} // '-'), "$ra->{backend} affinity",
+   'and sends the prompt to the same server, by affinity');
+
+$lb->stop_nginx;
+$env->check_logs_clean('share=on');
 
 done_testing();
