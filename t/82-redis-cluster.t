@@ -247,7 +247,7 @@ failover_round('the master killed', sub {
 
 $env->check_logs_clean('after two failovers');
 
-# --- share=on: two nginx learn together over the slot -------------------------
+# --- share=on: two nginx learn together over the slot ----------------------
 
 # the servers publish nothing now: what routes is what each nginx learned
 # and what the other SPUBLISHed on CHANNEL:learned
