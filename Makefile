@@ -36,7 +36,7 @@ NGX_SRCS   := $(wildcard src/ngx_http_kv_aware_*.c src/ngx_http_kv_aware_*.h)
 
 # core unit tests link the core alone; tools/*.mk add their own
 UNIT_TESTS := $(patsubst %,$(BUILD)/unit/test_%,prompt prompt_ref hash index score pd_body \
-              event event_encode event_limits session)
+              event event_encode event_limits session cluster)
 TOOLS      :=
 
 # everything the tests use that a minimal Debian 12 (debootstrap minbase,
@@ -180,7 +180,7 @@ $(KVA_HASHES): t/lib/kva_hashes.c $(LIBKVA)
 $(BUILD)/unit/%: t/unit/%.c $(LIBKVA)
 	@mkdir -p $(BUILD)/unit
 	$(CC) $(CFLAGS_CORE) -It/unit -o $@ $< $(LIBKVA) \
-	    -ljansson -lxxhash
+	    -ljansson -lxxhash -lhiredis
 
 # the differential test of the scanner links its random body generator
 PROMPT_TEST_SRCS := $(wildcard t/unit/prompt_rand*.c)
@@ -307,6 +307,7 @@ bench: deps module $(BENCHES)
 bench-events: deps module tools $(KVA_HASHES) $(BUILD)/bench_bridge
 	bash bench/bench_events.sh
 	bash bench/bench_bridge.sh
+	bash bench/bench_fleet.sh
 
 # worst-case lock holds: floods of colliding keys, the largest messages
 bench-worst: $(BUILD)/bench_worst

@@ -5,6 +5,7 @@
 #include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_conf.h"
 #include "ngx_http_kv_aware_events.h"
+#include "kva_cluster.h"
 
 
 #define ngx_http_kv_aware_events_offset(field)                                \
@@ -13,6 +14,8 @@
 
 static char *ngx_http_kv_aware_events_redis(ngx_conf_t *cf,
     ngx_http_kv_aware_param_t *p, ngx_str_t *value, void *conf);
+static char *ngx_http_kv_aware_events_cluster(
+    ngx_http_kv_aware_events_conf_t *ecf);
 
 
 /* see docs/reference.md, "kv_aware_events" */
@@ -30,6 +33,12 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_events_params[] = {
     { ngx_string("pattern"),
       ngx_http_kv_aware_conf_flag,
       ngx_http_kv_aware_events_offset(link.pattern),
+      0, 0, "off" },
+
+    /* a Redis Cluster: sharded pub/sub on the channel slot's master */
+    { ngx_string("cluster"),
+      ngx_http_kv_aware_conf_flag,
+      ngx_http_kv_aware_events_offset(link.cluster),
       0, 0, "off" },
 
     /* the default, CHANNEL:resync, is made once the channel is known */
@@ -202,6 +211,13 @@ ngx_http_kv_aware_events_conf_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         ngx_memcpy(p, ":learned", sizeof(":learned"));
     }
 
+    if (ecf->link.cluster) {
+        p = (u_char *) ngx_http_kv_aware_events_cluster(ecf);
+        if (p != NULL) {
+            return (char *) p;
+        }
+    }
+
     ecf->link.name = kcf->upstream;
 
     /* the index clock reads it on every request: no detour through ecf */
@@ -209,6 +225,41 @@ ngx_http_kv_aware_events_conf_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     kcf->events = ecf;
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * The channels a subscriber and its publisher use (CHANNEL, its resync,
+ * learned and ping channels) must be on one node: one slot.  A hash tag
+ * in CHANNEL puts every name it starts in its slot.
+ */
+static char *
+ngx_http_kv_aware_events_cluster(ngx_http_kv_aware_events_conf_t *ecf)
+{
+    ngx_str_t  *ch;
+
+    ch = &ecf->link.channel;
+
+    if (ecf->link.pattern) {
+        return "needs pattern=off with cluster=on (no sharded PSUBSCRIBE)";
+    }
+
+    if (!kva_cluster_has_tag(ch->data, ch->len)) {
+        return "needs a channel= with a hash tag with cluster=on, "
+               "e.g. channel={kv_aware}:events, so that the channels "
+               "made from it share its cluster slot";
+    }
+
+    ecf->link.slot = kva_cluster_slot(ch->data, ch->len);
+
+    if (kva_cluster_slot(ecf->resync_channel.data, ecf->resync_channel.len)
+        != ecf->link.slot)
+    {
+        return "has a resync_channel= in another cluster slot than "
+               "channel= (give it the same hash tag)";
+    }
+
+    return NULL;
 }
 
 

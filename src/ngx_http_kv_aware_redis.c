@@ -9,29 +9,14 @@
  * hiredis 0.14 has no timeouts, so connect and read timeouts are nginx
  * timers.  A subscriber that is silent is normal, so liveness is checked
  * by publishing a ping to ourselves and waiting for it to come back.
+ *
+ * With cluster=on, each connection first asks the node it reached which
+ * one owns the channel's slot and moves there (see
+ * ngx_http_kv_aware_redis_cluster.c); the rest is the same.
  */
 
 #include "ngx_http_kv_aware_redis.h"
-#include "ngx_http_kv_aware_redis_loop.h"
-
-
-#define NGX_HTTP_KV_AWARE_BACKOFF_MIN   100
-#define NGX_HTTP_KV_AWARE_BACKOFF_MAX   3000
-
-
-/* one connection to Redis: the subscriber or the publisher */
-typedef struct {
-    ngx_http_kv_aware_redis_conn_t   conn;      /* hiredis, on the loop */
-    ngx_http_kv_aware_redis_t       *redis;
-    ngx_event_t                      retry;     /* reconnect after backoff */
-    ngx_event_t                      watch;     /* connect timeout, pings */
-    ngx_msec_t                       backoff;
-    unsigned                         subscriber:1;
-    unsigned                         connected:1;
-    unsigned                         ready:1;   /* authenticated, subscribed */
-    unsigned                         ping_out:1;
-    unsigned                         closing:1; /* we free it: no callbacks */
-} ngx_http_kv_aware_link_t;
+#include "ngx_http_kv_aware_redis_cluster.h"
 
 
 struct ngx_http_kv_aware_redis_s {
@@ -42,6 +27,7 @@ struct ngx_http_kv_aware_redis_s {
     ngx_http_kv_aware_link_t             sub;
     ngx_http_kv_aware_link_t             pub;
     ngx_str_t                            ping_channel;   /* NUL-terminated */
+    ngx_http_kv_aware_cluster_t          cluster;
     unsigned                             stopping:1;
 };
 
@@ -57,8 +43,6 @@ static void ngx_http_kv_aware_on_connect(const redisAsyncContext *ac,
 static void ngx_http_kv_aware_on_disconnect(const redisAsyncContext *ac,
     int status);
 static void ngx_http_kv_aware_on_auth(redisAsyncContext *ac, void *r,
-    void *data);
-static void ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r,
     void *data);
 static void ngx_http_kv_aware_retry_handler(ngx_event_t *ev);
 static void ngx_http_kv_aware_watch_handler(ngx_event_t *ev);
@@ -76,10 +60,11 @@ ngx_http_kv_aware_redis_start(ngx_cycle_t *cycle,
     ngx_http_kv_aware_redis_stats_t *stats,
     ngx_http_kv_aware_redis_handlers_t *handlers)
 {
-    u_char                     *p;
-    ngx_uint_t                  i;
-    ngx_http_kv_aware_redis_t  *rd;
-    ngx_http_kv_aware_link_t   *links[2];
+    u_char                       *p;
+    ngx_uint_t                    i;
+    ngx_http_kv_aware_redis_t    *rd;
+    ngx_http_kv_aware_link_t     *links[2];
+    ngx_http_kv_aware_cluster_t  *cl;
 
     rd = ngx_pcalloc(cycle->pool, sizeof(ngx_http_kv_aware_redis_t));
     if (rd == NULL) {
@@ -104,12 +89,25 @@ ngx_http_kv_aware_redis_start(ngx_cycle_t *cycle,
     *p = '\0';
     rd->ping_channel.len = p - rd->ping_channel.data;
 
+    /* the seed: where the links start, and go back to after failures */
+    cl = &rd->cluster;
+    (void) ngx_cpystrn(cl->nodes[0].ip, conf->ip, sizeof(cl->nodes[0].ip));
+    cl->nodes[0].port = conf->port;
+    cl->nnodes = 1;
+    cl->slot = conf->slot;
+    cl->channel = &conf->channel;
+    cl->ping = &rd->ping_channel;
+    cl->second = &conf->second;
+    cl->log = cycle->log;
+
     rd->sub.subscriber = 1;
     links[0] = &rd->sub;
     links[1] = &rd->pub;
 
     for (i = 0; i < 2; i++) {
         links[i]->redis = rd;
+        links[i]->cluster = cl;
+        links[i]->addr = cl->nodes[0];
         links[i]->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
 
         links[i]->conn.log = cycle->log;
@@ -163,6 +161,11 @@ ngx_http_kv_aware_redis_publish(ngx_http_kv_aware_redis_t *rd,
         return NGX_DECLINED;
     }
 
+    if (rd->conf->cluster) {
+        return ngx_http_kv_aware_cluster_publish(&rd->pub, channel, data,
+                                                 len);
+    }
+
     if (redisAsyncCommand(rd->pub.conn.ac, NULL, NULL, "PUBLISH %b %b",
                           channel->data, channel->len, data, len)
         != REDIS_OK)
@@ -182,8 +185,7 @@ ngx_http_kv_aware_link_connect(ngx_http_kv_aware_link_t *link)
 
     conf = link->redis->conf;
 
-    /* a numeric address: hiredis' getaddrinfo() does not block on it */
-    ac = redisAsyncConnect((char *) conf->ip, (int) conf->port);
+    ac = redisAsyncConnect((char *) link->addr.ip, (int) link->addr.port);
 
     if (ac == NULL || ac->err) {
         ngx_http_kv_aware_link_lost(link, ac ? ac->errstr : "no memory");
@@ -240,24 +242,51 @@ ngx_http_kv_aware_link_send_setup(ngx_http_kv_aware_link_t *link)
         }
     }
 
+    if (conf->cluster) {
+        ngx_http_kv_aware_cluster_ask(link);
+        return;
+    }
+
+    ngx_http_kv_aware_link_subscribe(link);
+}
+
+
+/* on the node that has the channel (any node, unless cluster=on) */
+void
+ngx_http_kv_aware_link_subscribe(ngx_http_kv_aware_link_t *link)
+{
+    redisAsyncContext               *ac;
+    ngx_http_kv_aware_redis_t       *rd;
+    ngx_http_kv_aware_redis_conf_t  *conf;
+
+    ac = link->conn.ac;
+    rd = link->redis;
+    conf = rd->conf;
+
     if (!link->subscriber) {
-        if (conf->password.len == 0) {
+        /* cluster=on: AUTH has already been answered */
+        if (conf->password.len == 0 || conf->cluster) {
             link->ready = 1;
         }
 
         return;
     }
 
-    (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_message, link,
+    if (conf->cluster) {
+        ngx_http_kv_aware_cluster_subscribe(link);
+        return;
+    }
+
+    (void) redisAsyncCommand(ac, ngx_http_kv_aware_link_on_message, link,
                              conf->pattern ? "PSUBSCRIBE %b" : "SUBSCRIBE %b",
                              conf->channel.data, conf->channel.len);
 
-    (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_message, link,
+    (void) redisAsyncCommand(ac, ngx_http_kv_aware_link_on_message, link,
                              "SUBSCRIBE %b", rd->ping_channel.data,
                              rd->ping_channel.len);
 
     if (conf->second.len) {
-        (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_message, link,
+        (void) redisAsyncCommand(ac, ngx_http_kv_aware_link_on_message, link,
                                  "SUBSCRIBE %b", conf->second.data,
                                  conf->second.len);
     }
@@ -288,6 +317,15 @@ ngx_http_kv_aware_on_connect(const redisAsyncContext *ac, int status)
 
     if (link->watch.timer_set) {
         ngx_del_timer(&link->watch);
+    }
+
+    /*
+     * cluster=on: a hung node (what a failover often follows) accepts and
+     * answers nothing; the link waits for CLUSTER SLOTS and its setup no
+     * longer than for a connect, then tries the next node.
+     */
+    if (link->redis->conf->cluster) {
+        ngx_add_timer(&link->watch, link->redis->conf->connect_timeout);
     }
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, link->redis->log, 0,
@@ -334,14 +372,14 @@ ngx_http_kv_aware_on_auth(redisAsyncContext *ac, void *r, void *data)
         return;
     }
 
-    if (!link->subscriber) {
+    if (!link->subscriber && !link->redis->conf->cluster) {
         link->ready = 1;
     }
 }
 
 
-static void
-ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r, void *data)
+void
+ngx_http_kv_aware_link_on_message(redisAsyncContext *ac, void *r, void *data)
 {
     redisReply                 *reply = r, *kind, *channel, *payload;
     ngx_http_kv_aware_link_t   *link = data;
@@ -358,6 +396,12 @@ ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r, void *data)
      * here: hiredis 0.14 drops the connection, and link_lost() logs why.
      */
 
+    if (reply->type == REDIS_REPLY_ERROR && rd->conf->cluster) {
+        /* a MOVED: the slot went elsewhere since CLUSTER SLOTS */
+        ngx_http_kv_aware_cluster_moved(link, reply->str, reply->len);
+        return;
+    }
+
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 3) {
         return;
     }
@@ -371,6 +415,12 @@ ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r, void *data)
     }
 
     if (channel->type != REDIS_REPLY_STRING) {
+        return;
+    }
+
+    if (kind->len == 12 && ngx_strncmp(kind->str, "sunsubscribe", 12) == 0) {
+        /* Redis 7 says so when the slot moves, after a failover say */
+        ngx_http_kv_aware_cluster_moved(link, "the slot moved", 14);
         return;
     }
 
@@ -390,7 +440,9 @@ ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r, void *data)
     {
         /* its confirmation is not the subscription the consumer waits for */
         if (link->ready && payload->type == REDIS_REPLY_STRING
-            && kind->len == 7 && ngx_strncmp(kind->str, "message", 7) == 0)
+            && ((kind->len == 7 && ngx_strncmp(kind->str, "message", 7) == 0)
+                || (kind->len == 8
+                    && ngx_strncmp(kind->str, "smessage", 8) == 0)))
         {
             rd->handlers.second(rd->handlers.data, (u_char *) payload->str,
                                 payload->len);
@@ -400,8 +452,14 @@ ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r, void *data)
     }
 
     if ((kind->len == 9 && ngx_strncmp(kind->str, "subscribe", 9) == 0)
-        || (kind->len == 10 && ngx_strncmp(kind->str, "psubscribe", 10) == 0))
+        || (kind->len == 10 && ngx_strncmp(kind->str, "psubscribe", 10) == 0)
+        || (kind->len == 10 && ngx_strncmp(kind->str, "ssubscribe", 10) == 0))
     {
+        if (rd->conf->cluster && kind->str[1] != 's') {
+            /* hiredis' half of cluster_subscribe(): the sharded one counts */
+            return;
+        }
+
         link->ready = 1;
         link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
         (void) ngx_atomic_fetch_add(&rd->stats->connects, 1);
@@ -409,8 +467,9 @@ ngx_http_kv_aware_on_message(redisAsyncContext *ac, void *r, void *data)
 
         ngx_log_error(NGX_LOG_NOTICE, rd->log, 0,
                       "kv_aware: upstream \"%V\" subscribed to \"%V\" "
-                      "on redis %V", &rd->conf->name, &rd->conf->channel,
-                      &rd->conf->addr_text);
+                      "on redis %s:%ui%s", &rd->conf->name,
+                      &rd->conf->channel, link->addr.ip, link->addr.port,
+                      rd->conf->cluster ? " (the slot's master)" : "");
 
         rd->handlers.subscribed(rd->handlers.data);
 
@@ -441,12 +500,20 @@ ngx_http_kv_aware_link_lost(ngx_http_kv_aware_link_t *link, const char *why)
         ngx_del_timer(&link->watch);
     }
 
-    if (link->connected || link->ready) {
+    if ((link->connected || link->ready) && rd->conf->cluster) {
+        ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                      "kv_aware: redis cluster node %s:%ui %s lost: %s, "
+                      "reconnecting", link->addr.ip, link->addr.port,
+                      link->subscriber ? "subscriber" : "publisher", why);
+
+    } else if (link->connected || link->ready) {
         ngx_log_error(NGX_LOG_WARN, rd->log, 0,
                       "kv_aware: redis %V %s lost: %s, reconnecting",
                       &rd->conf->addr_text,
                       link->subscriber ? "subscriber" : "publisher", why);
+    }
 
+    if (link->connected || link->ready) {
         if (link->subscriber) {
             rd->handlers.lost(rd->handlers.data);
         }
@@ -461,7 +528,14 @@ ngx_http_kv_aware_link_lost(ngx_http_kv_aware_link_t *link, const char *why)
     link->ready = 0;
     link->ping_out = 0;
 
-    (void) ngx_atomic_fetch_add(&rd->stats->failures, 1);
+    if (!link->moving) {
+        (void) ngx_atomic_fetch_add(&rd->stats->failures, 1);
+    }
+
+    if (rd->conf->cluster) {
+        ngx_http_kv_aware_cluster_lost(link);
+    }
+
     ngx_http_kv_aware_set_state(rd);
 
     if (rd->stopping || ngx_exiting || ngx_quit || ngx_terminate) {
@@ -577,6 +651,17 @@ ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
         return;
     }
 
+    if (!link->ready && conf->cluster) {
+        ngx_log_error(NGX_LOG_WARN, rd->log, 0,
+                      "kv_aware: redis cluster node %s:%ui: no answer in "
+                      "%M ms after connecting", link->addr.ip,
+                      link->addr.port, conf->connect_timeout);
+        ngx_http_kv_aware_link_close(link);
+        link->connected = 0;
+        ngx_http_kv_aware_link_lost(link, "no answer");
+        return;
+    }
+
     if (!link->subscriber || !link->ready) {
         return;
     }
@@ -592,10 +677,9 @@ ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
         return;
     }
 
-    if (rd->pub.ready
-        && redisAsyncCommand(rd->pub.conn.ac, NULL, NULL, "PUBLISH %b ping",
-                             rd->ping_channel.data, rd->ping_channel.len)
-           == REDIS_OK)
+    if (ngx_http_kv_aware_redis_publish(rd, &rd->ping_channel,
+                                        (u_char *) "ping", 4)
+        == NGX_OK)
     {
         link->ping_out = 1;
     }

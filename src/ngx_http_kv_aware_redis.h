@@ -34,6 +34,8 @@ typedef struct {
     ngx_uint_t                      port;
     ngx_str_t                       channel;      /* NUL-terminated */
     ngx_flag_t                      pattern;
+    ngx_flag_t                      cluster;      /* sharded, on a cluster */
+    ngx_uint_t                      slot;         /* the channel's */
     ngx_str_t                       second;       /* also; len 0: none */
     ngx_str_t                       user;
     ngx_str_t                       password;

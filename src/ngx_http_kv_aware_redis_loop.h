@@ -1,8 +1,9 @@
 /*
  * ngx_http_kv_aware_module: a hiredis async context on nginx's event
  * loop, the way Nchan's adapter puts it there.  It knows nothing of what
- * is said on the connection; the Redis link (ngx_http_kv_aware_redis.c)
- * and this file are the only ones that include hiredis.
+ * is said on the connection; the Redis link (ngx_http_kv_aware_redis.c,
+ * its cluster part ngx_http_kv_aware_redis_cluster.c) and this file are
+ * the only ones that include hiredis.
  */
 
 #ifndef _NGX_HTTP_KV_AWARE_REDIS_LOOP_H_INCLUDED_

@@ -58,6 +58,9 @@ static const kvb_arg_t  kvb_args[] = {
       "FILE", "read these directives from FILE, one a line" },
     { "redis", KVB_ARG_REDIS, 0, 0, 0,
       "HOST:PORT", "Redis to publish on (127.0.0.1:6379)" },
+    { "redis-cluster", KVB_ARG_FLAG, F(redis_cluster), 0, 0,
+      "", "--redis is a node of a Redis 7 Cluster: SPUBLISH on the "
+      "master of the channel's slot (the channel needs a hash tag)" },
     { "redis-user", KVB_ARG_STR, F(redis_user), 0, 0,
       "NAME", "Redis ACL user" },
     { "redis-password", KVB_ARG_STR, F(redis_password), 0, 0,
@@ -495,7 +498,13 @@ kvb_arg_set(kvb_conf_t *c, const kvb_arg_t *a, const char *v, char *err,
         return 0;
 
     case KVB_ARG_FLAG:
-        c->daemon = 1;
+        if (a->offset != 0) {
+            *(int *) ((char *) c + a->offset) = 1;
+
+        } else {
+            c->daemon = 1;
+        }
+
         return 0;
 
     case KVB_ARG_REDIS:

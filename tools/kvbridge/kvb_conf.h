@@ -42,6 +42,7 @@ typedef struct {
     const char             *channel;
     size_t                  redis_max_pending;  /* bytes not yet answered */
     unsigned                redis_timeout_ms;   /* a reply within this */
+    int                     redis_cluster;      /* sharded, slot's master */
     const char             *collect;    /* a bound SUB for engines that
                                            connect, told apart by topic */
     const char             *collect_allow;  /* peers' IPs, or NULL */

@@ -15,9 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/resource.h>
 
 #include <zmq.h>
 
+#include "kva_cluster.h"
 #include "kvb_conf.h"
 #include "kvb_engine.h"
 #include "kvb_guard.h"
@@ -39,6 +41,12 @@
 
 /* the loop waits at most this long, deadlines or not */
 #define KVB_LOOP_WAIT_MS       1000
+
+/* ZeroMQ sockets of the context: 4 an engine, and room for the rest */
+#define KVB_ZMQ_SOCKETS        (4 * KVB_ENGINES_MAX + 64)
+
+/* open files an engine may take (sockets, their ZeroMQ mailboxes) */
+#define KVB_FILES_ENGINE       8
 
 
 /* one engine as the bridge runs it: the engine, its scrape, its sources */
@@ -73,6 +81,7 @@ static volatile sig_atomic_t   kvb_stop;
 
 
 static void kvb_on_signal(int signo);
+static void kvb_raise_nofile(size_t nengines);
 static void kvb_on_resync(void *data, const char *server, size_t len,
     unsigned rank);
 static int kvb_scrape_setup(kvb_eng_t *g, char *err, size_t errlen);
@@ -140,6 +149,16 @@ main(int argc, char **argv)
         return 2;
     }
 
+    /* nginx's resync requests come on the channel's slot, not another */
+    if (kvb_conf.redis_cluster
+        && !kva_cluster_has_tag((const unsigned char *) kvb_conf.channel,
+                                strlen(kvb_conf.channel)))
+    {
+        fprintf(stderr, "kvbridge: --redis-cluster needs a --channel with "
+                "a hash tag, e.g. {kv_aware}:events\n");
+        return 2;
+    }
+
     kvb_log_level = (kvb_log_level_e) kvb_conf.log_level;
 
     if (kvb_conf.daemon && kvb_daemonize(kvb_conf.pid_file) != 0) {
@@ -158,6 +177,18 @@ main(int argc, char **argv)
         return 1;
     }
 
+    /*
+     * An engine takes up to four sockets (its SUB, the monitor's pair,
+     * the replay DEALER): ZeroMQ's default of 1,023 a context ran out at
+     * about 250 engines, short of KVB_ENGINES_MAX.
+     */
+    if (zmq_ctx_set(zctx, ZMQ_MAX_SOCKETS, KVB_ZMQ_SOCKETS) != 0) {
+        kvb_log(KVB_LOG_WARN, "zmq_ctx_set(ZMQ_MAX_SOCKETS, %d): %s",
+                KVB_ZMQ_SOCKETS, zmq_strerror(zmq_errno()));
+    }
+
+    kvb_raise_nofile(kvb_conf.nengines);
+
     rconf.host = kvb_conf.redis_host;
     rconf.port = kvb_conf.redis_port;
     rconf.user = kvb_conf.redis_user;
@@ -165,6 +196,7 @@ main(int argc, char **argv)
     rconf.channel = kvb_conf.channel;
     rconf.max_pending_bytes = kvb_conf.redis_max_pending;
     rconf.timeout_ms = kvb_conf.redis_timeout_ms;
+    rconf.cluster = kvb_conf.redis_cluster;
     rh.resync = kvb_on_resync;
     rh.data = NULL;
 
@@ -1018,4 +1050,33 @@ kvb_daemonize(const char *pid_file)
     fclose(f);
 
     return 0;
+}
+
+
+/*
+ * 256 engines held 1,037 descriptors (sockets, ZeroMQ's mailboxes):
+ * past the 1,024 a process gets by default.  The soft limit goes up to
+ * what the engines may need, as far as the hard limit allows.
+ */
+static void
+kvb_raise_nofile(size_t nengines)
+{
+    rlim_t         want;
+    struct rlimit  rl;
+
+    want = (rlim_t) (KVB_FILES_ENGINE * nengines + 256);
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want) {
+        return;
+    }
+
+    rl.rlim_cur = (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want)
+                  ? want : rl.rlim_max;
+
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < want) {
+        kvb_log(KVB_LOG_WARN, "open files limited to %llu: %zu engines may "
+                "need %llu (LimitNOFILE= in the unit)",
+                (unsigned long long) rl.rlim_cur, nengines,
+                (unsigned long long) want);
+    }
 }

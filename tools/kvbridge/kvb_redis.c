@@ -28,6 +28,7 @@
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
+#include "kva_cluster.h"
 #include "kva_event.h"
 #include "kvb_log.h"
 #include "kvb_redis.h"
@@ -45,6 +46,9 @@
 /* having held this much, the link gives the memory back once drained */
 #define KVB_REDIS_TRIM_BYTES    (1024 * 1024)
 
+/* the cluster's nodes a link tries when the one it knew is gone */
+#define KVB_REDIS_NODES         16
+
 
 typedef struct kvb_link_s  kvb_link_t;
 
@@ -56,6 +60,9 @@ struct kvb_link_s {
     unsigned                writing:1;
     unsigned                up:1;
     unsigned                subscriber:1;
+    unsigned                moving:1;   /* to host: not a failure */
+    char                    host[KVA_CLUSTER_HOST_LEN];  /* where to */
+    int                     port;
     uint64_t                deadline;   /* connect timeout, or retry */
     unsigned                backoff;
 
@@ -75,6 +82,12 @@ struct kvb_redis_s {
     size_t                  overhead;   /* a PUBLISH's bytes but its message */
     unsigned                ping_ms;
     unsigned                trim:1;     /* held a lot since the last trim */
+
+    /* conf.cluster: the channel's slot; the seed, then the nodes named */
+    unsigned                slot;
+    kva_cluster_node_t      nodes[KVB_REDIS_NODES];
+    size_t                  nnodes;
+    size_t                  next;
     kvb_redis_stats_t       st;
     kvb_log_limit_t         drop_log;
     kvb_log_limit_t         error_log;
@@ -98,6 +111,9 @@ static void kvb_on_auth(redisAsyncContext *ac, void *reply, void *data);
 static void kvb_on_published(redisAsyncContext *ac, void *reply, void *data);
 static void kvb_on_pong(redisAsyncContext *ac, void *reply, void *data);
 static void kvb_on_message(redisAsyncContext *ac, void *reply, void *data);
+static void kvb_on_slots(redisAsyncContext *ac, void *reply, void *data);
+static void kvb_link_placed(kvb_link_t *l);
+static void kvb_link_moved(kvb_link_t *l, const char *why);
 static void kvb_add_read(void *data);
 static void kvb_del_read(void *data);
 static void kvb_add_write(void *data);
@@ -143,6 +159,15 @@ kvb_redis_create(const kvb_redis_conf_t *conf, const kvb_redis_handler_t *h)
     r->sub.name = "subscribe";
     r->sub.subscriber = 1;
 
+    snprintf(r->nodes[0].host, sizeof(r->nodes[0].host), "%s", conf->host);
+    r->nodes[0].port = (unsigned) conf->port;
+    r->nnodes = 1;
+    r->slot = kva_cluster_slot((const unsigned char *) conf->channel, n);
+    snprintf(r->pub.host, sizeof(r->pub.host), "%s", conf->host);
+    snprintf(r->sub.host, sizeof(r->sub.host), "%s", conf->host);
+    r->pub.port = conf->port;
+    r->sub.port = conf->port;
+
     /* both connect on the first tick */
     return r;
 }
@@ -187,7 +212,7 @@ kvb_redis_publish(kvb_redis_t *r, const char *msg, size_t len)
         kvb_log_limited(&r->drop_log, now, KVB_LOG_WARN,
                         "redis %s:%d %s: message dropped (%llu bytes "
                         "waiting for an answer, at most %zu)",
-                        r->conf.host, r->conf.port,
+                        r->pub.host, r->pub.port,
                         r->pub.up ? "behind" : "down",
                         (unsigned long long) r->st.pending_bytes,
                         r->conf.max_pending_bytes);
@@ -195,7 +220,8 @@ kvb_redis_publish(kvb_redis_t *r, const char *msg, size_t len)
     }
 
     if (redisAsyncCommand(r->pub.ac, kvb_on_published,
-                          (void *) (uintptr_t) cost, "PUBLISH %s %b",
+                          (void *) (uintptr_t) cost,
+                          r->conf.cluster ? "SPUBLISH %s %b" : "PUBLISH %s %b",
                           r->conf.channel, msg, len)
         != REDIS_OK)
     {
@@ -357,12 +383,12 @@ kvb_link_connect(kvb_link_t *l, uint64_t now_ms)
 {
     redisAsyncContext  *ac;
 
-    ac = redisAsyncConnect(l->r->conf.host, l->r->conf.port);
+    ac = redisAsyncConnect(l->host, l->port);
 
     if (ac == NULL || ac->err) {
         if (ac != NULL) {
-            kvb_log(KVB_LOG_WARN, "redis %s:%d (%s): %s", l->r->conf.host,
-                    l->r->conf.port, l->name, ac->errstr);
+            kvb_log(KVB_LOG_WARN, "redis %s:%d (%s): %s", l->host, l->port,
+                    l->name, ac->errstr);
             redisAsyncFree(ac);
         }
 
@@ -402,9 +428,33 @@ kvb_link_connect(kvb_link_t *l, uint64_t now_ms)
         }
     }
 
+    if (l->r->conf.cluster) {
+        /* which node has the slot, first */
+        (void) redisAsyncCommand(ac, kvb_on_slots, l, "CLUSTER SLOTS");
+        return;
+    }
+
+    kvb_link_placed(l);
+}
+
+
+/* on the node that has the channel (any node, unless on a cluster) */
+static void
+kvb_link_placed(kvb_link_t *l)
+{
+    redisAsyncContext  *ac;
+
+    ac = l->ac;
+
     if (l->subscriber) {
         (void) redisAsyncCommand(ac, kvb_on_message, l, "SUBSCRIBE %s",
                                  l->r->resync_channel);
+
+        if (l->r->conf.cluster) {
+            /* hiredis 0.14 calls back for the channels it SUBSCRIBEd */
+            (void) redisAsyncCommand(ac, kvb_on_message, l, "SSUBSCRIBE %s",
+                                     l->r->resync_channel);
+        }
 
     } else {
         /* up once Redis answers, so that AUTH has been judged */
@@ -414,11 +464,109 @@ kvb_link_connect(kvb_link_t *l, uint64_t now_ms)
 
 
 static void
+kvb_on_slots(redisAsyncContext *ac, void *reply, void *data)
+{
+    size_t               i, n;
+    const char          *here;
+    kvb_link_t          *l = data;
+    kvb_redis_t         *r;
+    redisReply          *rep = reply;
+    kva_cluster_node_t   owner, nodes[KVB_REDIS_NODES - 1];
+
+    if (rep == NULL) {
+        return;
+    }
+
+    r = l->r;
+    n = KVB_REDIS_NODES - 1;
+
+    if (kva_cluster_owner(rep, r->slot, &owner, nodes, &n)
+        != KVA_CLUSTER_OK)
+    {
+        kvb_log(KVB_LOG_ERR, "redis %s:%d (%s): CLUSTER SLOTS names no "
+                "master for slot %u%s%s", l->host, l->port, l->name,
+                r->slot, rep->type == REDIS_REPLY_ERROR ? ": " : "",
+                rep->type == REDIS_REPLY_ERROR ? rep->str : "");
+        redisAsyncDisconnect(ac);
+        return;
+    }
+
+    /* this connection's node ("" in the reply) */
+    here = ac->c.tcp.host ? ac->c.tcp.host : l->host;
+
+    for (i = 0; i < n; i++) {
+        r->nodes[i + 1] = nodes[i];
+
+        if (nodes[i].host[0] == '\0') {
+            snprintf(r->nodes[i + 1].host, KVA_CLUSTER_HOST_LEN, "%s", here);
+        }
+    }
+
+    r->nnodes = n + 1;
+    r->next %= r->nnodes;
+
+    if (owner.host[0] == '\0') {
+        snprintf(owner.host, sizeof(owner.host), "%s", here);
+    }
+
+    if (owner.port == (unsigned) ac->c.tcp.port
+        && strcmp(owner.host, here) == 0)
+    {
+        kvb_link_placed(l);
+        return;
+    }
+
+    kvb_log(KVB_LOG_INFO, "redis %s:%d (%s): slot %u of %s is on %s:%u, "
+            "moving there", l->host, l->port, l->name, r->slot,
+            r->conf.channel, owner.host, owner.port);
+
+    snprintf(l->host, sizeof(l->host), "%s", owner.host);
+    l->port = (int) owner.port;
+    l->moving = 1;
+    redisAsyncDisconnect(ac);
+}
+
+
+/* the node says the slot is no longer its own: ask again where it went */
+static void
+kvb_link_moved(kvb_link_t *l, const char *why)
+{
+    if (l->moving || l->ac == NULL) {
+        return;
+    }
+
+    kvb_log(KVB_LOG_INFO, "redis %s:%d (%s): %s: asking the cluster where "
+            "slot %u went", l->host, l->port, l->name, why, l->r->slot);
+
+    l->moving = 1;
+    redisAsyncDisconnect(l->ac);
+}
+
+
+static void
 kvb_link_down(kvb_link_t *l, const char *why, uint64_t now_ms)
 {
+    kvb_redis_t  *r = l->r;
+
+    if (l->moving) {
+        /* to the slot's master, or back to ask: at once, no failure */
+        l->moving = 0;
+        kvb_link_free(l);
+        l->backoff = 0;
+        l->deadline = now_ms;
+        return;
+    }
+
     if (l->up || l->backoff == 0) {
-        kvb_log(KVB_LOG_WARN, "redis %s:%d (%s) down: %s", l->r->conf.host,
-                l->r->conf.port, l->name, why);
+        kvb_log(KVB_LOG_WARN, "redis %s:%d (%s) down: %s", l->host, l->port,
+                l->name, why);
+    }
+
+    if (r->conf.cluster) {
+        /* the node is gone or hung: the seed and the others, in turn */
+        r->next = (r->next + 1) % r->nnodes;
+        snprintf(l->host, sizeof(l->host), "%s", r->nodes[r->next].host);
+        l->port = (int) r->nodes[r->next].port;
     }
 
     kvb_link_free(l);
@@ -658,7 +806,7 @@ kvb_on_auth(redisAsyncContext *ac, void *reply, void *data)
 
     if (rep->type == REDIS_REPLY_ERROR) {
         kvb_log(KVB_LOG_ERR, "redis %s:%d (%s) refused: %s",
-                l->r->conf.host, l->r->conf.port, l->name, rep->str);
+                l->host, l->port, l->name, rep->str);
         redisAsyncDisconnect(ac);
         return;
     }
@@ -668,7 +816,7 @@ kvb_on_auth(redisAsyncContext *ac, void *reply, void *data)
     {
         kvb_link_up(l, kvb_now_ms());
         kvb_log(KVB_LOG_INFO, "redis %s:%d: publishing on %s",
-                l->r->conf.host, l->r->conf.port, l->r->conf.channel);
+                l->host, l->port, l->r->conf.channel);
     }
 }
 
@@ -699,12 +847,21 @@ kvb_on_published(redisAsyncContext *ac, void *reply, void *data)
                            ? cost : r->st.pending_bytes;
     kvb_redis_trim(r);
 
+    if (rep->type == REDIS_REPLY_ERROR && r->conf.cluster
+        && strncmp(rep->str, "MOVED ", 6) == 0)
+    {
+        /* a failover, a resharding: nginx resyncs */
+        r->st.publish_errors++;
+        kvb_link_moved(l, rep->str);
+        return;
+    }
+
     if (rep->type == REDIS_REPLY_ERROR) {
         /* an ACL without PUBLISH, a Redis out of memory: nginx resyncs */
         r->st.publish_errors++;
         kvb_log_limited(&r->error_log, now, KVB_LOG_WARN,
                         "redis %s:%d: PUBLISH on %s refused: %s",
-                        r->conf.host, r->conf.port, r->conf.channel,
+                        r->pub.host, r->pub.port, r->conf.channel,
                         rep->str);
     }
 }
@@ -737,6 +894,12 @@ kvb_on_message(redisAsyncContext *ac, void *reply, void *data)
         kvb_link_heard(l, kvb_now_ms());
     }
 
+    if (rep->type == REDIS_REPLY_ERROR && l->r->conf.cluster) {
+        /* MOVED: the slot went elsewhere since CLUSTER SLOTS */
+        kvb_link_moved(l, rep->str);
+        return;
+    }
+
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 3) {
         return;
     }
@@ -748,19 +911,30 @@ kvb_on_message(redisAsyncContext *ac, void *reply, void *data)
         return;
     }
 
-    if (strcmp(kind->str, "subscribe") == 0) {
-        if (l->up) {
-            /* the keepalive's answer */
+    if (strcmp(kind->str, "sunsubscribe") == 0) {
+        /* Redis 7 says so when the slot leaves the node (a failover) */
+        kvb_link_moved(l, "the slot moved");
+        return;
+    }
+
+    if (strcmp(kind->str, "subscribe") == 0
+        || strcmp(kind->str, "ssubscribe") == 0)
+    {
+        if (l->up || (l->r->conf.cluster && kind->str[1] != 's')) {
+            /* the keepalive's answer; on a cluster, the sharded one counts */
             return;
         }
 
         kvb_link_up(l, kvb_now_ms());
         kvb_log(KVB_LOG_INFO, "redis %s:%d: answering resyncs on %s",
-                l->r->conf.host, l->r->conf.port, l->r->resync_channel);
+                l->host, l->port, l->r->resync_channel);
         return;
     }
 
-    if (strcmp(kind->str, "message") != 0 || msg->type != REDIS_REPLY_STRING) {
+    if ((strcmp(kind->str, "message") != 0
+         && strcmp(kind->str, "smessage") != 0)
+        || msg->type != REDIS_REPLY_STRING)
+    {
         return;
     }
 

@@ -18,6 +18,13 @@
  * that is bigger): past it a message is dropped, and counted, rather than
  * queued; the bytes hiredis held go back to the system once nothing
  * waits, or with the link dropped.
+ *
+ * On a Redis Cluster (conf.cluster), each link asks the node it reached
+ * (CLUSTER SLOTS) which master owns the channel's slot, and moves there:
+ * the publisher SPUBLISHes, the subscriber SSUBSCRIBEs to the resync
+ * channel (the channel's hash tag puts it in the same slot).  MOVED, an
+ * "sunsubscribe" or a lost node sends the link back to ask again; a node
+ * that does not answer is replaced by the next one the cluster named.
  */
 
 #ifndef _KVB_REDIS_H_INCLUDED_
@@ -46,6 +53,7 @@ typedef struct {
     const char             *channel;    /* the events channel */
     size_t                  max_pending_bytes;  /* sent, not answered */
     unsigned                timeout_ms;         /* 0: 5000 */
+    int                     cluster;    /* host:port a Redis Cluster seed */
 } kvb_redis_conf_t;
 
 

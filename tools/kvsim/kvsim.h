@@ -88,6 +88,7 @@ typedef struct {
     long                die_after_ms;   /* -1: never */
     uint64_t            seed;
     unsigned            quiet:1;
+    unsigned            redis_cluster:1; /* sharded, on the slot's master */
 
     /* the token key space, vLLM's wire format, /tokenize */
     unsigned            tokens:1;       /* --keyspace tokens */

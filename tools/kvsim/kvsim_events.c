@@ -1,5 +1,13 @@
 /*
  * kvsim: KV events to Redis (docs/events.md), resync requests from it.
+ *
+ * --redis-cluster: the events go by sharded pub/sub.  Each connection
+ * asks the node it reached (CLUSTER SLOTS) which master owns the
+ * channel's slot and moves there; MOVED, an "sunsubscribe" or a lost
+ * node sends it back to ask again (a lost node: the next one known).
+ * hiredis 0.14 calls back for a pushed message only on a channel it saw
+ * in a SUBSCRIBE, so the resync channel is SUBSCRIBEd as well as
+ * SSUBSCRIBEd.
  */
 
 #include <stdio.h>
@@ -10,6 +18,7 @@
 #include <hiredis/async.h>
 #include <hiredis/adapters/libevent.h>
 
+#include "kva_cluster.h"
 #include "kva_event.h"
 #include "kva_rand.h"
 #include "kvsim_events.h"
@@ -17,6 +26,7 @@
 
 
 #define KVS_PENDING_MAX     65536       /* PUBLISH replies outstanding */
+#define KVS_NODES           16          /* cluster nodes to try */
 
 
 struct kvs_events_s {
@@ -28,7 +38,17 @@ struct kvs_events_s {
     unsigned            pending;
     unsigned            closing:1;
     unsigned            warned:1;
+    unsigned            placed:1;       /* pub on the slot's master */
+    unsigned            moving:1;       /* to host: not a failure */
     char                resync[256];
+
+    /* where the connections go: the seed, or the slot's master */
+    char                host[KVA_CLUSTER_HOST_LEN];
+    unsigned            port;
+    unsigned            slot;
+    kva_cluster_node_t  nodes[KVS_NODES];   /* [0]: the seed */
+    size_t              nnodes;
+    size_t              next;
 
     kva_ev_t           *evs;            /* KVS_MSG_EVENTS */
     uint64_t           *hashes;         /* KVS_MSG_HASHES */
@@ -48,6 +68,8 @@ static void kvs_on_disconnect(const redisAsyncContext *ac, int status);
 static void kvs_forget(const redisAsyncContext *ac, const char *what);
 static void kvs_on_publish(redisAsyncContext *ac, void *reply, void *arg);
 static void kvs_on_resync(redisAsyncContext *ac, void *reply, void *arg);
+static void kvs_on_slots(redisAsyncContext *ac, void *reply, void *arg);
+static void kvs_moved(redisAsyncContext *ac, const char *why);
 static void kvs_retry_handler(evutil_socket_t fd, short what, void *arg);
 static void kvs_heartbeat_handler(evutil_socket_t fd, short what,
     void *arg);
@@ -66,6 +88,14 @@ kvs_events_create(kvs_sim_t *sim)
 
     ev->sim = sim;
     snprintf(ev->resync, sizeof(ev->resync), "%s:resync", sim->conf.channel);
+
+    snprintf(ev->host, sizeof(ev->host), "%s", sim->conf.redis_host);
+    ev->port = sim->conf.redis_port;
+    ev->nodes[0].port = ev->port;
+    snprintf(ev->nodes[0].host, sizeof(ev->nodes[0].host), "%s", ev->host);
+    ev->nnodes = 1;
+    ev->slot = kva_cluster_slot((const unsigned char *) sim->conf.channel,
+                                strlen(sim->conf.channel));
 
     ev->evs = malloc(KVS_MSG_EVENTS * sizeof(kva_ev_t));
     ev->hashes = malloc(KVS_MSG_HASHES * sizeof(uint64_t));
@@ -263,7 +293,7 @@ kvs_publish(kvs_events_t *ev, kvs_server_t *srv, kva_batch_t *b)
     b->kv_tokens = (uint64_t) srv->sim->conf.num_blocks
                    * srv->sim->conf.block_tokens;
 
-    if (ev->pub == NULL || ev->pending >= KVS_PENDING_MAX
+    if (ev->pub == NULL || !ev->placed || ev->pending >= KVS_PENDING_MAX
         || (ev->sim->conf.drop_events > 0.0
             && kva_rand_unit(&ev->sim->rng) < ev->sim->conf.drop_events))
     {
@@ -277,7 +307,9 @@ kvs_publish(kvs_events_t *ev, kvs_server_t *srv, kva_batch_t *b)
         return;
     }
 
-    if (redisAsyncCommand(ev->pub, kvs_on_publish, ev, "PUBLISH %s %b",
+    if (redisAsyncCommand(ev->pub, kvs_on_publish, ev,
+                          ev->sim->conf.redis_cluster ? "SPUBLISH %s %b"
+                                                      : "PUBLISH %s %b",
                           ev->sim->conf.channel, msg, len)
         == REDIS_OK)
     {
@@ -312,6 +344,7 @@ kvs_connect(kvs_events_t *ev)
 {
     if (ev->pub == NULL) {
         ev->pub = kvs_open(ev, 0);
+        ev->placed = (ev->pub != NULL && !ev->sim->conf.redis_cluster);
     }
 
     if (ev->sub == NULL) {
@@ -326,7 +359,7 @@ kvs_open(kvs_events_t *ev, int sub)
     redisAsyncContext  *ac;
 
     /* an IP address: hiredis does not resolve, the loop never blocks */
-    ac = redisAsyncConnect(ev->sim->conf.redis_host, ev->sim->conf.redis_port);
+    ac = redisAsyncConnect(ev->host, (int) ev->port);
     if (ac == NULL) {
         return NULL;
     }
@@ -342,8 +375,19 @@ kvs_open(kvs_events_t *ev, int sub)
     redisAsyncSetConnectCallback(ac, kvs_on_connect);
     redisAsyncSetDisconnectCallback(ac, kvs_on_disconnect);
 
-    if (sub && redisAsyncCommand(ac, kvs_on_resync, ev, "SUBSCRIBE %s",
-                                 ev->resync) != REDIS_OK)
+    if (ev->sim->conf.redis_cluster) {
+        /* where the slot is first; arg: which of the two this is */
+        if (redisAsyncCommand(ac, kvs_on_slots, sub ? &ev->sub : &ev->pub,
+                              "CLUSTER SLOTS")
+            != REDIS_OK)
+        {
+            redisAsyncFree(ac);
+            return NULL;
+        }
+
+    } else if (sub && redisAsyncCommand(ac, kvs_on_resync, ev,
+                                        "SUBSCRIBE %s", ev->resync)
+                      != REDIS_OK)
     {
         redisAsyncFree(ac);
         return NULL;
@@ -364,8 +408,8 @@ kvs_on_connect(const redisAsyncContext *ac, int status)
     }
 
     if (ev->warned && !ev->sim->conf.quiet) {
-        fprintf(stderr, "kvsim: redis %s:%u: connected\n",
-                ev->sim->conf.redis_host, ev->sim->conf.redis_port);
+        fprintf(stderr, "kvsim: redis %s:%u: connected\n", ev->host,
+                ev->port);
     }
 
     ev->warned = 0;
@@ -391,27 +435,127 @@ kvs_forget(const redisAsyncContext *ac, const char *what)
 
     if (ev->pub == ac) {
         ev->pub = NULL;
+        ev->placed = 0;
     }
 
     if (ev->sub == ac) {
         ev->sub = NULL;
     }
 
+    if (ev->moving) {
+        /* to the slot's master, or back to ask where the slot went */
+        ev->moving = 0;
+        return;
+    }
+
     if (!ev->closing && !ev->warned && !ev->sim->conf.quiet) {
         fprintf(stderr, "kvsim: redis %s:%u: %s, retrying every second\n",
-                ev->sim->conf.redis_host, ev->sim->conf.redis_port, what);
+                ev->host, ev->port, what);
     }
 
     ev->warned = 1;
+
+    if (ev->sim->conf.redis_cluster) {
+        /* the node is gone: the seed and the others, in turn */
+        ev->next = (ev->next + 1) % ev->nnodes;
+        snprintf(ev->host, sizeof(ev->host), "%s", ev->nodes[ev->next].host);
+        ev->port = ev->nodes[ev->next].port;
+    }
 }
 
 
 static void
 kvs_on_publish(redisAsyncContext *ac, void *reply, void *arg)
 {
+    redisReply    *r = reply;
     kvs_events_t  *ev = arg;
 
     ev->pending--;
+
+    if (r != NULL && r->type == REDIS_REPLY_ERROR) {
+        kvs_moved(ac, r->str);
+    }
+}
+
+
+/* CLUSTER SLOTS: on the slot's master, publish or subscribe; else go */
+static void
+kvs_on_slots(redisAsyncContext *ac, void *reply, void *arg)
+{
+    size_t               i, n;
+    const char          *here;
+    redisReply          *r = reply;
+    kvs_events_t        *ev = ac->data;
+    kva_cluster_node_t   owner, nodes[KVS_NODES - 1];
+
+    if (r == NULL || ev == NULL) {
+        return;
+    }
+
+    n = KVS_NODES - 1;
+
+    if (kva_cluster_owner(r, ev->slot, &owner, nodes, &n) != KVA_CLUSTER_OK) {
+        redisAsyncDisconnect(ac);
+        return;
+    }
+
+    for (i = 0; i < n; i++) {
+        ev->nodes[i + 1] = nodes[i];
+        if (nodes[i].host[0] == '\0') {
+            snprintf(ev->nodes[i + 1].host, KVA_CLUSTER_HOST_LEN, "%s",
+                     ac->c.tcp.host ? ac->c.tcp.host : ev->host);
+        }
+    }
+
+    ev->nnodes = n + 1;
+    ev->next %= ev->nnodes;
+
+    /* this connection's node: the other may have moved ev->host */
+    here = ac->c.tcp.host ? ac->c.tcp.host : "";
+
+    if (owner.host[0] == '\0') {
+        snprintf(owner.host, sizeof(owner.host), "%s", here);
+    }
+
+    if (owner.port != (unsigned) ac->c.tcp.port
+        || strcmp(owner.host, here) != 0)
+    {
+        snprintf(ev->host, sizeof(ev->host), "%s", owner.host);
+        ev->port = owner.port;
+        ev->moving = 1;
+        redisAsyncDisconnect(ac);
+        return;
+    }
+
+    if (arg == &ev->pub) {
+        ev->placed = 1;
+        return;
+    }
+
+    (void) redisAsyncCommand(ac, kvs_on_resync, ev, "SUBSCRIBE %s",
+                             ev->resync);
+    (void) redisAsyncCommand(ac, kvs_on_resync, ev, "SSUBSCRIBE %s",
+                             ev->resync);
+}
+
+
+/* the slot is no longer the node's: ask it again where it went */
+static void
+kvs_moved(redisAsyncContext *ac, const char *why)
+{
+    kvs_events_t  *ev = ac->data;
+
+    if (ev == NULL || ev->moving) {
+        return;
+    }
+
+    if (!ev->sim->conf.quiet) {
+        fprintf(stderr, "kvsim: redis %s:%u: %s: asking the cluster again\n",
+                ev->host, ev->port, why);
+    }
+
+    ev->moving = 1;
+    redisAsyncDisconnect(ac);
 }
 
 
@@ -425,9 +569,23 @@ kvs_on_resync(redisAsyncContext *ac, void *reply, void *arg)
     kvs_events_t  *ev = arg;
     kvs_server_t  *srv;
 
+    if (r != NULL && r->type == REDIS_REPLY_ERROR) {
+        kvs_moved(ac, r->str);
+        return;
+    }
+
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 3
+        && r->element[0]->type == REDIS_REPLY_STRING
+        && strcmp(r->element[0]->str, "sunsubscribe") == 0)
+    {
+        kvs_moved(ac, "the slot moved");
+        return;
+    }
+
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 3
         || r->element[0]->type != REDIS_REPLY_STRING
-        || strcmp(r->element[0]->str, "message") != 0
+        || (strcmp(r->element[0]->str, "message") != 0
+            && strcmp(r->element[0]->str, "smessage") != 0)
         || r->element[2]->type != REDIS_REPLY_STRING)
     {
         return;

@@ -16,6 +16,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "kva_cluster.h"
 #include "kvsim.h"
 #include "kvsim_events.h"
 #include "kvsim_pd.h"
@@ -46,7 +47,8 @@ enum {
     KVS_OPT_KV_BANDWIDTH,
     KVS_OPT_KV_TOKEN_BYTES,
     KVS_OPT_PD_WAIT,
-    KVS_OPT_BOOTSTRAP_PORT
+    KVS_OPT_BOOTSTRAP_PORT,
+    KVS_OPT_REDIS_CLUSTER
 };
 
 
@@ -75,6 +77,7 @@ static struct option  kvs_options[] = {
     { "model",              required_argument, NULL, 'M' },
     { "redis",              required_argument, NULL, 'r' },
     { "channel",            required_argument, NULL, 'C' },
+    { "redis-cluster",      no_argument,       NULL, KVS_OPT_REDIS_CLUSTER },
     { "heartbeat-ms",       required_argument, NULL, 'h' },
     { "drop-events",        required_argument, NULL, 'd' },
     { "pause-publish-after-ms", required_argument, NULL, 'P' },
@@ -364,6 +367,9 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         case 'C':
             conf->channel = optarg;
             continue;
+        case KVS_OPT_REDIS_CLUSTER:
+            conf->redis_cluster = 1;
+            continue;
         case 'q':
             conf->quiet = 1;
             continue;
@@ -492,6 +498,16 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
 
     if (strcmp(redis, "off") == 0) {
         return 0;
+    }
+
+    /* the resync channel must be on the same master as the channel */
+    if (conf->redis_cluster
+        && !kva_cluster_has_tag((const unsigned char *) conf->channel,
+                                strlen(conf->channel)))
+    {
+        fprintf(stderr, "kvsim: --redis-cluster needs a --channel with a "
+                "hash tag, e.g. {kv_aware}:events\n");
+        return -1;
     }
 
     colon = strrchr(redis, ':');
@@ -706,6 +722,7 @@ kvs_usage(void)
         "    [--max-seqs 256]\n"
         "    [--token-budget 8192] [--max-conns 1024] [--model kvsim]\n"
         "    [--redis 127.0.0.1:6379|off] [--channel kv_aware:events]\n"
+        "    [--redis-cluster]\n"
         "    [--heartbeat-ms 1000] [--drop-events 0.0]\n"
         "    [--pause-publish-after-ms N --pause-ms M] [--die-after-ms N]\n"
         "    [--seed 1] [--quiet] [--data-parallel 1]\n"
