@@ -13,6 +13,7 @@
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_members.h"
 #include "ngx_http_kv_aware_ranking.h"
+#include "ngx_http_kv_aware_ttft.h"
 
 
 /* the prompt's keys, once a request (counted then) */
@@ -265,4 +266,6 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
         cand[i].fill = kva_fill_get(&sl->routing.fill, ngx_current_msec,
                                     kcf->learned_ttl);
     }
+
+    ngx_http_kv_aware_ttft_predict_locked(kcf, ctx, picks, n, cand);
 }

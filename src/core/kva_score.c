@@ -117,6 +117,18 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
 
     mean_weight = (double) total_weight / n;
 
+    /* the predicted time holds overlap, queue and rate alike */
+    if (conf->cost == KVA_COST_TTFT) {
+        for (i = 0; i < n; i++) {
+            cost[i] = c[i].ttft;
+        }
+
+        best = kva_pick_min(cost, c, n, rnd);
+        *why = c[best].matched ? KVA_WHY_AFFINITY : KVA_WHY_LOAD;
+
+        return best;
+    }
+
     /* a match of a small part: what it saves is less than where it goes */
     if (longest && longest < conf->affinity_min * nblocks) {
         for (i = 0; i < n; i++) {
@@ -193,8 +205,10 @@ kva_score_overloaded(const kva_score_conf_t *conf, const kva_candidate_t *c,
     mine = 0.0;
 
     for (i = 0; i < n; i++) {
-        cost = conf->overlap_weight * (nblocks - c[i].matched)
-               + kva_load(&c[i], mean_weight);
+        cost = (conf->cost == KVA_COST_TTFT)
+               ? c[i].ttft
+               : conf->overlap_weight * (nblocks - c[i].matched)
+                 + kva_load(&c[i], mean_weight);
 
         if (i == 0 || cost < least) {
             least = cost;

@@ -11,12 +11,18 @@
 #include "kva_list.h"
 
 
+/* what a candidate costs (kva_score_conf_t.cost) */
+#define KVA_COST_LOAD       0             /* overlap against load */
+#define KVA_COST_TTFT       1             /* predicted time to first token */
+
+
 typedef struct {
     double              overlap_weight;   /* one block to recompute, in load */
     uint32_t            imbalance;        /* gate: in-flight request gap */
     double              imbalance_ratio;  /* gate: and this many times more */
     double              affinity_min;     /* share of the prompt a match
                                              must cover; 0: any match */
+    unsigned            cost;             /* KVA_COST_* */
 } kva_score_conf_t;
 
 
@@ -27,6 +33,7 @@ typedef struct {
     uint64_t            inflight_blocks;  /* blocks they had to compute */
     uint64_t            routed;           /* requests routed there so far */
     double              fill;             /* blocks it stored lately */
+    double              ttft;             /* predicted, ms (kva_ttft.h) */
 } kva_candidate_t;
 
 
@@ -78,6 +85,10 @@ extern const char  *const kva_why_names[];
  * conversation to one server: cost(c) = fill + load, scaled by weight,
  * so the new prefix goes where the cache has the most room.  After
  * SGLang's router (which balances by tree size below its threshold).
+ *
+ * With cost KVA_COST_TTFT, cost(c) is c's predicted time to first token,
+ * which holds both the blocks to recompute and the work queued there, at
+ * the rate that server prefills: neither the gate nor capacity applies.
  *
  * Returns the index of the chosen candidate; n must be >= 1.
  */

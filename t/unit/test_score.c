@@ -19,7 +19,7 @@ main(void)
     unsigned          i, best, counts[4];
     kva_why_e         why;
     kva_candidate_t   c[4];
-    kva_score_conf_t  conf = { 2.0, 4, 1.5, 0.0 };
+    kva_score_conf_t  conf = { 2.0, 4, 1.5, 0.0, KVA_COST_LOAD };
 
     memset(c, 0, sizeof(c));
 
@@ -113,7 +113,7 @@ test_capacity(void)
     unsigned          i, best, counts[4];
     kva_why_e         why;
     kva_candidate_t   c[4];
-    kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5 };
+    kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5, KVA_COST_LOAD };
 
     memset(c, 0, sizeof(c));
 
@@ -239,7 +239,7 @@ test_overloaded(void)
 {
     unsigned          i;
     kva_candidate_t   c[3];
-    kva_score_conf_t  conf = { 16.0, 4, 1.5, 0.5 };
+    kva_score_conf_t  conf = { 16.0, 4, 1.5, 0.5, KVA_COST_LOAD };
 
     memset(c, 0, sizeof(c));
 

@@ -1,0 +1,123 @@
+/*
+ * kv_aware core: the prefill rate of a server and its time to first
+ * token.
+ *
+ * Why a clipped moving average of per-answer rates: one answer's rate is
+ * noisy (a step shared with decodes, a prompt that arrived as another's
+ * prefill ended) and now and then absurd (a pause, a client's slow read
+ * of the headers); a median over a window would need the window kept per
+ * server in the shared zone.  Clipping each sample to a factor of the
+ * current rate bounds what one outlier can move (an eighth of a factor
+ * of 4 at most), and the average forgets old answers geometrically (half
+ * the weight in 5.2 answers), so a server that slows down is followed
+ * within tens of answers.
+ */
+
+#include "kva_ttft.h"
+
+
+static double kva_ttft_clip(double v, double ref);
+
+
+static double
+kva_ttft_clip(double v, double ref)
+{
+    if (ref <= 0.0) {
+        return v;
+    }
+
+    if (v > ref * KVA_TTFT_CLIP) {
+        return ref * KVA_TTFT_CLIP;
+    }
+
+    if (v < ref / KVA_TTFT_CLIP) {
+        return ref / KVA_TTFT_CLIP;
+    }
+
+    return v;
+}
+
+
+int
+kva_ttft_learn(kva_ttft_t *t, double work, double ms, double ref)
+{
+    double  v;
+
+    /* NaN fails these too */
+    if (!(work > 0.0) || !(ms > 0.0)) {
+        return 0;
+    }
+
+    v = work * 1000.0 / ms;
+
+    if (t->samples == 0 || !(t->rate > 0.0)) {
+        t->rate = kva_ttft_clip(v, ref);
+        t->samples = 1;
+        return 1;
+    }
+
+    v = kva_ttft_clip(v, t->rate);
+    t->rate += KVA_TTFT_ALPHA * (v - t->rate);
+    t->samples++;
+
+    return 1;
+}
+
+
+double
+kva_ttft_pool(double *rate, unsigned n, double prior)
+{
+    double    v;
+    unsigned  i, j;
+
+    if (n == 0) {
+        return prior > 0.0 ? prior : KVA_TTFT_RATE_DEFAULT;
+    }
+
+    /* insertion sort: a pool of a few servers, once a choice */
+    for (i = 1; i < n; i++) {
+        v = rate[i];
+
+        for (j = i; j > 0 && rate[j - 1] > v; j--) {
+            rate[j] = rate[j - 1];
+        }
+
+        rate[j] = v;
+    }
+
+    return (n & 1) ? rate[n / 2] : (rate[n / 2 - 1] + rate[n / 2]) / 2.0;
+}
+
+
+/* whether a server's own rate is trusted, and so counts in the pool's */
+int
+kva_ttft_learned(const kva_ttft_t *t)
+{
+    return t->samples >= KVA_TTFT_MIN_SAMPLES && t->rate > 0.0;
+}
+
+
+double
+kva_ttft_rate(const kva_ttft_t *t, double pool)
+{
+    if (kva_ttft_learned(t)) {
+        return t->rate;
+    }
+
+    return pool;
+}
+
+
+double
+kva_ttft_predict(double queued, double own, double rate)
+{
+    if (!(rate > 0.0)) {
+        rate = KVA_TTFT_RATE_DEFAULT;
+    }
+
+    if (queued < 0.0) {
+        queued = 0.0;
+    }
+
+    return (queued + own) * 1000.0 / rate;
+}
