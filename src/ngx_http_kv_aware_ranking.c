@@ -13,8 +13,12 @@
 #include "ngx_http_kv_aware_prompt.h"
 #include "ngx_http_kv_aware_members.h"
 #include "ngx_http_kv_aware_ranking.h"
-#include "ngx_http_kv_aware_ttft.h"
 
+
+
+static void ngx_http_kv_aware_ranking_ttft_locked(
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
+    ngx_http_kv_aware_pick_t *picks, ngx_uint_t n, kva_candidate_t *cand);
 
 /* the prompt's keys, once a request (counted then) */
 void
@@ -267,5 +271,45 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
                                     kcf->learned_ttl);
     }
 
-    ngx_http_kv_aware_ttft_predict_locked(kcf, ctx, picks, n, cand);
+    ngx_http_kv_aware_ranking_ttft_locked(kcf, ctx, picks, n, cand);
+}
+
+
+/*
+ * Each candidate's predicted time to first token (ngx_http_kv_aware_ttft.c
+ * learns the rates): its queue and the request's uncached blocks at its
+ * rate, the pool's median rate for a server not learned yet.
+ */
+static void
+ngx_http_kv_aware_ranking_ttft_locked(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
+    ngx_uint_t n, kva_candidate_t *cand)
+{
+    double                          pool, rates[KVA_MAX_SLOTS];
+    ngx_int_t                       queued;
+    ngx_uint_t                      i, k;
+    ngx_http_kv_aware_ttft_slot_t  *t;
+
+    k = 0;
+
+    for (i = 0; i < n; i++) {
+        t = &kcf->sh->slots[picks[i].slot].ttft;
+
+        if (kva_ttft_learned(&t->est)) {
+            rates[k++] = t->est.rate;
+        }
+    }
+
+    pool = kva_ttft_pool(rates, k, kcf->ttft_rate);
+
+    for (i = 0; i < n; i++) {
+        t = &kcf->sh->slots[picks[i].slot].ttft;
+
+        /* other workers update it without the lock: never below zero */
+        queued = (ngx_int_t) t->queued;
+
+        cand[i].ttft = kva_ttft_predict(queued > 0 ? queued : 0,
+                                        ctx->nblocks - cand[i].matched,
+                                        kva_ttft_rate(&t->est, pool));
+    }
 }

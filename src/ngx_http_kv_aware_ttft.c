@@ -67,41 +67,6 @@ ngx_http_kv_aware_ttft_conf_cost(ngx_conf_t *cf,
 
 
 void
-ngx_http_kv_aware_ttft_predict_locked(ngx_http_kv_aware_srv_conf_t *kcf,
-    ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
-    ngx_uint_t n, kva_candidate_t *cand)
-{
-    double                          pool, rates[KVA_MAX_SLOTS];
-    ngx_int_t                       queued;
-    ngx_uint_t                      i, k;
-    ngx_http_kv_aware_ttft_slot_t  *t;
-
-    k = 0;
-
-    for (i = 0; i < n; i++) {
-        t = &kcf->sh->slots[picks[i].slot].ttft;
-
-        if (kva_ttft_learned(&t->est)) {
-            rates[k++] = t->est.rate;
-        }
-    }
-
-    pool = kva_ttft_pool(rates, k, kcf->ttft_rate);
-
-    for (i = 0; i < n; i++) {
-        t = &kcf->sh->slots[picks[i].slot].ttft;
-
-        /* other workers update it without the lock: never below zero */
-        queued = (ngx_int_t) t->queued;
-
-        cand[i].ttft = kva_ttft_predict(queued > 0 ? queued : 0,
-                                        ctx->nblocks - cand[i].matched,
-                                        kva_ttft_rate(&t->est, pool));
-    }
-}
-
-
-void
 ngx_http_kv_aware_ttft_charge_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_ctx_t *ctx, ngx_uint_t slot, uint32_t own,
     double predicted)

@@ -8,7 +8,6 @@
 
 #include "ngx_http_kv_aware_common.h"
 #include "ngx_http_kv_aware_conf.h"
-#include "ngx_http_kv_aware_ranking.h"
 
 
 /* the header filter that learns from each answer, at postconfiguration */
@@ -17,11 +16,6 @@ ngx_int_t ngx_http_kv_aware_ttft_init(ngx_conf_t *cf);
 /* kv_aware cost=load|ttft */
 char *ngx_http_kv_aware_ttft_conf_cost(ngx_conf_t *cf,
     ngx_http_kv_aware_param_t *p, ngx_str_t *value, void *conf);
-
-/* cand[i].ttft for each candidate; the zone's lock held */
-void ngx_http_kv_aware_ttft_predict_locked(ngx_http_kv_aware_srv_conf_t *kcf,
-    ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
-    ngx_uint_t n, kva_candidate_t *cand);
 
 /* a try to slot charged with own blocks; the zone's lock held */
 void ngx_http_kv_aware_ttft_charge_locked(ngx_http_kv_aware_srv_conf_t *kcf,
