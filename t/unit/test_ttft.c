@@ -1,0 +1,77 @@
+/*
+ * Unit tests of the prefill rate estimate and the time to first token
+ * (src/core/kva_ttft.c): convergence, outliers clipped, the pool's
+ * median as the prior, bad samples refused.
+ */
+
+#include <math.h>
+
+#include "tap.h"
+#include "kva_ttft.h"
+
+
+static int
+near(double a, double b, double tol)
+{
+    return fabs(a - b) <= tol * (fabs(b) > 1.0 ? fabs(b) : 1.0);
+}
+
+
+int
+main(void)
+{
+    int         i;
+    double      rates[5];
+    kva_ttft_t  t = { 0, 0 };
+
+    ok(!kva_ttft_learned(&t), "nothing learned at first");
+    ok(kva_ttft_rate(&t, 700.0) == 700.0, "so the pool's rate predicts");
+
+    ok(kva_ttft_learn(&t, 0, 10, 1000) == 0 && t.samples == 0,
+       "a sample without work teaches nothing");
+    ok(kva_ttft_learn(&t, 10, 0, 1000) == 0 && t.samples == 0,
+       "nor one without time");
+    ok(kva_ttft_learn(&t, NAN, 5, 1000) == 0 && t.samples == 0,
+       "nor a NaN");
+
+    /* 100 blocks in 1 ms: 100,000 a second, clipped to 4x the prior */
+    ok(kva_ttft_learn(&t, 100, 1, 1000) == 1 && t.rate == 4000.0,
+       "a first sample is clipped to 4x the prior (%g)", t.rate);
+
+    /* a server at 250 blocks a second: the average follows */
+    for (i = 0; i < 60; i++) {
+        (void) kva_ttft_learn(&t, 25, 100, 1000);
+    }
+
+    ok(near(t.rate, 250.0, 0.02), "converges on 250 a second (%g)", t.rate);
+    ok(kva_ttft_learned(&t) && kva_ttft_rate(&t, 700) == t.rate,
+       "and then predicts by its own rate");
+
+    /* one absurd answer (an error at once) moves it 3/8 at most */
+    (void) kva_ttft_learn(&t, 1000, 1, 0);
+    ok(t.rate <= 250.0 * 1.4, "an outlier moves it little (%g)", t.rate);
+
+    for (i = 0; i < 60; i++) {
+        (void) kva_ttft_learn(&t, 25, 100, 1000);
+    }
+
+    ok(near(t.rate, 250.0, 0.02), "and is forgotten (%g)", t.rate);
+
+    ok(kva_ttft_pool(rates, 0, 0) == KVA_TTFT_RATE_DEFAULT,
+       "an empty pool: the default prior");
+    ok(kva_ttft_pool(rates, 0, 1500) == 1500, "or the configured one");
+
+    rates[0] = 900; rates[1] = 100; rates[2] = 500;
+    ok(kva_ttft_pool(rates, 3, 1500) == 500, "the median of three");
+
+    rates[0] = 900; rates[1] = 100; rates[2] = 500; rates[3] = 300;
+    ok(kva_ttft_pool(rates, 4, 1500) == 400, "the median of four");
+
+    ok(kva_ttft_predict(30, 20, 500) == 100.0,
+       "50 blocks at 500 a second: 100 ms");
+    ok(kva_ttft_predict(-5, 20, 500) == 40.0, "a negative queue is none");
+    ok(kva_ttft_predict(0, 10, 0) == 10.0,
+       "no rate: the default's (1000 a second)");
+
+    return done_testing();
+}
