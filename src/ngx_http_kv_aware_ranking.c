@@ -276,16 +276,17 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
 
 /*
- * Each candidate's predicted time to first token (ngx_http_kv_aware_ttft.c
- * learns the rates): its queue and the request's uncached blocks at its
- * rate, the pool's median rate for a server not learned yet.
+ * Each candidate's speed (its prefill rate over the pool's median, which
+ * cost=ttft divides its cost by) and predicted time to first token: its
+ * queue and the request's uncached blocks at its rate, the pool's rate
+ * for a server not learned yet (ngx_http_kv_aware_ttft.c learns them).
  */
 static void
 ngx_http_kv_aware_ranking_ttft_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
     ngx_uint_t n, kva_candidate_t *cand)
 {
-    double                          pool, rates[KVA_MAX_SLOTS];
+    double                          pool, rate, rates[KVA_MAX_SLOTS];
     ngx_int_t                       queued;
     ngx_uint_t                      i, k;
     ngx_http_kv_aware_ttft_slot_t  *t;
@@ -308,8 +309,10 @@ ngx_http_kv_aware_ranking_ttft_locked(ngx_http_kv_aware_srv_conf_t *kcf,
         /* other workers update it without the lock: never below zero */
         queued = (ngx_int_t) t->queued;
 
+        rate = kva_ttft_rate(&t->est, pool);
+
+        cand[i].speed = rate / pool;
         cand[i].ttft = kva_ttft_predict(queued > 0 ? queued : 0,
-                                        ctx->nblocks - cand[i].matched,
-                                        kva_ttft_rate(&t->est, pool));
+                                        ctx->nblocks - cand[i].matched, rate);
     }
 }

@@ -2,15 +2,19 @@
  * kv_aware core: the prefill rate of a server and its time to first
  * token.
  *
- * Why a clipped moving average of per-answer rates: one answer's rate is
- * noisy (a step shared with decodes, a prompt that arrived as another's
- * prefill ended) and now and then absurd (a pause, a client's slow read
- * of the headers); a median over a window would need the window kept per
- * server in the shared zone.  Clipping each sample to a factor of the
- * current rate bounds what one outlier can move (an eighth of a factor
- * of 4 at most), and the average forgets old answers geometrically (half
- * the weight in 5.2 answers), so a server that slows down is followed
- * within tens of answers.
+ * Why moving averages of work and time, and their ratio: one answer's
+ * rate is noisy (a step shared with decodes, a prompt that arrived as
+ * another's prefill ended) and now and then absurd (a pause, a prompt
+ * the index thought missing); a median over a window would need the
+ * window kept per server in the shared zone.  The ratio of the sums
+ * weighs each answer by its work: an answer with little to compute is
+ * mostly the server's fixed latency (a step, the first decode), and an
+ * average of per-answer rates would take a server that holds most
+ * prompts (many such answers) for a slow one.  Clipping each answer's
+ * rate to a factor of 4 of the current rate bounds what it moves: one
+ * of the usual work by under 40%, and the averages forget geometrically
+ * (half the weight in 5.2 answers), so a server that slows down is
+ * followed within tens of answers.
  */
 
 #include "kva_ttft.h"
@@ -50,14 +54,21 @@ kva_ttft_learn(kva_ttft_t *t, double work, double ms, double ref)
 
     v = work * 1000.0 / ms;
 
-    if (t->samples == 0 || !(t->rate > 0.0)) {
-        t->rate = kva_ttft_clip(v, ref);
+    if (t->samples == 0 || !(t->rate > 0.0) || !(t->ms > 0.0)) {
+        v = kva_ttft_clip(v, ref);
+        t->work = work;
+        t->ms = work * 1000.0 / v;
+        t->rate = v;
         t->samples = 1;
         return 1;
     }
 
     v = kva_ttft_clip(v, t->rate);
-    t->rate += KVA_TTFT_ALPHA * (v - t->rate);
+    ms = work * 1000.0 / v;
+
+    t->work += KVA_TTFT_ALPHA * (work - t->work);
+    t->ms += KVA_TTFT_ALPHA * (ms - t->ms);
+    t->rate = t->work * 1000.0 / t->ms;
     t->samples++;
 
     return 1;

@@ -28,7 +28,9 @@
  * shared zone, under its lock).  All zero: nothing learned.
  */
 typedef struct {
-    double              rate;             /* blocks a second */
+    double              work;             /* blocks, averaged */
+    double              ms;               /* and the time they took */
+    double              rate;             /* work / ms, blocks a second */
     uint64_t            samples;
 } kva_ttft_t;
 
@@ -38,8 +40,9 @@ typedef struct {
  * before it and not answered yet, and its own) took ms to the first
  * token.  The rate of the sample, work / ms, is clipped to within
  * KVA_TTFT_CLIP of the rate it updates (the server's own once it has
- * one, else ref, the pool's), then averaged in with weight
- * KVA_TTFT_ALPHA (the first sample is taken as it is, clipped).  Returns
+ * one, else ref, the pool's), its time made the clipped rate's; work
+ * and time are each averaged in with weight KVA_TTFT_ALPHA, and the rate
+ * is their ratio (the first sample is taken as it is, clipped).  Returns
  * 0 and learns nothing from a sample without work or time.
  */
 int kva_ttft_learn(kva_ttft_t *t, double work, double ms, double ref);

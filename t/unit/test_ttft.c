@@ -22,7 +22,7 @@ main(void)
 {
     int         i;
     double      rates[5];
-    kva_ttft_t  t = { 0, 0 };
+    kva_ttft_t  t = { 0, 0, 0, 0 };
 
     ok(!kva_ttft_learned(&t), "nothing learned at first");
     ok(kva_ttft_rate(&t, 700.0) == 700.0, "so the pool's rate predicts");
@@ -47,15 +47,40 @@ main(void)
     ok(kva_ttft_learned(&t) && kva_ttft_rate(&t, 700) == t.rate,
        "and then predicts by its own rate");
 
-    /* one absurd answer (an error at once) moves it 3/8 at most */
-    (void) kva_ttft_learn(&t, 1000, 1, 0);
-    ok(t.rate <= 250.0 * 1.4, "an outlier moves it little (%g)", t.rate);
+    /* one absurd answer of the usual work: 3/8 up at most, 1/4 down */
+    (void) kva_ttft_learn(&t, 25, 1, 0);
+    ok(t.rate <= 250.0 * 1.4, "a fast outlier moves it little (%g)",
+       t.rate);
+
+    for (i = 0; i < 60; i++) {
+        (void) kva_ttft_learn(&t, 25, 100, 1000);
+    }
+
+    (void) kva_ttft_learn(&t, 25, 100000, 0);
+    ok(t.rate >= 250.0 * 0.7, "a slow one too (%g)", t.rate);
 
     for (i = 0; i < 60; i++) {
         (void) kva_ttft_learn(&t, 25, 100, 1000);
     }
 
     ok(near(t.rate, 250.0, 0.02), "and is forgotten (%g)", t.rate);
+
+    /*
+     * A server that holds most prompts: 9 answers of 2 blocks in 20 ms
+     * (its fixed latency, mostly), 1 of 600 in 600 ms.  An average of
+     * the answers' rates would say 190 a second; the work's is near 800.
+     */
+    t.samples = 0;
+
+    for (i = 0; i < 200; i++) {
+        if (i % 10 == 9) {
+            (void) kva_ttft_learn(&t, 600, 600, 1000);
+        } else {
+            (void) kva_ttft_learn(&t, 2, 20, 1000);
+        }
+    }
+
+    ok(t.rate > 500, "answers weigh by their work (%g)", t.rate);
 
     ok(kva_ttft_pool(rates, 0, 0) == KVA_TTFT_RATE_DEFAULT,
        "an empty pool: the default prior");
