@@ -11,9 +11,10 @@
  * to first token; an answer that is not a 2xx event stream teaches
  * nothing (an error comes at once, a whole answer after its decode).
  *
- * The prediction of a candidate: (its queue + this request's uncached
- * blocks) / its rate, the pool's median rate for a server not learned
- * yet (kva_ttft.h).  Blocks, not tokens: the rate is in the index's
+ * ngx_http_kv_aware_ranking.c predicts each candidate's time to first
+ * token from it, (its queue + this request's uncached blocks) / its rate,
+ * and cost=ttft divides the usual cost by the server's rate over the
+ * pool's (kva_score.h).  Blocks, not tokens: the rate is in the index's
  * blocks, whatever keys= makes of them.
  */
 
@@ -71,7 +72,7 @@ ngx_http_kv_aware_ttft_charge_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_ctx_t *ctx, ngx_uint_t slot, uint32_t own,
     double predicted)
 {
-    double                          pool;
+    double                          work;
     ngx_int_t                       queued;
     ngx_http_kv_aware_ttft_slot_t  *t;
 
@@ -85,8 +86,9 @@ ngx_http_kv_aware_ttft_charge_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ctx->ttft_own = own;
 
     /* the rate it was predicted by: a first sample is clipped to it */
-    pool = (queued > 0 ? queued : 0) + own;
-    ctx->ttft_rate = (predicted > 0.0) ? pool * 1000.0 / predicted
+    work = (queued > 0 ? queued : 0) + own;
+    ctx->ttft_rate = (predicted > 0.0 && work > 0.0)
+                     ? work * 1000.0 / predicted
                      : (kcf->ttft_rate > 0.0) ? kcf->ttft_rate
                      : KVA_TTFT_RATE_DEFAULT;
 
