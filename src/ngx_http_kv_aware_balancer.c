@@ -13,6 +13,7 @@
 #include "ngx_http_kv_aware_members.h"
 #include "ngx_http_kv_aware_ranking.h"
 #include "ngx_http_kv_aware_session.h"
+#include "ngx_http_kv_aware_ttft.h"
 #include "ngx_http_kv_aware_balancer.h"
 
 
@@ -570,6 +571,8 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     matched = cand[best].matched;
 
     ngx_http_kv_aware_balancer_learn_locked(kcf, ctx, slot, matched, &clk);
+    ngx_http_kv_aware_ttft_charge_locked(kcf, ctx, slot, nblocks - matched,
+                                         cand[best].ttft);
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);
 
@@ -672,6 +675,9 @@ ngx_http_kv_aware_release(ngx_http_kv_aware_peer_data_t *kp,
     ngx_http_kv_aware_srv_conf_t  *kcf;
 
     kcf = kp->kcf;
+
+    /* an answer that began gave it back already */
+    ngx_http_kv_aware_ttft_release(kp->ctx);
 
     if (kp->charged == NULL) {
         return;

@@ -85,6 +85,9 @@ typedef struct {
     ngx_uint_t                      session_capacity;
     double                          session_margin;
 
+    /* the prior of a server's prefill rate, blocks a second (ttft.c) */
+    double                          ttft_rate;
+
     ngx_shm_zone_t                 *shm_zone;
     ngx_http_kv_aware_shctx_t      *sh;
     ngx_slab_pool_t                *shpool;
@@ -139,6 +142,13 @@ typedef struct {
     uint64_t                        session_key;
     void                           *session_of;
     ngx_uint_t                      session;
+
+    /* the work a try was charged with until its answer begins (ttft.c) */
+    ngx_http_kv_aware_srv_conf_t   *ttft_kcf;     /* NULL: none charged */
+    ngx_uint_t                      ttft_slot;
+    uint32_t                        ttft_ahead;   /* queued there before */
+    uint32_t                        ttft_own;     /* its uncached blocks */
+    double                          ttft_rate;    /* predicted by, a s */
 
     unsigned                        hashed:1;
     unsigned                        decided:1;

@@ -13,10 +13,12 @@
 #include "ngx_http_kv_aware_variables.h"
 #include "ngx_http_kv_aware_tokenize.h"
 #include "ngx_http_kv_aware_session.h"
+#include "ngx_http_kv_aware_ttft.h"
 
 
 static void *ngx_http_kv_aware_create_srv_conf(ngx_conf_t *cf);
 static ngx_int_t ngx_http_kv_aware_preconfiguration(ngx_conf_t *cf);
+static ngx_int_t ngx_http_kv_aware_postconfiguration(ngx_conf_t *cf);
 static char *ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_kv_aware_conf_keys(ngx_conf_t *cf,
@@ -107,7 +109,20 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_params[] = {
       offsetof(ngx_http_kv_aware_srv_conf_t, session_capacity),
       16, 16 * 1024 * 1024, "65536" },
 
-    /* in the cost's units: blocks of work, as overlap_weight weighs them */
+    /* what a server costs: overlap against load, or the predicted TTFT */
+    { ngx_string("cost"),
+      ngx_http_kv_aware_ttft_conf_cost,
+      offsetof(ngx_http_kv_aware_srv_conf_t, score.cost),
+      0, 0, "load" },
+
+    /* the prior of a server's prefill rate, blocks a second (ttft.c) */
+    { ngx_string("ttft_rate"),
+      ngx_http_kv_aware_conf_fixed,
+      offsetof(ngx_http_kv_aware_srv_conf_t, ttft_rate),
+      NGX_HTTP_KV_AWARE_FIXED(1), NGX_HTTP_KV_AWARE_FIXED(100000000),
+      "1000" },
+
+    /* in the cost's units: blocks of work (cost=ttft: ms) */
     { ngx_string("session_margin"),
       ngx_http_kv_aware_conf_fixed,
       offsetof(ngx_http_kv_aware_srv_conf_t, session_margin),
@@ -153,7 +168,7 @@ static ngx_command_t  ngx_http_kv_aware_commands[] = {
 
 static ngx_http_module_t  ngx_http_kv_aware_module_ctx = {
     ngx_http_kv_aware_preconfiguration,    /* preconfiguration */
-    ngx_http_kv_aware_tokenize_init,       /* postconfiguration */
+    ngx_http_kv_aware_postconfiguration,   /* postconfiguration */
 
     NULL,                                  /* create main configuration */
     NULL,                                  /* init main configuration */
@@ -315,6 +330,17 @@ ngx_http_kv_aware_conf_keys(ngx_conf_t *cf, ngx_http_kv_aware_param_t *p,
     return "text or tokens";
 }
 
+
+
+static ngx_int_t
+ngx_http_kv_aware_postconfiguration(ngx_conf_t *cf)
+{
+    if (ngx_http_kv_aware_tokenize_init(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_kv_aware_ttft_init(cf);
+}
 
 ngx_http_kv_aware_ctx_t *
 ngx_http_kv_aware_module_request_ctx(ngx_http_request_t *r)

@@ -245,6 +245,37 @@ static ngx_http_kv_aware_prom_family_t  ngx_http_kv_aware_prom_families[] = {
       ngx_http_kv_aware_ps(NUM, UINT, slot.routing.matched),
       "Of those, leading blocks the index said the server held." },
 
+    { "kv_aware_server_prefill_rate_blocks", "gauge",
+      NGX_HTTP_KV_AWARE_PS_SERVER, NULL, NULL, 0, 0,
+      ngx_http_kv_aware_ps(NUM, UINT, slot.ttft.rate),
+      "Prompt blocks a second the server prefills, as learned from its "
+      "answers' time to first token (0: none learned yet)." },
+
+    { "kv_aware_server_ttft_samples_total", "counter",
+      NGX_HTTP_KV_AWARE_PS_SERVER, NULL, NULL, 0, 0,
+      ngx_http_kv_aware_ps(NUM, U64, slot.ttft.est.samples),
+      "Answers the server's prefill rate was learned from." },
+
+    { "kv_aware_server_ttft_ignored_total", "counter",
+      NGX_HTTP_KV_AWARE_PS_SERVER, NULL, NULL, 0, 0,
+      ngx_http_kv_aware_ps(NUM, UINT, slot.ttft.ignored),
+      "Answers not learned from: not a 2xx event stream, or no time." },
+
+    { "kv_aware_server_ttft_queued_blocks", "gauge",
+      NGX_HTTP_KV_AWARE_PS_SERVER, NULL, NULL, 0, 0,
+      ngx_http_kv_aware_ps(NUM, INT, slot.ttft.queued),
+      "Uncached blocks routed to the server whose answer has not begun." },
+
+    { "kv_aware_server_ttft_predicted_ms", "gauge",
+      NGX_HTTP_KV_AWARE_PS_SERVER, NULL, NULL, 0, 0,
+      ngx_http_kv_aware_ps(NUM, UINT, slot.ttft.predicted_ms),
+      "Time to first token predicted for the last request routed there." },
+
+    { "kv_aware_server_ttft_observed_ms", "gauge",
+      NGX_HTTP_KV_AWARE_PS_SERVER, NULL, NULL, 0, 0,
+      ngx_http_kv_aware_ps(NUM, UINT, slot.ttft.observed_ms),
+      "Time to first token of the last answer learned from." },
+
     { "kv_aware_server_index_entries",
       "gauge", NGX_HTTP_KV_AWARE_PS_SERVER, "source",
       kva_src_names, 0, KVA_SRC_COUNT,

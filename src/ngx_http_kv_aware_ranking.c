@@ -15,6 +15,11 @@
 #include "ngx_http_kv_aware_ranking.h"
 
 
+
+static void ngx_http_kv_aware_ranking_ttft_locked(
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
+    ngx_http_kv_aware_pick_t *picks, ngx_uint_t n, kva_candidate_t *cand);
+
 /* the prompt's keys, once a request (counted then) */
 void
 ngx_http_kv_aware_ranking_hash(ngx_http_request_t *r,
@@ -264,5 +269,50 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
         cand[i].routed = sl->routing.routed;
         cand[i].fill = kva_fill_get(&sl->routing.fill, ngx_current_msec,
                                     kcf->learned_ttl);
+    }
+
+    ngx_http_kv_aware_ranking_ttft_locked(kcf, ctx, picks, n, cand);
+}
+
+
+/*
+ * Each candidate's speed (its prefill rate over the pool's median, which
+ * cost=ttft divides its cost by) and predicted time to first token: its
+ * queue and the request's uncached blocks at its rate, the pool's rate
+ * for a server not learned yet (ngx_http_kv_aware_ttft.c learns them).
+ */
+static void
+ngx_http_kv_aware_ranking_ttft_locked(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
+    ngx_uint_t n, kva_candidate_t *cand)
+{
+    double                          pool, rate, rates[KVA_MAX_SLOTS];
+    ngx_int_t                       queued;
+    ngx_uint_t                      i, k;
+    ngx_http_kv_aware_ttft_slot_t  *t;
+
+    k = 0;
+
+    for (i = 0; i < n; i++) {
+        t = &kcf->sh->slots[picks[i].slot].ttft;
+
+        if (kva_ttft_learned(&t->est)) {
+            rates[k++] = t->est.rate;
+        }
+    }
+
+    pool = kva_ttft_pool(rates, k, kcf->ttft_rate);
+
+    for (i = 0; i < n; i++) {
+        t = &kcf->sh->slots[picks[i].slot].ttft;
+
+        /* other workers update it without the lock: never below zero */
+        queued = (ngx_int_t) t->queued;
+
+        rate = kva_ttft_rate(&t->est, pool);
+
+        cand[i].speed = rate / pool;
+        cand[i].ttft = kva_ttft_predict(queued > 0 ? queued : 0,
+                                        ctx->nblocks - cand[i].matched, rate);
     }
 }

@@ -246,7 +246,23 @@ static ngx_http_kv_aware_json_field_t  ngx_http_kv_aware_json_server[] = {
     ngx_http_kv_aware_jnum(ALWAYS, "blocks", UINT,
                            ngx_http_kv_aware_js(slot.routing.blocks)),
     ngx_http_kv_aware_jnum(ALWAYS, "matched", UINT,
-                           ngx_http_kv_aware_js(slot.routing.matched))
+                           ngx_http_kv_aware_js(slot.routing.matched)),
+
+    /* its prefill rate as learned, and the time to first token predicted */
+    ngx_http_kv_aware_jopen(ALWAYS, "ttft"),
+    ngx_http_kv_aware_jnum(ALWAYS, "rate", UINT,
+                           ngx_http_kv_aware_js(slot.ttft.rate)),
+    ngx_http_kv_aware_jnum(ALWAYS, "samples", U64,
+                           ngx_http_kv_aware_js(slot.ttft.est.samples)),
+    ngx_http_kv_aware_jnum(ALWAYS, "ignored", UINT,
+                           ngx_http_kv_aware_js(slot.ttft.ignored)),
+    ngx_http_kv_aware_jnum(ALWAYS, "queued_blocks", INT,
+                           ngx_http_kv_aware_js(slot.ttft.queued)),
+    ngx_http_kv_aware_jnum(ALWAYS, "predicted_ms", UINT,
+                           ngx_http_kv_aware_js(slot.ttft.predicted_ms)),
+    ngx_http_kv_aware_jnum(ALWAYS, "observed_ms", UINT,
+                           ngx_http_kv_aware_js(slot.ttft.observed_ms)),
+    ngx_http_kv_aware_jclose()
 };
 
 

@@ -2,7 +2,8 @@
  * ngx_http_kv_aware_module: the per-upstream shared memory zone, its
  * layout and the index clock.  Each concern declares its slice of the
  * zone in a header of its own with no .c (balancer_slice.h, events_slice.h,
- * share_slice.h, members_slice.h, pd_slice.h, session_slice.h; the Redis
+ * share_slice.h, members_slice.h, pd_slice.h, session_slice.h,
+ * ttft_slice.h; the Redis
  * link's stats in
  * redis.h); this header composes them, with the index, the server slots
  * and the load tables, and includes no concern whose .c includes it back.
@@ -20,6 +21,7 @@
 #include "ngx_http_kv_aware_members_slice.h"
 #include "ngx_http_kv_aware_pd_slice.h"
 #include "ngx_http_kv_aware_session_slice.h"
+#include "ngx_http_kv_aware_ttft_slice.h"
 
 #include "kva_index.h"
 #include "kva_session.h"
@@ -50,6 +52,7 @@ typedef struct {
     ngx_uint_t                      rank;         /* data_parallel > 1 */
     ngx_http_kv_aware_routing_slot_t  routing;    /* the balancer's */
     ngx_http_kv_aware_events_slot_t   ev;         /* the event path's */
+    ngx_http_kv_aware_ttft_slot_t     ttft;       /* its prefill rate */
 } ngx_http_kv_aware_slot_t;
 
 

@@ -22,7 +22,8 @@ import report_llmd
 import report_trace
 
 POLICIES = ["round_robin", "least_conn", "random_two", "hash_prefix",
-            "kv_aware", "kv_aware_events", "kv_aware_bridge"]
+            "kv_aware", "kv_aware_events", "kv_aware_bridge",
+            "kv_aware_ttft"]
 TITLES = {
     "round_robin": "round-robin",
     "least_conn": "least_conn",
@@ -31,6 +32,7 @@ TITLES = {
     "kv_aware": "kv_aware (learned, no events)",
     "kv_aware_events": "kv_aware + KV events",
     "kv_aware_bridge": "kv_aware + engine events via kvbridge (tokens)",
+    "kv_aware_ttft": "kv_aware cost=ttft (learned, no events)",
 }
 WORKLOADS = ["shared-prefix", "multi-turn", "no-sharing", "agent"]
 

@@ -14,6 +14,10 @@
 #
 #   --policies a,b     subset of: round_robin least_conn random_two
 #                      hash_prefix kv_aware kv_aware_events kv_aware_bridge
+#                      kv_aware_ttft (cost=ttft, learned; not in the default
+#                      set)
+#   --slow-servers I,J kvsim servers (0-based) that prefill slower, by
+#   --slow-factor F    F (default 2): a heterogeneous pool
 #   --scale S          time compression (default: see below)
 #   --stage-seconds T, --stage-requests N   stage bounds (uncompressed)
 #   --workloads a,b    subset of: shared-prefix multi-turn no-sharing trace
@@ -47,6 +51,9 @@ PY=/usr/bin/python3
 
 ALL_POLICIES="round_robin least_conn random_two hash_prefix kv_aware"
 ALL_POLICIES+=" kv_aware_events kv_aware_bridge"
+# asked for by name (--policies), as are slow servers (--slow-servers)
+SLOW_SERVERS=${SLOW_SERVERS:-}
+SLOW_FACTOR=${SLOW_FACTOR:-2}
 
 # The model servers: llm-d's benchmark pods (8 x 4802 blocks of 64 tokens).
 SERVERS=8
@@ -97,14 +104,14 @@ MT_ARGS="--groups 200 --turns 4 --system-tokens 2000 --question-tokens 400"
 MT_ARGS+=" --output-tokens 300 --qps-ladder 5,20,40 --stage-seconds 10"
 NS_ARGS="--system-tokens 6000 --question-tokens 1200 --output-tokens 300"
 NS_ARGS+=" --qps-ladder 5,20 --stage-seconds 10"
-NS_POLICIES="round_robin least_conn kv_aware kv_aware_events"
+NS_POLICIES="round_robin least_conn kv_aware kv_aware_events kv_aware_ttft"
 # agents: conversations that each grow a private history past 20k tokens
 # on a shared 1k-token system prompt, one turn at a time (kvload_agent.c);
 # 64 of them overflow one server's KV cache 3 times over, not eight's
 AG_ARGS="--groups 64 --turns 20 --system-tokens 1000 --question-tokens 2000"
 AG_ARGS+=" --output-tokens 100 --tool-tokens 800 --think-ms 3000"
 AG_ARGS+=" --servers $SERVERS"
-AG_POLICIES="round_robin least_conn kv_aware kv_aware_events"
+AG_POLICIES="round_robin least_conn kv_aware kv_aware_events kv_aware_ttft"
 
 # ---------------------------------------------------------------------------
 # The trace workload: Mooncake's conversation trace (../shared/traces/,
@@ -146,7 +153,7 @@ LLMD_OUTPUT_TOKENS=${LLMD_OUTPUT_TOKENS:-180}
 # time scale 4: at 6 kvsim's steps ran up to 200 ms (real) behind its
 # clock at the top stages on 2 cores, which showed as TTFT; at 4, 38 ms
 LLMD_SCALE=${LLMD_SCALE:-4}
-LLMD_POLICIES="round_robin least_conn kv_aware kv_aware_events"
+LLMD_POLICIES="round_robin least_conn kv_aware kv_aware_events kv_aware_ttft"
 LLMD_ARGS="--groups 150 --prompts-per-group 5 --system-tokens 6000"
 LLMD_ARGS+=" --question-tokens 1200 --output-tokens $LLMD_OUTPUT_TOKENS"
 LLMD_ARGS+=" --max-inflight 5000"
@@ -178,7 +185,7 @@ SESSIONS_FILE=${SESSIONS_FILE:-$ROOT/../shared/traces/claude_code_sessions.tar.g
 AGENTS_CUSTOM=$(env | grep -c -E '^AGENTS_(SESSIONS|LIVE|RATE|REQUESTS|'\
 'IDLE_MAX|BLOCKS|MAX_TOKENS|SCALE|SKIP|VARIANTS)=' || true)
 AGENTS_LONG=${AGENTS_LONG:-0}
-AGENTS_POLICIES="round_robin least_conn kv_aware kv_aware_events"
+AGENTS_POLICIES="round_robin least_conn kv_aware kv_aware_events kv_aware_ttft"
 AGENTS_VARIANTS=${AGENTS_VARIANTS:-apart shared}
 AGENTS_SKIP=${AGENTS_SKIP:-0}
 
@@ -197,7 +204,9 @@ while [ $# -gt 0 ]; do
     --no-extra) WORKLOADS=shared-prefix ;;
     --workloads) WORKLOADS=${2//,/ }; shift ;;
     --agents-long) AGENTS_LONG=1 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    --slow-servers) SLOW_SERVERS=$2; shift ;;
+    --slow-factor) SLOW_FACTOR=$2; shift ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -210,7 +219,7 @@ if [ -z "${E2E_RESULTS:-}" ] && { [ "$QUICK" = 1 ] \
              && [ "$WORKLOADS" != trace ] && [ "$WORKLOADS" != llm-d ] \
              && { [ "$WORKLOADS" != agents ] \
                   || [ "$AGENTS_CUSTOM" != 0 ]; }; } \
-        || [ -n "${KV_AWARE_PARAMS:-}" ]; }; then
+        || [ -n "${KV_AWARE_PARAMS:-}" ] || [ -n "$SLOW_SERVERS" ]; }; then
     RESULTS=$WORK/results
 fi
 
@@ -269,6 +278,12 @@ STAGE_REQUESTS=${STAGE_REQUESTS_OPT:-$STAGE_REQUESTS}
 
 T0=$(date +%s)
 
+# kvsim's arguments for a heterogeneous pool, none without one
+SLOW_ARGS=()
+if [ -n "$SLOW_SERVERS" ]; then
+    SLOW_ARGS=(--slow-servers "$SLOW_SERVERS" --slow-factor "$SLOW_FACTOR")
+fi
+
 log() { printf '[%4ds] %s\n' $(( $(date +%s) - T0 )) "$*"; }
 die() { echo "run.sh: $*" >&2; exit 1; }
 
@@ -310,6 +325,7 @@ start_kvsim() {
         --block-tokens $BLOCK_TOKENS --num-blocks $BLOCKS \
         --time-scale "$SCALE" --calibration "$CALIBRATION" --max-conns 4096 \
         --redis "127.0.0.1:$REDIS_PORT" --channel "$CHANNEL" --seed 1 \
+        "${SLOW_ARGS[@]}" \
         2>/dev/null || die "kvsim did not start: $(tail -3 "$1")"
     KVSIM_PID=$(launch pid "$WORK" kvsim)
 }
@@ -323,7 +339,7 @@ start_engines() {
         --block-tokens $BLOCK_TOKENS --num-blocks $BLOCKS \
         --time-scale "$SCALE" --calibration "$CALIBRATION" --max-conns 4096 \
         --redis off --keyspace tokens --events zmq --zmq-port "$zmq" --seed 1 \
-        2>/dev/null || die "kvsim did not start: $(tail -3 "$out.kvsim.log")"
+        "${SLOW_ARGS[@]}" 2>/dev/null || die "kvsim did not start: $(tail -3 "$out.kvsim.log")"
     KVSIM_PID=$(launch pid "$WORK" kvsim)
     for k in $(seq 0 $(( SERVERS - 1 ))); do
         engines+=(--engine "127.0.0.1:$(( KV_BASE + k )) model=$MODEL"\
@@ -353,6 +369,8 @@ write_conf() {
     random_two) line="random two least_conn;" ;;
     hash_prefix) line='hash $kv_prefix_key consistent;' ;;
     kv_aware) line="kv_aware $WL_KV_PARAMS ${KV_AWARE_PARAMS:-};" ;;
+    kv_aware_ttft)
+        line="kv_aware $WL_KV_PARAMS cost=ttft ${KV_AWARE_PARAMS:-};" ;;
     kv_aware_events)
         line="kv_aware $WL_KV_PARAMS ${KV_AWARE_PARAMS:-};"
         local ev=${KV_EVENTS_CONF//@REDIS@/127.0.0.1:$REDIS_PORT}
@@ -657,6 +675,10 @@ SP_ARGS+=" --output-tokens $OUTPUT_TOKENS --qps-ladder $LADDER"
 SP_ARGS+=" --stage-requests $STAGE_REQUESTS --stage-seconds $STAGE_SECONDS"
 
 log "e2e benchmark$([ $QUICK = 1 ] && echo ' (quick)'): policies: $POLICIES"
+if [ -n "$SLOW_SERVERS" ]; then
+    log "heterogeneous pool: servers $SLOW_SERVERS prefill $SLOW_FACTOR x" \
+        "slower"
+fi
 log "kvsim: $SERVERS servers x $BLOCKS blocks x $BLOCK_TOKENS tokens," \
     "time scale $SCALE (min step 10 ms -> $(awk \
     "BEGIN { printf \"%.2f\", 10 / $SCALE }") ms)"

@@ -9,6 +9,8 @@
 
 
 static double kva_load(const kva_candidate_t *c, double mean_weight);
+static void kva_in_time(const kva_score_conf_t *conf,
+    const kva_candidate_t *c, unsigned n, double *cost);
 static unsigned kva_pick_min(const double *cost, const kva_candidate_t *c,
     unsigned n, uint32_t rnd);
 static double kva_fill_kept(const kva_fill_t *f, uint64_t now, uint64_t tau);
@@ -24,6 +26,25 @@ kva_load(const kva_candidate_t *c, double mean_weight)
 {
     return (double) (c->inflight_reqs + c->inflight_blocks)
            * mean_weight / c->weight;
+}
+
+
+/* cost=ttft: what a cost takes at the server's rate, against the pool's */
+static void
+kva_in_time(const kva_score_conf_t *conf, const kva_candidate_t *c,
+    unsigned n, double *cost)
+{
+    unsigned  i;
+
+    if (conf->cost != KVA_COST_TTFT) {
+        return;
+    }
+
+    for (i = 0; i < n; i++) {
+        if (c[i].speed > 0.0) {
+            cost[i] /= c[i].speed;
+        }
+    }
 }
 
 
@@ -125,6 +146,7 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
         }
 
         *why = KVA_WHY_CAPACITY;
+        kva_in_time(conf, c, n, cost);
 
         return kva_pick_min(cost, c, n, rnd);
     }
@@ -134,6 +156,7 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
                   + kva_load(&c[i], mean_weight);
     }
 
+    kva_in_time(conf, c, n, cost);
     best = kva_pick_min(cost, c, n, rnd);
     *why = c[best].matched ? KVA_WHY_AFFINITY : KVA_WHY_LOAD;
 
@@ -146,6 +169,7 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
             cost[i] = kva_load(&c[i], mean_weight);
         }
 
+        kva_in_time(conf, c, n, cost);
         best = kva_pick_min(cost, c, n, rnd);
         *why = KVA_WHY_GATE;
     }
@@ -195,6 +219,10 @@ kva_score_overloaded(const kva_score_conf_t *conf, const kva_candidate_t *c,
     for (i = 0; i < n; i++) {
         cost = conf->overlap_weight * (nblocks - c[i].matched)
                + kva_load(&c[i], mean_weight);
+
+        if (conf->cost == KVA_COST_TTFT && c[i].speed > 0.0) {
+            cost /= c[i].speed;
+        }
 
         if (i == 0 || cost < least) {
             least = cost;

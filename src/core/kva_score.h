@@ -11,12 +11,18 @@
 #include "kva_list.h"
 
 
+/* what a candidate costs (kva_score_conf_t.cost) */
+#define KVA_COST_LOAD       0             /* overlap against load */
+#define KVA_COST_TTFT       1             /* predicted time to first token */
+
+
 typedef struct {
     double              overlap_weight;   /* one block to recompute, in load */
     uint32_t            imbalance;        /* gate: in-flight request gap */
     double              imbalance_ratio;  /* gate: and this many times more */
     double              affinity_min;     /* share of the prompt a match
                                              must cover; 0: any match */
+    unsigned            cost;             /* KVA_COST_* */
 } kva_score_conf_t;
 
 
@@ -27,6 +33,8 @@ typedef struct {
     uint64_t            inflight_blocks;  /* blocks they had to compute */
     uint64_t            routed;           /* requests routed there so far */
     double              fill;             /* blocks it stored lately */
+    double              speed;            /* prefill rate / the pool's */
+    double              ttft;             /* predicted, ms (kva_ttft.h) */
 } kva_candidate_t;
 
 
@@ -79,6 +87,14 @@ extern const char  *const kva_why_names[];
  * so the new prefix goes where the cache has the most room.  After
  * SGLang's router (which balances by tree size below its threshold).
  *
+ * With cost KVA_COST_TTFT, each cost (whatever the mode) is divided by
+ * c's speed, its prefill rate over the pool's: the time the work takes
+ * there, in blocks at the pool's rate.  A server at half the pool's rate
+ * costs double.  Its misses keep their overlap_weight: a miss costs more
+ * than its own prefill (a second copy of the prefix, evicting others'),
+ * so the request's own time to first token alone (c->ttft) is too
+ * greedy a cost (docs/design.md).
+ *
  * Returns the index of the chosen candidate; n must be >= 1.
  */
 unsigned kva_score_pick(const kva_score_conf_t *conf,
@@ -99,9 +115,10 @@ unsigned kva_score_costs(const kva_score_conf_t *conf,
  * against the others: the gate's test holds for it (more than imbalance
  * requests in flight over the least busy candidate and more than
  * imbalance_ratio times as many), or its cost, overlap_weight * blocks to
- * recompute + load, exceeds the least one's by more than margin.  That
- * cost whatever the mode of the choice: placing by capacity weighs what
- * a server stored lately, which a session's own server has the most of.
+ * recompute + load (with KVA_COST_TTFT: over its speed), exceeds the
+ * least one's by more than margin.  That cost whatever the mode of the
+ * choice: placing by capacity weighs what a server stored lately, which
+ * a session's own server has the most of.
  */
 int kva_score_overloaded(const kva_score_conf_t *conf,
     const kva_candidate_t *c, unsigned n, uint32_t nblocks, unsigned bound,

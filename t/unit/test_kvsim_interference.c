@@ -47,6 +47,7 @@ run(kvs_calibration_e cal)
     conf.token_budget = 8192;
     conf.time_scale = 1.0;
     conf.calibration = cal;
+    conf.prefill_factor = 1.0;
 
     if (kvs_cache_init(&cache, 4096) != 0
         || kvs_sched_init(&sched, &conf, &cache) != 0)

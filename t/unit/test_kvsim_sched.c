@@ -51,6 +51,7 @@ setup(uint32_t bt, uint32_t blocks, uint32_t max_seqs, uint32_t budget)
     conf.token_budget = budget;
     conf.time_scale = 1.0;
     conf.calibration = KVS_CALIBRATION_V01;
+    conf.prefill_factor = 1.0;
 
     if (kvs_cache_init(&cache, blocks) != 0
         || kvs_sched_init(&sched, &conf, &cache) != 0)

@@ -11,6 +11,7 @@
 static void test_capacity(void);
 static void test_fill(void);
 static void test_overloaded(void);
+static void test_speed(void);
 
 
 int
@@ -19,7 +20,7 @@ main(void)
     unsigned          i, best, counts[4];
     kva_why_e         why;
     kva_candidate_t   c[4];
-    kva_score_conf_t  conf = { 2.0, 4, 1.5, 0.0 };
+    kva_score_conf_t  conf = { 2.0, 4, 1.5, 0.0, KVA_COST_LOAD };
 
     memset(c, 0, sizeof(c));
 
@@ -97,6 +98,7 @@ main(void)
     test_fill();
 
     test_overloaded();
+    test_speed();
 
     return done_testing();
 }
@@ -113,7 +115,7 @@ test_capacity(void)
     unsigned          i, best, counts[4];
     kva_why_e         why;
     kva_candidate_t   c[4];
-    kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5 };
+    kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5, KVA_COST_LOAD };
 
     memset(c, 0, sizeof(c));
 
@@ -239,7 +241,7 @@ test_overloaded(void)
 {
     unsigned          i;
     kva_candidate_t   c[3];
-    kva_score_conf_t  conf = { 16.0, 4, 1.5, 0.5 };
+    kva_score_conf_t  conf = { 16.0, 4, 1.5, 0.5, KVA_COST_LOAD };
 
     memset(c, 0, sizeof(c));
 
@@ -278,4 +280,48 @@ test_overloaded(void)
 
     ok(!kva_score_overloaded(&conf, c, 3, 10, 3, 0.0),
        "a candidate out of range: not overloaded");
+}
+
+
+/* cost=ttft: each cost over the server's speed, its rate over the pool's */
+static void
+test_speed(void)
+{
+    unsigned          i, best;
+    kva_why_e         why;
+    kva_candidate_t   c[3];
+    kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5, KVA_COST_LOAD };
+
+    memset(c, 0, sizeof(c));
+
+    for (i = 0; i < 3; i++) {
+        c[i].weight = 1;
+        c[i].speed = 1.0;
+    }
+
+    /* no match anywhere: the slow one is the least loaded */
+    c[0].speed = 0.5;
+    c[1].inflight_blocks = 30;
+    c[2].inflight_blocks = 30;
+    best = kva_score_pick(&conf, c, 3, 10, 0, &why);
+    ok(best == 0, "cost=load: the least loaded, however slow");
+
+    conf.cost = KVA_COST_TTFT;
+    best = kva_score_pick(&conf, c, 3, 10, 0, &why);
+    ok(best != 0 && why == KVA_WHY_LOAD,
+       "cost=ttft: 160 + 0 at half speed costs more than 160 + 30");
+
+    /* a slow server's whole match still outweighs a little queue */
+    c[0].matched = 10;
+    best = kva_score_pick(&conf, c, 3, 10, 0, &why);
+    ok(best == 0 && why == KVA_WHY_AFFINITY,
+       "cost=ttft: the slow holder of the prompt keeps it");
+
+    /* a session bound to the slow one: its cost over its speed */
+    c[0].matched = 0;
+    ok(kva_score_overloaded(&conf, c, 3, 10, 0, 100.0),
+       "cost=ttft: 320 against 190 is over a margin of 100");
+    conf.cost = KVA_COST_LOAD;
+    ok(!kva_score_overloaded(&conf, c, 3, 10, 0, 100.0),
+       "cost=load: 160 against 190 is not");
 }

@@ -21,6 +21,7 @@
 
 #define KVS_ID_MAX          32          /* "127.0.0.1:65535" */
 #define KVS_BODY_MAX        (8 * 1024 * 1024)
+#define KVS_SERVERS_MAX     256
 
 
 typedef struct kvs_sim_s     kvs_sim_t;
@@ -89,6 +90,11 @@ typedef struct {
     uint64_t            seed;
     unsigned            quiet:1;
     unsigned            redis_cluster:1; /* sharded, on the slot's master */
+
+    /* a heterogeneous pool: these servers' prefill tokens cost more */
+    unsigned char       slow[KVS_SERVERS_MAX];
+    int                 slow_last;      /* the highest index, -1: none */
+    double              slow_factor;
 
     /* the token key space, vLLM's wire format, /tokenize */
     unsigned            tokens:1;       /* --keyspace tokens */

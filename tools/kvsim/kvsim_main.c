@@ -48,13 +48,16 @@ enum {
     KVS_OPT_KV_TOKEN_BYTES,
     KVS_OPT_PD_WAIT,
     KVS_OPT_BOOTSTRAP_PORT,
-    KVS_OPT_REDIS_CLUSTER
+    KVS_OPT_REDIS_CLUSTER,
+    KVS_OPT_SLOW_SERVERS,
+    KVS_OPT_SLOW_FACTOR
 };
 
 
 static int kvs_parse_args(kvs_conf_t *conf, int argc, char **argv);
 static int kvs_parse_word(int c, const char *arg, kvs_conf_t *conf);
 static int kvs_parse_lora(kvs_conf_t *conf, const char *arg);
+static int kvs_parse_slow(kvs_conf_t *conf, const char *arg);
 static uint64_t kvs_random_seed(void);
 static int kvs_number(const char *s, double min, double max, double *v);
 static void kvs_usage(void);
@@ -106,6 +109,8 @@ static struct option  kvs_options[] = {
     { "pd-wait-s",          required_argument, NULL, KVS_OPT_PD_WAIT },
     { "bootstrap-port",     required_argument, NULL,
       KVS_OPT_BOOTSTRAP_PORT },
+    { "slow-servers",       required_argument, NULL, KVS_OPT_SLOW_SERVERS },
+    { "slow-factor",        required_argument, NULL, KVS_OPT_SLOW_FACTOR },
     { "quiet",              no_argument,       NULL, 'q' },
     { "help",               no_argument,       NULL, 'H' },
     { NULL, 0, NULL, 0 }
@@ -351,6 +356,8 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
     conf->kv_bandwidth = 25;            /* GB/s, a 200 Gb/s RDMA link */
     conf->kv_token_bytes = 262144;      /* Qwen3-32B: kvsim_sched.c */
     conf->pd_wait_s = 30;
+    conf->slow_factor = 2.0;
+    conf->slow_last = -1;
     redis = "127.0.0.1:6379";
     block_tokens = UINT_MAX;            /* not given */
 
@@ -420,6 +427,18 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
             }
 
             continue;
+        case KVS_OPT_SLOW_SERVERS:
+            if (kvs_parse_slow(conf, optarg) != 0) {
+                goto invalid;
+            }
+
+            continue;
+        case KVS_OPT_SLOW_FACTOR:
+            if (kvs_number(optarg, 1e-3, 1e3, &conf->slow_factor) != 0) {
+                goto invalid;
+            }
+
+            continue;
         case KVS_OPT_ZMQ_DROP:
             if (kvs_number(optarg, 0, 1, &conf->zmq_drop) != 0) {
                 goto invalid;
@@ -483,7 +502,8 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
         || conf->zmq_port + 2 * conf->servers * conf->data_parallel > 65536
         || conf->zmq_buffer < 1 || conf->zmq_buffer > (1u << 24)
         || conf->tokenize_delay_ms > 600000 || strlen(conf->zmq_topic) > 200
-        || conf->bootstrap_port > 65535)
+        || conf->bootstrap_port > 65535
+        || conf->slow_last >= (int) conf->servers)
     {
         fprintf(stderr, "kvsim: invalid arguments\n");
         kvs_usage();
@@ -670,6 +690,40 @@ kvs_parse_lora(kvs_conf_t *conf, const char *arg)
 
 
 /* a new one each run, as a vLLM process's hash seed */
+/* --slow-servers 0,3: servers (0-based) whose prefill is slower */
+static int
+kvs_parse_slow(kvs_conf_t *conf, const char *arg)
+{
+    char           *end;
+    unsigned long   i;
+
+    for ( ;; ) {
+        errno = 0;
+        i = strtoul(arg, &end, 10);
+
+        if (errno || end == arg || i >= KVS_SERVERS_MAX) {
+            return -1;
+        }
+
+        conf->slow[i] = 1;
+
+        if ((int) i > conf->slow_last) {
+            conf->slow_last = (int) i;
+        }
+
+        if (*end == '\0') {
+            return 0;
+        }
+
+        if (*end != ',') {
+            return -1;
+        }
+
+        arg = end + 1;
+    }
+}
+
+
 static uint64_t
 kvs_random_seed(void)
 {
@@ -733,7 +787,7 @@ kvs_usage(void)
         "    [--tokenize-delay-ms 0] [--tokenize-fail]\n"
         "    [--role both|prefill|decode] [--sidecar] [--kv-hold-s 480]\n"
         "    [--kv-bandwidth 25] [--kv-token-bytes 262144] [--pd-wait-s 30]\n"
-        "    [--bootstrap-port P]\n"
+        "    [--bootstrap-port P] [--slow-servers I[,I]] [--slow-factor 2]\n"
         "--block-tokens defaults to 16 with --keyspace tokens\n"
         "--data-parallel N: N ranks a server behind its one port, picked by "
         "X-data-parallel-rank\n  (else the least loaded); with --events zmq"

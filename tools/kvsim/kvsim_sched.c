@@ -76,6 +76,10 @@ kvs_sched_init(kvs_sched_t *s, const kvs_sched_conf_t *conf,
     }
 
     s->conf = *conf;
+
+    if (!(s->conf.prefill_factor > 0.0)) {
+        s->conf.prefill_factor = 1.0;
+    }
     s->cache = cache;
     s->step_cap = conf->max_seqs;
 
@@ -184,8 +188,10 @@ kvs_sched_plan(kvs_sched_t *s, double now)
 
     s->steps++;
 
+    /* a slower server (--slow-servers): each prefill token costs more */
     return kvs_step_time(&kvs_step_costs[s->conf.calibration],
-                         s->step_prefill,
+                         (uint64_t) (s->step_prefill * s->conf.prefill_factor
+                                     + 0.5),
                          s->step_decode, s->step_context,
                          s->conf.time_scale);
 }

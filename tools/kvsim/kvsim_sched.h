@@ -95,6 +95,7 @@ typedef struct {
     uint32_t            token_budget;
     double              time_scale;
     kvs_calibration_e   calibration;
+    double              prefill_factor; /* a prefill token's cost, x */
 } kvs_sched_conf_t;
 
 

@@ -38,6 +38,8 @@ kvs_server_init(kvs_sim_t *sim, kvs_server_t *srv, unsigned i)
     sc.token_budget = sim->conf.token_budget;
     sc.time_scale = sim->conf.time_scale;
     sc.calibration = sim->conf.calibration;
+    sc.prefill_factor = sim->conf.slow[i / sim->conf.data_parallel]
+                        ? sim->conf.slow_factor : 1.0;
 
     if (kvs_cache_init(&srv->cache, sim->conf.num_blocks) != 0
         || kvs_sched_init(&srv->sched, &sc, &srv->cache) != 0)

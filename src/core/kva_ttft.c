@@ -1,0 +1,214 @@
+/*
+ * kv_aware core: the prefill rate of a server and its time to first
+ * token.
+ *
+ * Why moving averages of work and time, and their ratio: one answer's
+ * rate is noisy (a step shared with decodes, a prompt that arrived as
+ * another's prefill ended) and now and then absurd (a pause, a prompt
+ * the index thought missing); a median over a window would need the
+ * window kept per server in the shared zone.  The ratio of the sums
+ * weighs each answer by its work: an answer with little to compute is
+ * mostly the server's fixed latency (a step, the first decode), and an
+ * average of per-answer rates would take a server that holds most
+ * prompts (many such answers) for a slow one.  Clipping each answer's
+ * rate to a factor of 4 of the current rate bounds what it moves: one
+ * of the usual work by under 40%, and the averages forget geometrically
+ * (half the weight in 5.2 answers), so a server that slows down is
+ * followed within tens of answers.
+ */
+
+#include "kva_ttft.h"
+
+
+static double kva_ttft_clip(double v, double ref);
+static double kva_ttft_select(double *rate, unsigned n, unsigned k);
+
+
+static double
+kva_ttft_clip(double v, double ref)
+{
+    if (ref <= 0.0) {
+        return v;
+    }
+
+    if (v > ref * KVA_TTFT_CLIP) {
+        return ref * KVA_TTFT_CLIP;
+    }
+
+    if (v < ref / KVA_TTFT_CLIP) {
+        return ref / KVA_TTFT_CLIP;
+    }
+
+    return v;
+}
+
+
+int
+kva_ttft_learn(kva_ttft_t *t, double work, double ms, double ref)
+{
+    double  v;
+
+    /* NaN fails these too */
+    if (!(work > 0.0) || !(ms > 0.0)) {
+        return 0;
+    }
+
+    v = work * 1000.0 / ms;
+
+    if (t->samples == 0 || !(t->rate > 0.0) || !(t->ms > 0.0)) {
+        v = kva_ttft_clip(v, ref);
+        t->work = work;
+        t->ms = work * 1000.0 / v;
+        t->rate = v;
+        t->samples = 1;
+        return 1;
+    }
+
+    v = kva_ttft_clip(v, t->rate);
+    ms = work * 1000.0 / v;
+
+    t->work += KVA_TTFT_ALPHA * (work - t->work);
+    t->ms += KVA_TTFT_ALPHA * (ms - t->ms);
+    t->rate = t->work * 1000.0 / t->ms;
+    t->samples++;
+
+    return 1;
+}
+
+
+double
+kva_ttft_pool(double *rate, unsigned n, double prior)
+{
+    double    lo, v;
+    unsigned  i, k;
+
+    if (n == 0) {
+        return prior > 0.0 ? prior : KVA_TTFT_RATE_DEFAULT;
+    }
+
+    /*
+     * a selection, not a sort: it runs under the zone lock for every
+     * choice, over up to KVA_MAX_SLOTS rates, and a sort of 1,024 would
+     * move half a million values
+     */
+    k = n / 2;
+    v = kva_ttft_select(rate, n, k);
+
+    if (n & 1) {
+        return v;
+    }
+
+    /* the lower middle: the largest of the k values left below rate[k] */
+    lo = rate[0];
+
+    for (i = 1; i < k; i++) {
+        if (rate[i] > lo) {
+            lo = rate[i];
+        }
+    }
+
+    return (lo + v) / 2.0;
+}
+
+
+/*
+ * Hoare's selection: rate[k] becomes the k-th smallest, the values
+ * before it no larger, those after no smaller; linear on average, the
+ * pivot the middle of three against sorted input.
+ */
+static double
+kva_ttft_select(double *rate, unsigned n, unsigned k)
+{
+    double    pivot, t;
+    unsigned  left, right, i, j, mid;
+
+    left = 0;
+    right = n - 1;
+
+    while (left < right) {
+        mid = left + (right - left) / 2;
+
+        if (rate[mid] < rate[left]) {
+            t = rate[mid]; rate[mid] = rate[left]; rate[left] = t;
+        }
+
+        if (rate[right] < rate[left]) {
+            t = rate[right]; rate[right] = rate[left]; rate[left] = t;
+        }
+
+        if (rate[right] < rate[mid]) {
+            t = rate[right]; rate[right] = rate[mid]; rate[mid] = t;
+        }
+
+        pivot = rate[mid];
+        i = left;
+        j = right;
+
+        while (i <= j) {
+            while (rate[i] < pivot) {
+                i++;
+            }
+
+            while (rate[j] > pivot) {
+                j--;
+            }
+
+            if (i <= j) {
+                t = rate[i]; rate[i] = rate[j]; rate[j] = t;
+                i++;
+
+                if (j == 0) {
+                    break;
+                }
+
+                j--;
+            }
+        }
+
+        if (k <= j) {
+            right = j;
+
+        } else if (k >= i) {
+            left = i;
+
+        } else {
+            break;
+        }
+    }
+
+    return rate[k];
+}
+
+
+/* whether a server's own rate is trusted, and so counts in the pool's */
+int
+kva_ttft_learned(const kva_ttft_t *t)
+{
+    return t->samples >= KVA_TTFT_MIN_SAMPLES && t->rate > 0.0;
+}
+
+
+double
+kva_ttft_rate(const kva_ttft_t *t, double pool)
+{
+    if (kva_ttft_learned(t)) {
+        return t->rate;
+    }
+
+    return pool;
+}
+
+
+double
+kva_ttft_predict(double queued, double own, double rate)
+{
+    if (!(rate > 0.0)) {
+        rate = KVA_TTFT_RATE_DEFAULT;
+    }
+
+    if (queued < 0.0) {
+        queued = 0.0;
+    }
+
+    return (queued + own) * 1000.0 / rate;
+}

@@ -1,0 +1,203 @@
+/*
+ * ngx_http_kv_aware_module: placement by predicted time to first token.
+ *
+ * Each server (rank) prefills at its own rate.  When a try is routed, the
+ * uncached blocks it brings are added to the server's queue (blocks
+ * routed there whose answer has not begun); when the answer's header
+ * comes, they leave it, and the time the header took teaches the server's
+ * rate: (the blocks queued before it + its own) / the time, as
+ * kva_ttft_learn() averages it.  A server streams its header with the
+ * first token (vLLM, SGLang and kvsim do), so the header time is the time
+ * to first token; an answer that is not a 2xx event stream teaches
+ * nothing (an error comes at once, a whole answer after its decode).
+ *
+ * ngx_http_kv_aware_ranking.c predicts each candidate's time to first
+ * token from it, (its queue + this request's uncached blocks) / its rate,
+ * and cost=ttft divides the usual cost by the server's rate over the
+ * pool's (kva_score.h).  Blocks, not tokens: the rate is in the index's
+ * blocks, whatever keys= makes of them.
+ */
+
+#include "ngx_http_kv_aware_common.h"
+#include "ngx_http_kv_aware_conf.h"
+#include "ngx_http_kv_aware_zone.h"
+#include "ngx_http_kv_aware_ttft.h"
+
+#include "kva_ttft.h"
+
+
+static ngx_int_t ngx_http_kv_aware_ttft_header_filter(ngx_http_request_t *r);
+static void ngx_http_kv_aware_ttft_observe(ngx_http_request_t *r,
+    ngx_http_kv_aware_ctx_t *ctx);
+static ngx_uint_t ngx_http_kv_aware_ttft_streamed(ngx_http_upstream_t *u);
+
+
+static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
+
+
+ngx_int_t
+ngx_http_kv_aware_ttft_init(ngx_conf_t *cf)
+{
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_kv_aware_ttft_header_filter;
+
+    return NGX_OK;
+}
+
+
+char *
+ngx_http_kv_aware_ttft_conf_cost(ngx_conf_t *cf,
+    ngx_http_kv_aware_param_t *p, ngx_str_t *value, void *conf)
+{
+    unsigned  *cp;
+
+    cp = (unsigned *) ((u_char *) conf + p->offset);
+
+    if (value->len == 4 && ngx_strncmp(value->data, "load", 4) == 0) {
+        *cp = KVA_COST_LOAD;
+        return NGX_CONF_OK;
+    }
+
+    if (value->len == 4 && ngx_strncmp(value->data, "ttft", 4) == 0) {
+        *cp = KVA_COST_TTFT;
+        return NGX_CONF_OK;
+    }
+
+    return "load or ttft";
+}
+
+
+void
+ngx_http_kv_aware_ttft_charge_locked(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_ctx_t *ctx, ngx_uint_t slot, uint32_t own,
+    double predicted)
+{
+    double                          work;
+    ngx_int_t                       queued;
+    ngx_http_kv_aware_ttft_slot_t  *t;
+
+    t = &kcf->sh->slots[slot].ttft;
+
+    queued = (ngx_int_t) ngx_atomic_fetch_add(&t->queued, own);
+
+    ctx->ttft_kcf = kcf;
+    ctx->ttft_slot = slot;
+    ctx->ttft_ahead = queued > 0 ? (uint32_t) queued : 0;
+    ctx->ttft_own = own;
+
+    /* the rate it was predicted by: a first sample is clipped to it */
+    work = (queued > 0 ? queued : 0) + own;
+    ctx->ttft_rate = (predicted > 0.0 && work > 0.0)
+                     ? work * 1000.0 / predicted
+                     : (kcf->ttft_rate > 0.0) ? kcf->ttft_rate
+                     : KVA_TTFT_RATE_DEFAULT;
+
+    t->predicted_ms = (ngx_uint_t) (predicted + 0.5);
+}
+
+
+void
+ngx_http_kv_aware_ttft_release(ngx_http_kv_aware_ctx_t *ctx)
+{
+    ngx_http_kv_aware_srv_conf_t  *kcf;
+
+    kcf = ctx->ttft_kcf;
+
+    if (kcf == NULL) {
+        return;
+    }
+
+    ctx->ttft_kcf = NULL;
+
+    (void) ngx_atomic_fetch_add(&kcf->sh->slots[ctx->ttft_slot].ttft.queued,
+                                -(ngx_atomic_int_t) ctx->ttft_own);
+}
+
+
+static ngx_int_t
+ngx_http_kv_aware_ttft_header_filter(ngx_http_request_t *r)
+{
+    ngx_http_kv_aware_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
+
+    if (ctx && ctx->ttft_kcf) {
+        ngx_http_kv_aware_ttft_observe(r, ctx);
+    }
+
+    return ngx_http_next_header_filter(r);
+}
+
+
+/* the answer begins: its try's blocks leave the queue, its time teaches */
+static void
+ngx_http_kv_aware_ttft_observe(ngx_http_request_t *r,
+    ngx_http_kv_aware_ctx_t *ctx)
+{
+    ngx_msec_t                      ms;
+    ngx_uint_t                      status;
+    ngx_http_upstream_t            *u;
+    ngx_http_kv_aware_srv_conf_t   *kcf;
+    ngx_http_kv_aware_ttft_slot_t  *t;
+
+    kcf = ctx->ttft_kcf;
+    t = &kcf->sh->slots[ctx->ttft_slot].ttft;
+    u = r->upstream;
+
+    ms = (u && u->state) ? u->state->header_time : (ngx_msec_t) -1;
+    status = u ? u->headers_in.status_n : 0;
+
+    /*
+     * An error comes at once and a whole answer after its decode: neither
+     * is a time to first token.  Nor is an answer without work to time.
+     */
+    if (ms == (ngx_msec_t) -1 || ms == 0
+        || status < 200 || status > 299
+        || !ngx_http_kv_aware_ttft_streamed(u)
+        || ctx->ttft_ahead + ctx->ttft_own == 0)
+    {
+        (void) ngx_atomic_fetch_add(&t->ignored, 1);
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "kv_aware: ttft: answer %ui in %M ms not learned",
+                       status, ms);
+
+        ngx_http_kv_aware_ttft_release(ctx);
+        return;
+    }
+
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+
+    (void) kva_ttft_learn(&t->est, ctx->ttft_ahead + ctx->ttft_own,
+                          (double) ms, ctx->ttft_rate);
+
+    t->rate = (ngx_uint_t) (t->est.rate + 0.5);
+    t->observed_ms = ms;
+
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kv_aware: ttft: slot %ui, %uD blocks in %M ms, "
+                   "rate %ui a s", ctx->ttft_slot,
+                   ctx->ttft_ahead + ctx->ttft_own, ms, t->rate);
+
+    ngx_http_kv_aware_ttft_release(ctx);
+}
+
+
+/* a 2xx answer that streams: Content-Type text/event-stream */
+static ngx_uint_t
+ngx_http_kv_aware_ttft_streamed(ngx_http_upstream_t *u)
+{
+    ngx_str_t  *ct;
+
+    if (u->headers_in.content_type == NULL) {
+        return 0;
+    }
+
+    ct = &u->headers_in.content_type->value;
+
+    return ct->len >= sizeof("text/event-stream") - 1
+           && ngx_strncasecmp(ct->data, (u_char *) "text/event-stream",
+                              sizeof("text/event-stream") - 1) == 0;
+}

@@ -1,0 +1,152 @@
+/*
+ * Unit tests of the prefill rate estimate and the time to first token
+ * (src/core/kva_ttft.c): convergence, outliers clipped, the pool's
+ * median as the prior, bad samples refused.
+ */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tap.h"
+#include "kva_ttft.h"
+
+
+static int
+near(double a, double b, double tol)
+{
+    return fabs(a - b) <= tol * (fabs(b) > 1.0 ? fabs(b) : 1.0);
+}
+
+
+/* kva_ttft_pool() against the median of a sorted copy */
+static int
+cmp_double(const void *a, const void *b)
+{
+    double  x = *(const double *) a, y = *(const double *) b;
+
+    return x < y ? -1 : x > y;
+}
+
+
+static int
+pool_agrees(void)
+{
+    static double  a[1024], b[1024];
+    double         want, got;
+    unsigned       n, i, shape;
+    unsigned long  seed = 7;
+
+    for (shape = 0; shape < 4; shape++) {
+        for (n = 1; n <= 1024; n += (n < 40 ? 1 : 97)) {
+            for (i = 0; i < n; i++) {
+                seed = seed * 6364136223846793005UL + 1442695040888963407UL;
+                a[i] = shape == 0 ? (double) (seed >> 40)
+                     : shape == 1 ? (double) i
+                     : shape == 2 ? (double) (n - i)
+                     : (double) ((seed >> 40) % 5);
+                b[i] = a[i];
+            }
+
+            qsort(b, n, sizeof(double), cmp_double);
+            want = (n & 1) ? b[n / 2] : (b[n / 2 - 1] + b[n / 2]) / 2.0;
+            got = kva_ttft_pool(a, n, 0);
+
+            if (got != want) {
+                printf("# n %u shape %u: %g, a sort says %g\n", n, shape, got,
+                       want);
+                return 0;
+            }
+        }
+    }
+
+    return 1;
+}
+
+
+int
+main(void)
+{
+    int         i;
+    double      rates[5];
+    kva_ttft_t  t = { 0, 0, 0, 0 };
+
+    ok(!kva_ttft_learned(&t), "nothing learned at first");
+    ok(kva_ttft_rate(&t, 700.0) == 700.0, "so the pool's rate predicts");
+
+    ok(kva_ttft_learn(&t, 0, 10, 1000) == 0 && t.samples == 0,
+       "a sample without work teaches nothing");
+    ok(kva_ttft_learn(&t, 10, 0, 1000) == 0 && t.samples == 0,
+       "nor one without time");
+    ok(kva_ttft_learn(&t, NAN, 5, 1000) == 0 && t.samples == 0,
+       "nor a NaN");
+
+    /* 100 blocks in 1 ms: 100,000 a second, clipped to 4x the prior */
+    ok(kva_ttft_learn(&t, 100, 1, 1000) == 1 && t.rate == 4000.0,
+       "a first sample is clipped to 4x the prior (%g)", t.rate);
+
+    /* a server at 250 blocks a second: the average follows */
+    for (i = 0; i < 60; i++) {
+        (void) kva_ttft_learn(&t, 25, 100, 1000);
+    }
+
+    ok(near(t.rate, 250.0, 0.02), "converges on 250 a second (%g)", t.rate);
+    ok(kva_ttft_learned(&t) && kva_ttft_rate(&t, 700) == t.rate,
+       "and then predicts by its own rate");
+
+    /* one absurd answer of the usual work: 3/8 up at most, 1/4 down */
+    (void) kva_ttft_learn(&t, 25, 1, 0);
+    ok(t.rate <= 250.0 * 1.4, "a fast outlier moves it little (%g)",
+       t.rate);
+
+    for (i = 0; i < 60; i++) {
+        (void) kva_ttft_learn(&t, 25, 100, 1000);
+    }
+
+    (void) kva_ttft_learn(&t, 25, 100000, 0);
+    ok(t.rate >= 250.0 * 0.7, "a slow one too (%g)", t.rate);
+
+    for (i = 0; i < 60; i++) {
+        (void) kva_ttft_learn(&t, 25, 100, 1000);
+    }
+
+    ok(near(t.rate, 250.0, 0.02), "and is forgotten (%g)", t.rate);
+
+    /*
+     * A server that holds most prompts: 9 answers of 2 blocks in 20 ms
+     * (its fixed latency, mostly), 1 of 600 in 600 ms.  An average of
+     * the answers' rates would say 190 a second; the work's is near 800.
+     */
+    t.samples = 0;
+
+    for (i = 0; i < 200; i++) {
+        if (i % 10 == 9) {
+            (void) kva_ttft_learn(&t, 600, 600, 1000);
+        } else {
+            (void) kva_ttft_learn(&t, 2, 20, 1000);
+        }
+    }
+
+    ok(t.rate > 500, "answers weigh by their work (%g)", t.rate);
+
+    ok(kva_ttft_pool(rates, 0, 0) == KVA_TTFT_RATE_DEFAULT,
+       "an empty pool: the default prior");
+    ok(kva_ttft_pool(rates, 0, 1500) == 1500, "or the configured one");
+
+    rates[0] = 900; rates[1] = 100; rates[2] = 500;
+    ok(kva_ttft_pool(rates, 3, 1500) == 500, "the median of three");
+
+    rates[0] = 900; rates[1] = 100; rates[2] = 500; rates[3] = 300;
+    ok(kva_ttft_pool(rates, 4, 1500) == 400, "the median of four");
+
+    ok(pool_agrees(), "the median of 1 to 1,024 rates, random, sorted, "
+       "reversed and with repeats, as a sort finds it");
+
+    ok(kva_ttft_predict(30, 20, 500) == 100.0,
+       "50 blocks at 500 a second: 100 ms");
+    ok(kva_ttft_predict(-5, 20, 500) == 40.0, "a negative queue is none");
+    ok(kva_ttft_predict(0, 10, 0) == 10.0,
+       "no rate: the default's (1000 a second)");
+
+    return done_testing();
+}
