@@ -265,8 +265,13 @@ ngx_http_kv_aware_link_subscribe(ngx_http_kv_aware_link_t *link)
 
     if (!link->subscriber) {
         /* cluster=on: AUTH has already been answered */
-        if (conf->password.len == 0 || conf->cluster) {
+        if (conf->cluster) {
             link->ready = 1;
+
+        } else if (conf->password.len == 0) {
+            /* the publisher is ready once Redis answers; AUTH would do */
+            (void) redisAsyncCommand(ac, ngx_http_kv_aware_on_auth, link,
+                                     "PING");
         }
 
         return;
@@ -308,25 +313,12 @@ ngx_http_kv_aware_on_connect(const redisAsyncContext *ac, int status)
     link->connected = 1;
 
     /*
-     * The subscriber starts over from the shortest backoff once it has
-     * subscribed; the publisher has nothing more to wait for than this.
+     * A hung Redis (or a proxy or firewall that swallows what follows the
+     * handshake) accepts and answers nothing: the first answer is waited
+     * for no longer than the connect, and the backoff starts over only
+     * once it came (cluster=on: CLUSTER SLOTS, then the next node).
      */
-    if (!link->subscriber) {
-        link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
-    }
-
-    if (link->watch.timer_set) {
-        ngx_del_timer(&link->watch);
-    }
-
-    /*
-     * cluster=on: a hung node (what a failover often follows) accepts and
-     * answers nothing; the link waits for CLUSTER SLOTS and its setup no
-     * longer than for a connect, then tries the next node.
-     */
-    if (link->redis->conf->cluster) {
-        ngx_add_timer(&link->watch, link->redis->conf->connect_timeout);
-    }
+    ngx_add_timer(&link->watch, link->redis->conf->connect_timeout);
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, link->redis->log, 0,
                    "kv_aware: redis %s connected",
@@ -362,8 +354,9 @@ ngx_http_kv_aware_on_auth(redisAsyncContext *ac, void *r, void *data)
 
     if (reply->type == REDIS_REPLY_ERROR) {
         ngx_log_error(NGX_LOG_ERR, link->redis->log, 0,
-                      "kv_aware: redis %V refused AUTH: %*s",
+                      "kv_aware: redis %V refused %s: %*s",
                       &link->redis->conf->addr_text,
+                      link->redis->conf->password.len ? "AUTH" : "PING",
                       (size_t) reply->len, reply->str);
 
         /* what follows would fail too: start over after the backoff */
@@ -374,6 +367,7 @@ ngx_http_kv_aware_on_auth(redisAsyncContext *ac, void *r, void *data)
 
     if (!link->subscriber && !link->redis->conf->cluster) {
         link->ready = 1;
+        link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
     }
 }
 
@@ -473,9 +467,8 @@ ngx_http_kv_aware_link_on_message(redisAsyncContext *ac, void *r, void *data)
 
         rd->handlers.subscribed(rd->handlers.data);
 
-        if (!link->watch.timer_set) {
-            ngx_add_timer(&link->watch, rd->conf->read_timeout);
-        }
+        /* from the setup's timeout to the first ping */
+        ngx_add_timer(&link->watch, rd->conf->read_timeout);
 
         return;
     }
@@ -628,7 +621,7 @@ ngx_http_kv_aware_retry_handler(ngx_event_t *ev)
 
 
 /*
- * While connecting: the connect timeout.  Once subscribed: every
+ * Until the first answer: the connect timeout.  Once subscribed: every
  * read_timeout a ping goes out through the publisher; if the previous one
  * has not come back, the subscriber is presumed dead.
  */
@@ -651,11 +644,13 @@ ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
         return;
     }
 
-    if (!link->ready && conf->cluster) {
-        ngx_log_error(NGX_LOG_WARN, rd->log, 0,
-                      "kv_aware: redis cluster node %s:%ui: no answer in "
-                      "%M ms after connecting", link->addr.ip,
-                      link->addr.port, conf->connect_timeout);
+    if (!link->ready) {
+        ngx_log_error(NGX_LOG_ERR, rd->log, 0,
+                      "kv_aware: redis %s%s:%ui: no answer in %M ms "
+                      "after connecting, the %s retries",
+                      conf->cluster ? "cluster node " : "", link->addr.ip,
+                      link->addr.port, conf->connect_timeout,
+                      link->subscriber ? "subscriber" : "publisher");
         ngx_http_kv_aware_link_close(link);
         link->connected = 0;
         ngx_http_kv_aware_link_lost(link, "no answer");
