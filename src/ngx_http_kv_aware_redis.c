@@ -264,9 +264,10 @@ ngx_http_kv_aware_link_subscribe(ngx_http_kv_aware_link_t *link)
     conf = rd->conf;
 
     if (!link->subscriber) {
-        /* cluster=on: AUTH has already been answered */
+        /* cluster=on: AUTH and CLUSTER SLOTS have been answered */
         if (conf->cluster) {
             link->ready = 1;
+            link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
 
         } else if (conf->password.len == 0) {
             /* the publisher is ready once Redis answers; AUTH would do */
