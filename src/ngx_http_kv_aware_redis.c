@@ -670,6 +670,17 @@ ngx_http_kv_aware_watch_handler(ngx_event_t *ev)
         ngx_http_kv_aware_link_close(link);
         link->connected = 1;
         ngx_http_kv_aware_link_lost(link, "read timed out");
+
+        /*
+         * the ping went out on the publisher, which nothing else checks:
+         * on a hung Redis its PUBLISHes would pile up in its output
+         * buffer without end, so it starts over too
+         */
+        if (rd->pub.conn.ac != NULL) {
+            ngx_http_kv_aware_link_close(&rd->pub);
+            ngx_http_kv_aware_link_lost(&rd->pub, "ping not answered");
+        }
+
         return;
     }
 

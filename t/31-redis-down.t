@@ -106,6 +106,8 @@ subtest 'redis frozen, then thawed' => sub {
     cmp_ok($dt, '<=', 3.5, 'within 2 x read_timeout (+ slack)');
     ok($env->wait_for_log(qr/did not answer in 1000 ms/, 1, $mark),
        'warn: did not answer');
+    ok($env->wait_for_log(qr/publisher lost: ping not answered/, 1, $mark),
+       'the publisher, which sent the ping, starts over too');
 
     my @r = map { chat($env, $bodies[$_ % 4]) } 1 .. 5;
     is(scalar(grep { $_->{status} == 200 } @r), 5,
