@@ -190,13 +190,11 @@ ngx_http_kv_aware_other_publisher(ngx_http_kv_aware_srv_conf_t *kcf,
     if (!sl->ev.has_seq || b->seq <= 1
         || ngx_current_msec - sl->ev.heard > kcf->events->heartbeat)
     {
-        if (sl->ev.has_seq) {
-            ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
-                          "kv_aware: events of \"%*s\"%s now followed from "
-                          "publisher %016uxL (was %016uxL)", sl->name_len,
-                          sl->name, ngx_http_kv_aware_rank_text(kcf, sl, rank),
-                          origin, sl->ev.origin);
-        }
+        ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
+                      "kv_aware: events of \"%*s\"%s now followed from "
+                      "publisher %016uxL (was %016uxL)", sl->name_len,
+                      sl->name, ngx_http_kv_aware_rank_text(kcf, sl, rank),
+                      origin, sl->ev.origin);
 
         sl->ev.origin = origin;
         return 0;
