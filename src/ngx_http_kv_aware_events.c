@@ -52,6 +52,9 @@ static void ngx_http_kv_aware_degrade(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot);
 static char *ngx_http_kv_aware_rank_text(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_slot_t *sl, u_char *buf);
+static ngx_uint_t ngx_http_kv_aware_other_publisher(
+    ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_slot_t *sl,
+    kva_batch_t *b);
 
 
 /* a message this subscriber is to apply */
@@ -115,6 +118,11 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_event_path_t *ep,
 
     sl = &kcf->sh->slots[slot];
 
+    if (ngx_http_kv_aware_other_publisher(kcf, sl, &b)) {
+        kva_batch_free(&b);
+        return;
+    }
+
     /*
      * Once the old subscriber has let go, the new one may still get a
      * message that the old one applied: a repeat, not a gap.
@@ -155,6 +163,54 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_event_path_t *ep,
     ngx_http_kv_aware_apply(ep, slot, &b);
 
     kva_batch_free(&b);
+}
+
+
+/*
+ * Two bridges may follow one engine for redundancy, each counting its own
+ * seq: applied together they would look like a gap at every message.  A
+ * server's events are taken from one publisher ("origin", none counts as
+ * one) and the other's ignored, until the one followed is silent past the
+ * heartbeat, or the other starts afresh (seq 1: a restarted bridge).  A
+ * switch costs one resync.
+ */
+static ngx_uint_t
+ngx_http_kv_aware_other_publisher(ngx_http_kv_aware_srv_conf_t *kcf,
+    ngx_http_kv_aware_slot_t *sl, kva_batch_t *b)
+{
+    u_char    rank[sizeof(" rank ") + NGX_INT_T_LEN];
+    uint64_t  origin;
+
+    origin = b->has_origin ? b->origin : 0;
+
+    if (origin == sl->ev.origin) {
+        return 0;
+    }
+
+    if (!sl->ev.has_seq || b->seq <= 1
+        || ngx_current_msec - sl->ev.heard > kcf->events->heartbeat)
+    {
+        ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
+                      "kv_aware: events of \"%*s\"%s now followed from "
+                      "publisher %016uxL (was %016uxL)", sl->name_len,
+                      sl->name, ngx_http_kv_aware_rank_text(kcf, sl, rank),
+                      origin, sl->ev.origin);
+
+        sl->ev.origin = origin;
+        return 0;
+    }
+
+    if (!sl->ev.two_told) {
+        sl->ev.two_told = 1;
+        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                      "kv_aware: events of \"%*s\"%s come from two "
+                      "publishers: %016uxL followed, %016uxL ignored while "
+                      "the first is heard (logged once)", sl->name_len,
+                      sl->name, ngx_http_kv_aware_rank_text(kcf, sl, rank),
+                      sl->ev.origin, origin);
+    }
+
+    return 1;
 }
 
 

@@ -65,6 +65,8 @@ typedef struct {
     uint32_t                        running;
     uint32_t                        kv_usage;     /* per mille */
     uint64_t                        kv_tokens;    /* its pool, 0: unsaid */
+    uint64_t                        origin;       /* publisher followed */
+    ngx_uint_t                      two_told;     /* second one logged */
 } ngx_http_kv_aware_events_slot_t;
 
 

@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
@@ -104,6 +107,7 @@ static void kvb_engine_on_reset(void *data, kvb_reset_e why,
     const char *detail);
 static void kvb_engine_publish(kvb_engine_t *e, kva_batch_t *b);
 static void kvb_engine_send(kvb_engine_t *e, kva_batch_t *m);
+static uint64_t kvb_engine_origin(void);
 static void kvb_engine_slice(kvb_engine_t *e);
 static void kvb_engine_snapshot(kvb_engine_t *e);
 static void kvb_engine_forget(kvb_engine_t *e, const char *detail);
@@ -852,6 +856,32 @@ kvb_engine_publish(kvb_engine_t *e, kva_batch_t *b)
 }
 
 
+/*
+ * Random per bridge process and sent in every message: with two bridges
+ * following one engine for redundancy, nginx follows one of them by it
+ * and ignores the other until the first goes silent (docs/engines.md).
+ */
+static uint64_t
+kvb_engine_origin(void)
+{
+    static uint64_t  origin;
+
+    while (origin == 0) {
+        if (getrandom(&origin, sizeof(origin), 0) != (ssize_t) sizeof(origin))
+        {
+            origin = (uint64_t) time(NULL) * 2654435761u ^ (uint64_t) getpid();
+        }
+
+        if (origin) {
+            kvb_log(KVB_LOG_INFO, "publishing as origin %016llx",
+                    (unsigned long long) origin);
+        }
+    }
+
+    return origin;
+}
+
+
 static void
 kvb_engine_send(kvb_engine_t *e, kva_batch_t *m)
 {
@@ -863,6 +893,8 @@ kvb_engine_send(kvb_engine_t *e, kva_batch_t *m)
     m->has_rank = e->conf.ranked;
     m->rank = e->conf.rank;
     m->seq = ++e->seq;
+    m->has_origin = 1;
+    m->origin = kvb_engine_origin();
     m->keyspace = KVA_KEYSPACE_TOKEN_KEYS;
     m->hash_count = 0;
 
