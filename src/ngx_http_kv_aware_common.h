@@ -149,6 +149,7 @@ typedef struct {
     uint32_t                        ttft_ahead;   /* queued there before */
     uint32_t                        ttft_own;     /* its uncached blocks */
     double                          ttft_rate;    /* predicted by, a s */
+    unsigned                        ttft_body:1;  /* its first bytes due */
 
     unsigned                        hashed:1;
     unsigned                        decided:1;

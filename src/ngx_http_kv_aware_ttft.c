@@ -3,13 +3,18 @@
  *
  * Each server (rank) prefills at its own rate.  When a try is routed, the
  * uncached blocks it brings are added to the server's queue (blocks
- * routed there whose answer has not begun); when the answer's header
- * comes, they leave it, and the time the header took teaches the server's
- * rate: (the blocks queued before it + its own) / the time, as
- * kva_ttft_learn() averages it.  A server streams its header with the
- * first token (vLLM, SGLang and kvsim do), so the header time is the time
- * to first token; an answer that is not a 2xx event stream teaches
- * nothing (an error comes at once, a whole answer after its decode).
+ * routed there whose answer has not begun); when the answer's first
+ * bytes pass the body filter, they leave it, and the time they took since
+ * the try began teaches the server's rate: (the blocks queued before it +
+ * its own) / the time, as kva_ttft_learn() averages it.  Not the header's
+ * time: vLLM and SGLang stream through Starlette's StreamingResponse, and
+ * uvicorn writes its headers before the first chunk exists, so their
+ * header comes before the prefill (kvsim --early-headers does the same).
+ * The first chunk comes after it (vLLM's role delta waits for the first
+ * output).  With proxy_buffering on, nginx may hold that chunk back, and
+ * every server then looks as much slower.  An answer that is not a 2xx
+ * event stream teaches nothing (an error comes at once, a whole answer
+ * after its decode).
  *
  * ngx_http_kv_aware_ranking.c predicts each candidate's time to first
  * token from it, (its queue + this request's uncached blocks) / its rate,
@@ -27,12 +32,17 @@
 
 
 static ngx_int_t ngx_http_kv_aware_ttft_header_filter(ngx_http_request_t *r);
+static ngx_int_t ngx_http_kv_aware_ttft_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in);
+static void ngx_http_kv_aware_ttft_qualify(ngx_http_request_t *r,
+    ngx_http_kv_aware_ctx_t *ctx);
 static void ngx_http_kv_aware_ttft_observe(ngx_http_request_t *r,
     ngx_http_kv_aware_ctx_t *ctx);
 static ngx_uint_t ngx_http_kv_aware_ttft_streamed(ngx_http_upstream_t *u);
 
 
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
+static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 
 
 ngx_int_t
@@ -40,6 +50,9 @@ ngx_http_kv_aware_ttft_init(ngx_conf_t *cf)
 {
     ngx_http_next_header_filter = ngx_http_top_header_filter;
     ngx_http_top_header_filter = ngx_http_kv_aware_ttft_header_filter;
+
+    ngx_http_next_body_filter = ngx_http_top_body_filter;
+    ngx_http_top_body_filter = ngx_http_kv_aware_ttft_body_filter;
 
     return NGX_OK;
 }
@@ -108,6 +121,7 @@ ngx_http_kv_aware_ttft_release(ngx_http_kv_aware_ctx_t *ctx)
     }
 
     ctx->ttft_kcf = NULL;
+    ctx->ttft_body = 0;
 
     (void) ngx_atomic_fetch_add(&kcf->sh->slots[ctx->ttft_slot].ttft.queued,
                                 -(ngx_atomic_int_t) ctx->ttft_own);
@@ -122,19 +136,44 @@ ngx_http_kv_aware_ttft_header_filter(ngx_http_request_t *r)
     ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
 
     if (ctx && ctx->ttft_kcf) {
-        ngx_http_kv_aware_ttft_observe(r, ctx);
+        ngx_http_kv_aware_ttft_qualify(r, ctx);
     }
 
     return ngx_http_next_header_filter(r);
 }
 
 
-/* the answer begins: its try's blocks leave the queue, its time teaches */
+static ngx_int_t
+ngx_http_kv_aware_ttft_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    ngx_chain_t              *cl;
+    ngx_http_kv_aware_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kv_aware_module);
+
+    if (ctx && ctx->ttft_kcf && ctx->ttft_body) {
+        for (cl = in; cl; cl = cl->next) {
+            if (ngx_buf_size(cl->buf) > 0) {
+                ngx_http_kv_aware_ttft_observe(r, ctx);
+                break;
+            }
+        }
+    }
+
+    return ngx_http_next_body_filter(r, in);
+}
+
+
+/*
+ * The header: an answer that can teach waits for its first bytes, any
+ * other leaves the queue now.  An error comes at once and a whole answer
+ * after its decode: neither is a time to first token.  Nor is an answer
+ * without work to time.
+ */
 static void
-ngx_http_kv_aware_ttft_observe(ngx_http_request_t *r,
+ngx_http_kv_aware_ttft_qualify(ngx_http_request_t *r,
     ngx_http_kv_aware_ctx_t *ctx)
 {
-    ngx_msec_t                      ms;
     ngx_uint_t                      status;
     ngx_http_upstream_t            *u;
     ngx_http_kv_aware_srv_conf_t   *kcf;
@@ -144,24 +183,44 @@ ngx_http_kv_aware_ttft_observe(ngx_http_request_t *r,
     t = &kcf->sh->slots[ctx->ttft_slot].ttft;
     u = r->upstream;
 
-    ms = (u && u->state) ? u->state->header_time : (ngx_msec_t) -1;
     status = u ? u->headers_in.status_n : 0;
 
-    /*
-     * An error comes at once and a whole answer after its decode: neither
-     * is a time to first token.  Nor is an answer without work to time.
-     */
-    if (ms == (ngx_msec_t) -1 || ms == 0
-        || status < 200 || status > 299
+    if (u == NULL || status < 200 || status > 299
         || !ngx_http_kv_aware_ttft_streamed(u)
         || ctx->ttft_ahead + ctx->ttft_own == 0)
     {
         (void) ngx_atomic_fetch_add(&t->ignored, 1);
 
-        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                       "kv_aware: ttft: answer %ui in %M ms not learned",
-                       status, ms);
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "kv_aware: ttft: answer %ui not learned", status);
 
+        ngx_http_kv_aware_ttft_release(ctx);
+        return;
+    }
+
+    ctx->ttft_body = 1;
+}
+
+
+/* the answer's first bytes: its blocks leave the queue, its time teaches */
+static void
+ngx_http_kv_aware_ttft_observe(ngx_http_request_t *r,
+    ngx_http_kv_aware_ctx_t *ctx)
+{
+    ngx_msec_t                      ms;
+    ngx_http_upstream_t            *u;
+    ngx_http_kv_aware_srv_conf_t   *kcf;
+    ngx_http_kv_aware_ttft_slot_t  *t;
+
+    kcf = ctx->ttft_kcf;
+    t = &kcf->sh->slots[ctx->ttft_slot].ttft;
+    u = r->upstream;
+
+    ms = (u != NULL) ? ngx_current_msec - u->start_time : 0;
+
+    if (ms == 0) {
+        /* an answer in the same millisecond times nothing */
+        (void) ngx_atomic_fetch_add(&t->ignored, 1);
         ngx_http_kv_aware_ttft_release(ctx);
         return;
     }

@@ -4,7 +4,9 @@
 #     prefills at a quarter of the speed) under load: the rate kv_aware
 #     learns for the slow server is well below the others', and the slow
 #     server computes proportionally fewer prompt tokens (its own
-#     /metrics say so);
+#     /metrics say so).  kvsim sends a streamed answer's headers before
+#     its prefill, as vLLM and SGLang do (--early-headers): what teaches
+#     is the first chunk's time, not the header's;
 #   * the status page and the Prometheus page show each server's rate,
 #     its samples and the time to first token predicted and observed;
 #   * hostile answers teach nothing: a server that answers 502 at once,
@@ -39,7 +41,7 @@ my $env  = Test::KvAware->new(backends => 2,
 
 ok(eval { $env->launch->start_kvsim($base, $SERVERS, { binary => $KVSIM },
               '--time-scale', $SCALE, '--redis', 'off', '--quiet',
-              '--slow-servers', 0, '--slow-factor', 4) },
+              '--slow-servers', 0, '--slow-factor', 4, '--early-headers') },
    'kvsim listens, server 0 prefilling at a quarter of the speed')
     or diag $@;
 

@@ -90,6 +90,7 @@ typedef struct {
     uint64_t            seed;
     unsigned            quiet:1;
     unsigned            redis_cluster:1; /* sharded, on the slot's master */
+    unsigned            early_headers:1; /* as uvicorn: before the prefill */
 
     /* a heterogeneous pool: these servers' prefill tokens cost more */
     unsigned char       slow[KVS_SERVERS_MAX];

@@ -50,6 +50,7 @@ enum {
     KVS_OPT_BOOTSTRAP_PORT,
     KVS_OPT_REDIS_CLUSTER,
     KVS_OPT_SLOW_SERVERS,
+    KVS_OPT_EARLY_HEADERS,
     KVS_OPT_SLOW_FACTOR
 };
 
@@ -110,6 +111,7 @@ static struct option  kvs_options[] = {
     { "bootstrap-port",     required_argument, NULL,
       KVS_OPT_BOOTSTRAP_PORT },
     { "slow-servers",       required_argument, NULL, KVS_OPT_SLOW_SERVERS },
+    { "early-headers",      no_argument,       NULL, KVS_OPT_EARLY_HEADERS },
     { "slow-factor",        required_argument, NULL, KVS_OPT_SLOW_FACTOR },
     { "quiet",              no_argument,       NULL, 'q' },
     { "help",               no_argument,       NULL, 'H' },
@@ -432,6 +434,9 @@ kvs_parse_args(kvs_conf_t *conf, int argc, char **argv)
                 goto invalid;
             }
 
+            continue;
+        case KVS_OPT_EARLY_HEADERS:
+            conf->early_headers = 1;
             continue;
         case KVS_OPT_SLOW_FACTOR:
             if (kvs_number(optarg, 1e-3, 1e3, &conf->slow_factor) != 0) {
@@ -788,9 +793,13 @@ kvs_usage(void)
         "    [--role both|prefill|decode] [--sidecar] [--kv-hold-s 480]\n"
         "    [--kv-bandwidth 25] [--kv-token-bytes 262144] [--pd-wait-s 30]\n"
         "    [--bootstrap-port P] [--slow-servers I[,I]] [--slow-factor 2]\n"
+        "    [--early-headers]\n"
         "--block-tokens defaults to 16 with --keyspace tokens\n"
         "--data-parallel N: N ranks a server behind its one port, picked by "
         "X-data-parallel-rank\n  (else the least loaded); with --events zmq"
         " server s rank r publishes on\n  P + 2Ns + r, replays on "
-        "P + 2Ns + N + r (P: --zmq-port)\n");
+        "P + 2Ns + N + r (P: --zmq-port)\n"
+        "--early-headers: a streamed answer's headers go out when the request "
+        "is admitted,\n  before its prefill, as vLLM and SGLang (uvicorn) "
+        "send them\n");
 }

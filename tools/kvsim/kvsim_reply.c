@@ -22,19 +22,28 @@ static void kvs_token(kvs_sim_t *sim, struct evbuffer *b);
 
 
 void
+kvs_reply_start(kvs_req_t *r)
+{
+    if (r->started) {
+        return;
+    }
+
+    r->started = 1;
+    kvs_reply_headers(r, "text/event-stream");
+    evhttp_add_header(evhttp_request_get_output_headers(r->req),
+                      "Cache-Control", "no-cache");
+    evhttp_send_reply_start(r->req, 200, "OK");
+}
+
+
+void
 kvs_reply_chunk(kvs_req_t *r, struct evbuffer *b, int done)
 {
     int  first;
 
     first = (r->seq->out == 1);
 
-    if (!r->started) {
-        r->started = 1;
-        kvs_reply_headers(r, "text/event-stream");
-        evhttp_add_header(evhttp_request_get_output_headers(r->req),
-                          "Cache-Control", "no-cache");
-        evhttp_send_reply_start(r->req, 200, "OK");
-    }
+    kvs_reply_start(r);
 
     evbuffer_add(b, "data: ", 6);
     kvs_head(b, r);

@@ -13,6 +13,8 @@
 #include "kvsim_request.h"
 
 
+/* a streamed answer's status and headers, once */
+void kvs_reply_start(kvs_req_t *r);
 /* the sequence's latest token as an SSE chunk, and the end after the last */
 void kvs_reply_chunk(kvs_req_t *r, struct evbuffer *b, int done);
 /* the whole completion, once the sequence is done */

@@ -38,6 +38,7 @@ static uint32_t kvs_lora_index(const kvs_conf_t *conf, const char *name,
 static void kvs_scan_options(const uint8_t *body, size_t len, int *stream,
     long *max_tokens, kvs_pd_params_t *pd);
 static int kvs_request_role(kvs_req_t *r, kvs_pd_params_t *pd);
+static void kvs_request_admitted(kvs_req_t *r);
 static void kvs_json_escape(char *dst, const uint8_t *src, size_t len);
 
 
@@ -153,7 +154,23 @@ kvs_request_create(kvs_server_t *srv, kvs_conn_t *conn,
         return NULL;
     }
 
+    kvs_request_admitted(r);
+
     return r;
+}
+
+
+/*
+ * --early-headers: vLLM and SGLang answer through Starlette's
+ * StreamingResponse, and uvicorn writes the headers before the first
+ * chunk exists, so a proxy's header time is not their time to first token
+ */
+static void
+kvs_request_admitted(kvs_req_t *r)
+{
+    if (r->stream && r->req != NULL && r->srv->sim->conf.early_headers) {
+        kvs_reply_start(r);
+    }
 }
 
 
@@ -225,6 +242,7 @@ kvs_request_submit(kvs_req_t *r)
     rc = kvs_sched_submit(&r->srv->sched, r->seq, kvs_now_ms());
 
     if (rc == KVS_SUBMIT_OK) {
+        kvs_request_admitted(r);
         kvs_server_kick(r->srv);
         return 0;
     }
