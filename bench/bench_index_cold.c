@@ -37,7 +37,7 @@ main(void)
     uint32_t      depth[KVA_MAX_SLOTS], found[BLOCKS];
     uint64_t      s, filler[1024];
     long long     t0, total;
-    kva_clock_t   clk = { 100, 1u << 30, 100, 0 };
+    kva_clock_t   clk = { 100, 1u << 30, 100, {{ 0 }} };
     kva_index_t  *ix;
 
     static uint64_t  prompts[PROMPTS][BLOCKS];

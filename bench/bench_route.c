@@ -68,7 +68,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
     uint64_t          *hashes, s, filler[1024], mask;
     unsigned           k;
     kva_why_e          why;
-    kva_clock_t        clk = { 100, 1u << 30, 100, 0 };
+    kva_clock_t        clk = { 100, 1u << 30, 100, {{ 0 }} };
     kva_index_t       *ix;
     kva_prompt_t       p;
     kva_candidate_t    cand[KVA_MAX_SLOTS];

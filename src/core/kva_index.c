@@ -210,11 +210,11 @@ kva_fresh_bits(const kva_index_t *ix, const kva_entry_t *e,
     /* unsigned difference: correct across wrap of the tick counter */
     age = clk->now - e->stamp;
 
-    bits = e->bits[KVA_SRC_EVENT] & clk->precise;
+    bits = e->bits[KVA_SRC_EVENT] & clk->precise.w[0];
 
     if (age < clk->ttl_learned) {
         bits |= kva_index_learn_bits(ix, e->bits[KVA_SRC_LEARNED]
-                                         & ~clk->precise, e->stamp);
+                                         & ~clk->precise.w[0], e->stamp);
     }
 
     if (age < clk->ttl_spec) {
@@ -679,6 +679,11 @@ kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
 {
     uint32_t  i, idx, len;
 
+    /* as in add: a shift past the word is undefined, and no slot is there */
+    if (slot >= KVA_MAX_SLOTS) {
+        return;
+    }
+
     for (i = 0; i < n; i++) {
         idx = kva_find(ix, hashes[i], &len);
 
@@ -692,22 +697,26 @@ kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
 
 
 void
-kva_index_drop_slots(kva_index_t *ix, uint64_t mask, unsigned srcs)
+kva_index_drop_slots(kva_index_t *ix, const kva_slotset_t *set,
+    unsigned srcs)
 {
     uint32_t  from;
 
     for (from = 0; from < ix->high_water; ) {
-        from = kva_index_drop_range(ix, mask, srcs, from, KVA_NIL);
+        from = kva_index_drop_range(ix, set, srcs, from, KVA_NIL);
     }
 }
 
 
 uint32_t
-kva_index_drop_range(kva_index_t *ix, uint64_t mask, unsigned srcs,
-    uint32_t from, uint32_t to)
+kva_index_drop_range(kva_index_t *ix, const kva_slotset_t *set,
+    unsigned srcs, uint32_t from, uint32_t to)
 {
     uint32_t      idx, freed;
+    uint64_t      mask;
     kva_entry_t  *e;
+
+    mask = set->w[0];
 
     if (to > ix->high_water) {
         to = ix->high_water;

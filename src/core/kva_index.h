@@ -5,7 +5,7 @@
  * test: the index holds offsets, never pointers, so it stays valid wherever
  * the region is mapped.  The caller serialises access.
  *
- * An entry is one block hash with three bitmaps over server slots (0..63):
+ * An entry is one block hash with three bitmaps over server slots:
  * what the server told us through events, what this router learned by
  * sending the prefix there, and speculative guesses that stand in for events
  * not yet received.  Learned and speculative bits age out by TTL; event bits
@@ -20,10 +20,15 @@
 #include <stdint.h>
 
 #include "kva_list.h"
+#include "kva_slotset.h"
 
 
-#define KVA_MAX_SLOTS       64
 #define KVA_NIL             0xffffffffu
+
+/* an entry's bitmaps are one word a source (kva_slotset.h sets the slots) */
+#if (KVA_MAX_SLOTS > 64)
+#error "KVA_MAX_SLOTS is over the 64 bits of an entry's bitmaps"
+#endif
 
 /*
  * Whole-index scans (clears, snapshots, status counts) go in chunks of this
@@ -115,7 +120,7 @@ typedef struct {
     uint64_t            evictions;      /* LRU evictions, index full */
     uint64_t            chain_evictions;    /* inserts into a full chain */
     uint64_t            inserts;
-    uint64_t            learn_active;   /* slots whose cutoff is in force */
+    kva_slotset_t       learn_active;   /* slots whose cutoff is in force */
     kva_learn_t         learn[KVA_MAX_SLOTS];
     /* uint32_t buckets[nbuckets]; kva_entry_t entries[capacity]; */
 } kva_index_t;
@@ -137,7 +142,7 @@ typedef struct {
     uint32_t            now;            /* caller's ticks */
     uint32_t            ttl_learned;
     uint32_t            ttl_spec;
-    uint64_t            precise;
+    kva_slotset_t       precise;
 } kva_clock_t;
 
 
@@ -219,7 +224,7 @@ kva_index_learn_bits(const kva_index_t *ix, uint64_t bits, uint32_t stamp)
     int       slot;
     uint64_t  m;
 
-    for (m = bits & ix->learn_active; m; m &= m - 1) {
+    for (m = bits & ix->learn_active.w[0]; m; m &= m - 1) {
         slot = __builtin_ctzll(m);
 
         /* signed difference: right across the wrap of the ticks */
@@ -235,16 +240,17 @@ kva_index_learn_bits(const kva_index_t *ix, uint64_t bits, uint32_t stamp)
 void kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     unsigned slot, unsigned srcs);
 
-/* forgets what srcs say about the slots in mask (whole-index scan) */
-void kva_index_drop_slots(kva_index_t *ix, uint64_t mask, unsigned srcs);
+/* forgets what srcs say about the slots in set (whole-index scan) */
+void kva_index_drop_slots(kva_index_t *ix, const kva_slotset_t *set,
+    unsigned srcs);
 
 /*
  * The same over the entries [from, to) only; to is clamped to the entries
  * in use.  Returns where the next chunk starts, ix->high_water when done;
  * that is before to once KVA_SCAN_RELEASES entries have been freed.
  */
-uint32_t kva_index_drop_range(kva_index_t *ix, uint64_t mask, unsigned srcs,
-    uint32_t from, uint32_t to);
+uint32_t kva_index_drop_range(kva_index_t *ix, const kva_slotset_t *set,
+    unsigned srcs, uint32_t from, uint32_t to);
 
 /*
  * The index's invariants: chains without cycles, no longer than

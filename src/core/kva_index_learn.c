@@ -31,7 +31,7 @@ kva_index_learn_budget(kva_index_t *ix, unsigned slot, uint32_t blocks,
         l->count[g] = 0;
     }
 
-    ix->learn_active &= ~(1ULL << slot);
+    kva_slotset_del(&ix->learn_active, slot);
 }
 
 
@@ -46,6 +46,10 @@ kva_index_learn_note(kva_index_t *ix, unsigned slot, uint32_t n, uint32_t now)
 {
     uint32_t      gen, limit, sum, k, p, keep;
     kva_learn_t  *l;
+
+    if (slot >= KVA_MAX_SLOTS) {
+        return;
+    }
 
     l = &ix->learn[slot];
 
@@ -80,7 +84,7 @@ kva_index_learn_note(kva_index_t *ix, unsigned slot, uint32_t n, uint32_t now)
              */
             l->cutoff = l->start[keep] + 1;
             l->active = 1;
-            ix->learn_active |= 1ULL << slot;
+            kva_slotset_add(&ix->learn_active, slot);
             return;
         }
 

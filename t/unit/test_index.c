@@ -11,6 +11,19 @@
 #include "kva_rand.h"
 
 
+/* a set of the slots in the low 64 of a mask */
+static const kva_slotset_t *
+mask_set(uint64_t mask)
+{
+    static kva_slotset_t  set;
+
+    memset(&set, 0, sizeof(set));
+    set.w[0] = mask;
+
+    return &set;
+}
+
+
 static uint64_t
 mix(uint64_t x)
 {
@@ -93,7 +106,7 @@ test_flood(void)
     char          err[128];
     uint32_t      i, depth[KVA_MAX_SLOTS], b, len, longest, idx, same;
     uint64_t      k[4096];
-    kva_clock_t   clk = { 1000, 100, 10, ~0ULL };
+    kva_clock_t   clk = { 1000, 100, 10, {{ ~0ULL }} };
     kva_index_t  *ix, *ix2;
     kva_entry_t  *entries;
 
@@ -185,7 +198,7 @@ test_crash_states(void)
     char          err[128];
     uint32_t      i, depth[KVA_MAX_SLOTS], a, b, bk, n;
     uint64_t      k[4096], cyc[3], fill[1024];
-    kva_clock_t   clk = { 1000, 1u << 30, 10, 1 };
+    kva_clock_t   clk = { 1000, 1u << 30, 10, {{ 1 }} };
     kva_index_t  *ix;
     kva_entry_t  *entries, *e;
 
@@ -245,7 +258,7 @@ test_crash_states(void)
     kva_index_match(ix, k, 1000, 1 << 1, &clk, depth);
     ok(depth[1] == 5, "its block is missed");
     kva_index_del(ix, k + 5, 1, 1, KVA_BIT_LEARNED);
-    kva_index_drop_slots(ix, 1 << 1, KVA_BITS_ALL);
+    kva_index_drop_slots(ix, mask_set(1 << 1), KVA_BITS_ALL);
     ok(sound(ix, "unlinked in use") && ix->used == 0,
        "a clear frees it with the rest");
     free(ix);
@@ -281,7 +294,7 @@ test_crash_states(void)
     kva_index_add(ix, k, 1, 0, KVA_BIT_EVENT, &clk);
     kva_index_match(ix, k, 1, 1, &clk, depth);
     ok(depth[0] == 1, "an entry added where a bad head was");
-    kva_index_drop_slots(ix, ~0ULL, KVA_BITS_ALL);
+    kva_index_drop_slots(ix, mask_set(~0ULL), KVA_BITS_ALL);
     ok(sound(ix, "bad links") && ix->used == 0, "bad links cut, sound");
 
     /* 5. a free list that loops back onto itself */
@@ -301,7 +314,7 @@ test_crash_states(void)
 
     kva_index_match(ix, fill, 1000, 1, &clk, depth);
     ok(depth[0] == 1000, "adds go on past a looping free list");
-    kva_index_drop_slots(ix, ~0ULL, KVA_BITS_ALL);
+    kva_index_drop_slots(ix, mask_set(~0ULL), KVA_BITS_ALL);
     ok(ix->used == 0 && sound(ix, "free-list cycle"), "and it heals");
 
     /* 6. counters off: check says so */
@@ -346,7 +359,7 @@ test_learn_budget(uint32_t t0)
 {
     uint32_t      p, d, oldest_kept;
     uint64_t      h[30][100], n0, n1;
-    kva_clock_t   clk = { 0, 1u << 30, 10, 0 };
+    kva_clock_t   clk = { 0, 1u << 30, 10, {{ 0 }} };
     kva_index_t  *ix;
 
     ix = fresh(65536, 99);
@@ -431,7 +444,7 @@ test_learn_budget(uint32_t t0)
 
     /* a budget of 0: only the TTL again */
     kva_index_learn_budget(ix, 0, 0, clk.now);
-    ok(learned_count(ix, 0, &clk) > 800 && (ix->learn_active & 1) == 0,
+    ok(learned_count(ix, 0, &clk) > 800 && (ix->learn_active.w[0] & 1) == 0,
        "budget 0: what the TTL allows (%llu)",
        (unsigned long long) learned_count(ix, 0, &clk));
     ok(sound(ix, "learned budget"), "the index is sound");
@@ -447,7 +460,7 @@ main(void)
     size_t             size;
     uint32_t           depth[KVA_MAX_SLOTS], deepest, i, cap;
     uint64_t           a[64], b[64], c[40000];
-    kva_clock_t        clk = { 1000, 100, 10, 1 << 2 };
+    kva_clock_t        clk = { 1000, 100, 10, {{ 1 << 2 }} };
     kva_index_t       *ix;
     kva_slot_count_t   counts[KVA_MAX_SLOTS];
 
@@ -491,13 +504,13 @@ main(void)
     ok(deepest == 0, "mask excludes slots");
 
     /* precise slots trust events only, the others learned guesses only */
-    clk.precise = 0;
+    clk.precise.w[0] = 0;
     kva_index_match(ix, b, 30, 1 << 2, &clk, depth);
     ok(depth[2] == 0, "event bits of a degraded server are not trusted");
-    clk.precise = 1 << 1 | 1 << 2;
+    clk.precise.w[0] = 1 << 1 | 1 << 2;
     kva_index_match(ix, a, 64, 1 << 1, &clk, depth);
     ok(depth[1] == 0, "learned bits of a precise server are ignored");
-    clk.precise = 1 << 2;
+    clk.precise.w[0] = 1 << 2;
 
     /* TTL: learned bits fade, event bits do not */
     clk.now += 150;
@@ -521,7 +534,7 @@ main(void)
     kva_index_match(ix, b, 64, 1 << 2, &clk, depth);
     ok(depth[2] == 10, "a removed block ends the match (%u)", depth[2]);
 
-    kva_index_drop_slots(ix, 1 << 2, KVA_BITS_ALL);
+    kva_index_drop_slots(ix, mask_set(1 << 2), KVA_BITS_ALL);
     kva_index_match(ix, b, 64, 1 << 2, &clk, depth);
     ok(depth[2] == 0, "drop_slots clears a slot");
 
@@ -625,12 +638,12 @@ main(void)
         uint32_t    from, calls;
 
         memcpy(copy, region, size);
-        from = kva_index_drop_range(copy, 1, KVA_BITS_ALL, 0, KVA_NIL);
+        from = kva_index_drop_range(copy, mask_set(1), KVA_BITS_ALL, 0, KVA_NIL);
         ok(from == KVA_SCAN_RELEASES, "a chunk stops after %u frees (%u)",
            KVA_SCAN_RELEASES, from);
 
         for (calls = 1; from < ((kva_index_t *) copy)->high_water; calls++) {
-            from = kva_index_drop_range(copy, 1, KVA_BITS_ALL, from,
+            from = kva_index_drop_range(copy, mask_set(1), KVA_BITS_ALL, from,
                                         KVA_NIL);
         }
 
