@@ -18,6 +18,19 @@
 #include "kva_score.h"
 
 
+/* a set of the slots in the low 64 of a mask */
+static const kva_slotset_t *
+mask_set(uint64_t mask)
+{
+    static kva_slotset_t  set;
+
+    memset(&set, 0, sizeof(set));
+    set.w[0] = mask;
+
+    return &set;
+}
+
+
 #define BLOCK_SIZE  256
 
 
@@ -128,7 +141,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
             exit(1);
         }
 
-        kva_index_match_found(ix, hashes, n, mask, &clk, depth, found);
+        kva_index_match_found(ix, hashes, n, mask_set(mask), &clk, depth, found);
 
         for (k = 0; k < servers; k++) {
             cand[k].matched = depth[k];

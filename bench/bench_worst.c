@@ -121,13 +121,13 @@ request(kva_index_t *ix, const uint64_t *h, kva_clock_t *clk)
 {
     double     t, longest, last;
     uint32_t   depth[KVA_MAX_SLOTS], found[BLOCKS], from, to, n;
-    uint64_t   alive;
-    long long  t0;
+    long long      t0;
+    kva_slotset_t  alive;
 
     longest = last = 0;
-    alive = 0xff;
+    alive = *mask_set(0xff);
 
-    for (from = 0; from < BLOCKS && alive; from = n) {
+    for (from = 0; from < BLOCKS && !kva_slotset_empty(&alive); from = n) {
         t0 = bench_now_ns();
         to = BLOCKS - from < KVA_ADD_CHUNK ? BLOCKS : from + KVA_ADD_CHUNK;
         n = kva_index_match_part(ix, h, from, to, &alive, clk, depth, found);
@@ -135,7 +135,7 @@ request(kva_index_t *ix, const uint64_t *h, kva_clock_t *clk)
         longest = last > longest ? last : longest;
     }
 
-    (void) kva_index_match_done(BLOCKS, from, alive, depth, found);
+    (void) kva_index_match_done(BLOCKS, from, &alive, depth, found);
 
     /* the record's first piece shares the last lookup piece's hold */
     t0 = bench_now_ns() - (long long) (last * 1e3);

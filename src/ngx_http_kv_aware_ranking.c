@@ -213,23 +213,25 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t n, kva_clock_t *clk, kva_candidate_t *cand)
 {
     uint32_t                   depth[KVA_MAX_SLOTS], nblocks, from, piece;
-    uint64_t                   mask;
     ngx_int_t                  reqs, blocks;
     ngx_uint_t                 i, slot;
+    kva_slotset_t              mask;
     ngx_http_kv_aware_slot_t  *sl;
 
     nblocks = ctx->nblocks;
 
-    ngx_memzero(depth, sizeof(depth));
+    kva_slotset_zero(&mask);
 
-    mask = 0;
-
+    /* the lookup sets the depth of the candidates only: O(C), not O(slots) */
     for (i = 0; i < n; i++) {
-        mask |= 1ULL << picks[i].slot;
+        kva_slotset_add(&mask, picks[i].slot);
+        depth[picks[i].slot] = 0;
     }
 
     /* the lookup too goes a piece per hold of the lock */
-    for (from = 0; from < nblocks && mask; from = piece) {
+    for (from = 0; from < nblocks && !kva_slotset_empty(&mask);
+         from = piece)
+    {
         if (from) {
             ngx_shmtx_unlock(&kcf->shpool->mutex);
             ngx_shmtx_lock(&kcf->shpool->mutex);
@@ -240,7 +242,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
                                      &mask, clk, depth, ctx->found);
     }
 
-    (void) kva_index_match_done(nblocks, from, mask, depth, ctx->found);
+    (void) kva_index_match_done(nblocks, from, &mask, depth, ctx->found);
 
     for (i = 0; i < n; i++) {
         slot = picks[i].slot;

@@ -43,7 +43,7 @@ ngx_http_kv_aware_zone_init(ngx_shm_zone_t *shm_zone, void *data)
 {
     ngx_http_kv_aware_srv_conf_t  *okcf = data;
 
-    ngx_uint_t                     g;
+    ngx_uint_t                     g, layout;
     ngx_http_kv_aware_srv_conf_t  *kcf;
 
     kcf = shm_zone->data;
@@ -59,12 +59,28 @@ ngx_http_kv_aware_zone_init(ngx_shm_zone_t *shm_zone, void *data)
         return NGX_ERROR;
     }
 
-    if (kcf->sh->block_size != kcf->block_size
+    /*
+     * A zone kept from an older layout of the index (kva_index.h's magic)
+     * is not read in the new one: a guard for what a module's own zone tag
+     * does not cover.
+     */
+    layout = kcf->sh->block_size
+             && !kva_index_valid(kcf->sh->index, kcf->sh->index_size);
+
+    if (layout
+        || kcf->sh->block_size != kcf->block_size
         || kcf->sh->keys != kcf->keys
         || kcf->sh->block_tokens != kcf->block_tokens)
     {
+        if (layout) {
+            ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
+                          "kv_aware: index layout of upstream \"%V\" "
+                          "changed, index reset", &kcf->upstream);
+
         /* hashes of another block size never match: start afresh */
-        if (kcf->sh->block_size != kcf->block_size && kcf->sh->block_size) {
+        } else if (kcf->sh->block_size != kcf->block_size
+                   && kcf->sh->block_size)
+        {
             ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
                           "kv_aware: block_size of upstream \"%V\" "
                           "changed, index reset", &kcf->upstream);
