@@ -16,7 +16,7 @@
 #include <string.h>
 
 
-#define KVA_MAX_SLOTS       64
+#define KVA_MAX_SLOTS       1024
 #define KVA_SLOT_WORDS      ((KVA_MAX_SLOTS + 63) / 64)
 
 
