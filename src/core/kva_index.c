@@ -374,8 +374,9 @@ kva_index_match_done(uint32_t n, uint32_t reached,
     const kva_slotset_t *alive, uint32_t depth[KVA_MAX_SLOTS],
     uint32_t *found)
 {
-    unsigned  slot;
+    unsigned  wi;
     uint32_t  j;
+    uint64_t  w;
 
     for (j = reached; found && j < n; j++) {
         found[j] = KVA_NIL;
@@ -386,8 +387,10 @@ kva_index_match_done(uint32_t n, uint32_t reached,
         return reached ? reached - 1 : 0;
     }
 
-    kva_slotset_each(alive, slot) {
-        depth[slot] = n;
+    for (wi = 0; wi < KVA_SLOT_WORDS; wi++) {
+        for (w = alive->w[wi]; w; w &= w - 1) {
+            depth[wi * 64 + __builtin_ctzll(w)] = n;
+        }
     }
 
     return n;

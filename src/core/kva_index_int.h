@@ -269,9 +269,11 @@ kva_match_set(kva_index_t *ix, const kva_entry_t *e, const kva_clock_t *clk,
         }
     }
 
-    /* what is left in the set missed block i */
-    kva_slotset_each(live, slot) {
-        depth[slot] = i;
+    /* what is left in the set missed block i: a word at a time */
+    for (wi = 0; wi < KVA_SLOT_WORDS; wi++) {
+        for (gone = live->w[wi]; gone; gone &= gone - 1) {
+            depth[wi * 64 + __builtin_ctzll(gone)] = i;
+        }
     }
 
     return n;
