@@ -19,6 +19,19 @@
 #include "kva_index.h"
 
 
+/* a set of the slots in the low 64 of a mask */
+static const kva_slotset_t *
+mask_set(uint64_t mask)
+{
+    static kva_slotset_t  set;
+
+    memset(&set, 0, sizeof(set));
+    set.w[0] = mask;
+
+    return &set;
+}
+
+
 #define PROMPTS     64
 #define BLOCKS      128
 #define SHARED      122
@@ -37,7 +50,7 @@ main(void)
     uint32_t      depth[KVA_MAX_SLOTS], found[BLOCKS];
     uint64_t      s, filler[1024];
     long long     t0, total;
-    kva_clock_t   clk = { 100, 1u << 30, 100, 0 };
+    kva_clock_t   clk = { 100, 1u << 30, 100, {{ 0 }} };
     kva_index_t  *ix;
 
     static uint64_t  prompts[PROMPTS][BLOCKS];
@@ -90,7 +103,7 @@ main(void)
 
             t0 = bench_now_ns();
 
-            kva_index_match_found(ix, prompts[c], BLOCKS, 0xf, &clk, depth,
+            kva_index_match_found(ix, prompts[c], BLOCKS, mask_set(0xf), &clk, depth,
                                   found);
             kva_index_add_found(ix, prompts[c], BLOCKS, c % 4,
                                 KVA_BIT_LEARNED, &clk, found);

@@ -65,11 +65,12 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
     size_t             len, size, n, iters, i;
     double            *t, t0, med, p99;
     uint32_t           depth[KVA_MAX_SLOTS], j, *found;
-    uint64_t          *hashes, s, filler[1024], mask;
+    uint64_t          *hashes, s, filler[1024];
     unsigned           k;
     kva_why_e          why;
-    kva_clock_t        clk = { 100, 1u << 30, 100, 0 };
+    kva_clock_t        clk = { 100, 1u << 30, 100, {{ 0 }} };
     kva_index_t       *ix;
+    kva_slotset_t      mask;
     kva_prompt_t       p;
     kva_candidate_t    cand[KVA_MAX_SLOTS];
     kva_score_conf_t   conf = { 2.0, 32, 1.5, 0.5 };
@@ -102,10 +103,11 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
                       (unsigned) (j / 1024) % servers, KVA_BIT_LEARNED, &clk);
     }
 
-    mask = servers == 64 ? ~0ULL : (1ULL << servers) - 1;
+    kva_slotset_zero(&mask);
     memset(cand, 0, sizeof(cand));
 
     for (k = 0; k < servers; k++) {
+        kva_slotset_add(&mask, k);
         cand[k].weight = 1;
         cand[k].inflight_reqs = k % 3;
     }
@@ -128,7 +130,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
             exit(1);
         }
 
-        kva_index_match_found(ix, hashes, n, mask, &clk, depth, found);
+        kva_index_match_found(ix, hashes, n, &mask, &clk, depth, found);
 
         for (k = 0; k < servers; k++) {
             cand[k].matched = depth[k];
@@ -146,7 +148,7 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
     med = t[iters / 2];
     p99 = t[iters * 99 / 100];
 
-    printf("| %6zuk | %-7s | %2u | %5s | %7zu | %8.1f | %8.1f | %6.0f | %s |\n",
+    printf("| %6zuk | %-7s | %4u | %5s | %7zu | %8.1f | %8.1f | %6.0f | %s |\n",
            tokens / 1024, escapes ? "escapes" : "plain", servers,
            entries >= 1000000 ? "1M" : "10k", n, med, p99, budget,
            med <= budget ? "ok" : "OVER");
@@ -159,14 +161,84 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
 }
 
 
+/*
+ * Bytes per (block, holder), 1M blocks each held by 2 of the 1,024 slots,
+ * and the ingest as events bring it: messages of 64 hashes, stored then
+ * removed, a slot each.
+ */
+static void
+index_bytes(void)
+{
+    void         *region;
+    size_t        size;
+    double        t0, t_add, t_del;
+    uint32_t      j, i, cap;
+    uint64_t      s, *keys;
+    kva_clock_t   clk = { 100, 1u << 30, 100, {{ 0 }} };
+    kva_index_t  *ix;
+
+    cap = 1u << 20;
+    size = kva_index_region_size(cap);
+    region = malloc(size);
+    keys = malloc(cap * sizeof(uint64_t));
+    ix = region ? kva_index_init(region, size, 0x9e3779b97f4a7c15ULL) : NULL;
+
+    if (ix == NULL || keys == NULL) {
+        exit(1);
+    }
+
+    s = 11;
+
+    for (i = 0; i < cap; i++) {
+        keys[i] = kva_rand_next(&s);
+    }
+
+    t0 = bench_now_ns();
+
+    for (j = 0; j < cap; j += 64) {
+        kva_index_add(ix, keys + j, 64, (j / 64) % KVA_MAX_SLOTS,
+                      KVA_BIT_EVENT, &clk);
+        kva_index_add(ix, keys + j, 64, (j / 64 + 517) % KVA_MAX_SLOTS,
+                      KVA_BIT_EVENT, &clk);
+    }
+
+    t_add = bench_now_ns() - t0;
+
+    printf("index: %u blocks held by 2 of %u slots each, %u wide records: "
+           "%.1f bytes per (block, holder)\n", ix->used, KVA_MAX_SLOTS,
+           ix->wide_used, (double) size / (2.0 * ix->used));
+
+    t0 = bench_now_ns();
+
+    for (j = 0; j < cap; j += 64) {
+        kva_index_del(ix, keys + j, 64, (j / 64) % KVA_MAX_SLOTS,
+                      KVA_BIT_EVENT);
+        kva_index_del(ix, keys + j, 64, (j / 64 + 517) % KVA_MAX_SLOTS,
+                      KVA_BIT_EVENT);
+    }
+
+    t_del = bench_now_ns() - t0;
+
+    printf("ingest over %u slots, 64 hashes a message: stored %.2fM "
+           "hashes/s, removed %.2fM hashes/s (%u entries left)\n\n",
+           KVA_MAX_SLOTS, 2.0 * cap / t_add * 1e3, 2.0 * cap / t_del * 1e3,
+           ix->used);
+
+    free(keys);
+    free(region);
+}
+
+
 int
 main(void)
 {
     size_t    tokens[] = { 1024, 8192, 32768, 131072 };
     double    budget[] = { 10, 40, 150, 600 };
     unsigned  ti, esc, srv, ent;
-    unsigned  servers[] = { 8, 64 };
+    unsigned  servers[] = { 8, 64, 1024 };
     uint32_t  entries[] = { 10000, 1000000 };
+
+    index_bytes();
 
     printf("routing cost per request (parse + hash + lookup + score + "
            "record), microseconds\n\n");
@@ -176,7 +248,7 @@ main(void)
 
     for (ti = 0; ti < 4; ti++) {
         for (esc = 0; esc < 2; esc++) {
-            for (srv = 0; srv < 2; srv++) {
+            for (srv = 0; srv < 3; srv++) {
                 for (ent = 0; ent < 2; ent++) {
                     run_case(tokens[ti], esc, servers[srv], entries[ent],
                              budget[ti]);

@@ -23,6 +23,19 @@
 #include "kva_index.h"
 
 
+/* a set of the slots in the low 64 of a mask */
+static const kva_slotset_t *
+mask_set(uint64_t mask)
+{
+    static kva_slotset_t  set;
+
+    memset(&set, 0, sizeof(set));
+    set.w[0] = mask;
+
+    return &set;
+}
+
+
 #define BLOCKS          2048        /* 128k tokens, 256-byte blocks */
 #define MSG_HASHES      65536       /* the largest message accepted */
 #define HASH_CHUNK      KVA_ADD_CHUNK   /* the event path's pieces */
@@ -108,13 +121,13 @@ request(kva_index_t *ix, const uint64_t *h, kva_clock_t *clk)
 {
     double     t, longest, last;
     uint32_t   depth[KVA_MAX_SLOTS], found[BLOCKS], from, to, n;
-    uint64_t   alive;
-    long long  t0;
+    long long      t0;
+    kva_slotset_t  alive;
 
     longest = last = 0;
-    alive = 0xff;
+    alive = *mask_set(0xff);
 
-    for (from = 0; from < BLOCKS && alive; from = n) {
+    for (from = 0; from < BLOCKS && !kva_slotset_empty(&alive); from = n) {
         t0 = bench_now_ns();
         to = BLOCKS - from < KVA_ADD_CHUNK ? BLOCKS : from + KVA_ADD_CHUNK;
         n = kva_index_match_part(ix, h, from, to, &alive, clk, depth, found);
@@ -122,7 +135,7 @@ request(kva_index_t *ix, const uint64_t *h, kva_clock_t *clk)
         longest = last > longest ? last : longest;
     }
 
-    (void) kva_index_match_done(BLOCKS, from, alive, depth, found);
+    (void) kva_index_match_done(BLOCKS, from, &alive, depth, found);
 
     /* the record's first piece shares the last lookup piece's hold */
     t0 = bench_now_ns() - (long long) (last * 1e3);
@@ -151,7 +164,7 @@ requests(bench_ix_t *b, int colliding, const char *label)
     double       t, first, again;
     uint32_t     r, i;
     uint64_t     h[BLOCKS];
-    kva_clock_t  clk = { 10, 1u << 30, 100, 0xff };
+    kva_clock_t  clk = { 10, 1u << 30, 100, {{ 0xff }} };
 
     fill(b, colliding, &clk);
     first = again = 0;
@@ -188,7 +201,7 @@ requests_capped(bench_ix_t *b)
     double       t, first, again;
     uint32_t     r, i, j, bk, stride, *have, slot;
     uint64_t     key, *keys, h[BLOCKS];
-    kva_clock_t  clk = { 10, 1u << 30, 100, 0xff };
+    kva_clock_t  clk = { 10, 1u << 30, 100, {{ 0xff }} };
 
     fill(b, 0, &clk);
 
@@ -299,7 +312,7 @@ messages(bench_ix_t *b)
     uint32_t     i, from;
     uint64_t    *h;
     long long    t0;
-    kva_clock_t  clk = { 10, 1u << 30, 100, 0xff };
+    kva_clock_t  clk = { 10, 1u << 30, 100, {{ 0xff }} };
 
     h = malloc(sizeof(uint64_t) * MSG_HASHES);
     if (h == NULL) {
@@ -329,7 +342,7 @@ messages(bench_ix_t *b)
 
     for (from = 0; from < b->ix->high_water; ) {
         t0 = bench_now_ns();
-        from = kva_index_drop_range(b->ix, 0xff, KVA_BITS_ALL, from,
+        from = kva_index_drop_range(b->ix, mask_set(0xff), KVA_BITS_ALL, from,
                                     from + KVA_SCAN_CHUNK);
         t = (bench_now_ns() - t0) / 1e3;
         total += t;

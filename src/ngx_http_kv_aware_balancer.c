@@ -101,7 +101,7 @@ ngx_http_kv_aware_balancer_init_upstream(ngx_conf_t *cf,
         return NGX_ERROR;
     }
 
-    kcf->slot_of = ngx_pcalloc(cf->pool, KVA_MAX_SLOTS);
+    kcf->slot_of = ngx_pcalloc(cf->pool, KVA_MAX_SLOTS * sizeof(uint16_t));
     if (kcf->slot_of == NULL) {
         return NGX_ERROR;
     }
@@ -638,7 +638,7 @@ ngx_http_kv_aware_balancer_learn_locked(ngx_http_kv_aware_srv_conf_t *kcf,
         piece = ngx_min(nblocks - from, KVA_ADD_CHUNK);
 
         kva_index_add_found(kcf->sh->index, ctx->hashes + from, piece, slot,
-                            (clk->precise & (1ULL << slot))
+                            kva_slotset_has(&clk->precise, slot)
                             ? KVA_BIT_LEARNED | KVA_BIT_SPEC
                             : KVA_BIT_LEARNED,
                             clk, ctx->found + from);
@@ -646,7 +646,7 @@ ngx_http_kv_aware_balancer_learn_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
     /* what the other instances do not know yet, of a server that is silent */
     if (kcf->events && kcf->events->share && matched < nblocks
-        && !(clk->precise & (1ULL << slot)))
+        && !kva_slotset_has(&clk->precise, slot))
     {
         ngx_http_kv_aware_share_queue(kcf, slot, ctx->hashes + matched,
                                       nblocks - matched);

@@ -106,7 +106,7 @@ typedef struct {
      */
     ngx_uint_t                      nprimary;
     ngx_uint_t                      npeers;
-    u_char                         *slot_of;      /* KVA_MAX_SLOTS */
+    uint16_t                       *slot_of;      /* KVA_MAX_SLOTS */
     ngx_uint_t                      map_config;   /* the lists' counter */
     ngx_msec_t                      map_time;
     unsigned                        dynamic:1;    /* zone: lists change */

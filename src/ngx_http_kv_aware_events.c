@@ -284,14 +284,13 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_event_path_t *ep, ngx_uint_t slot,
 {
     u_char                         rank[sizeof(" rank ") + NGX_INT_T_LEN];
     size_t                         first;
-    uint64_t                       bit;
     ngx_uint_t                     in_sequence;
+    kva_slotset_t                  set;
     ngx_http_kv_aware_slot_t      *sl;
     ngx_http_kv_aware_srv_conf_t  *kcf;
 
     kcf = ep->kcf;
     sl = &kcf->sh->slots[slot];
-    bit = 1ULL << slot;
 
     in_sequence = sl->ev.has_seq && b->seq == sl->ev.seq + 1;
 
@@ -326,7 +325,9 @@ ngx_http_kv_aware_apply(ngx_http_kv_aware_event_path_t *ep, ngx_uint_t slot,
          * A clear forgets guesses too; a snapshot replaces only what the
          * server said before.
          */
-        ngx_http_kv_aware_zone_drop_slots(kcf, bit,
+        kva_slotset_zero(&set);
+        kva_slotset_add(&set, slot);
+        ngx_http_kv_aware_zone_drop_slots(kcf, &set,
                                      first ? KVA_BITS_ALL : KVA_BIT_EVENT);
     }
 
@@ -455,6 +456,7 @@ static void
 ngx_http_kv_aware_set_ev_state(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, ngx_uint_t state)
 {
+    kva_slotset_t              set;
     ngx_http_kv_aware_slot_t  *sl;
 
     sl = &kcf->sh->slots[slot];
@@ -469,7 +471,9 @@ ngx_http_kv_aware_set_ev_state(ngx_http_kv_aware_srv_conf_t *kcf,
 
     sl->ev.state = state;
 
-    ngx_http_kv_aware_zone_set_precise(kcf->sh, 1ULL << slot,
+    kva_slotset_zero(&set);
+    kva_slotset_add(&set, slot);
+    ngx_http_kv_aware_zone_set_precise(kcf->sh, &set,
                                   state == NGX_HTTP_KV_AWARE_EV_FRESH);
 }
 

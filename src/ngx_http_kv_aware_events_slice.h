@@ -13,6 +13,8 @@
 
 #include "ngx_http_kv_aware_common.h"
 
+#include "kva_slotset.h"
+
 
 /*
  * What the module knows of a server's cache, from its events: never heard
@@ -74,7 +76,7 @@ typedef struct {
 typedef struct {
     ngx_atomic_t                    sub_gen;      /* newest subscriber's */
     ngx_atomic_t                    sub_live;     /* the one that applies */
-    ngx_atomic_t                    precise;      /* slots EV_FRESH */
+    ngx_atomic_t                    precise[KVA_SLOT_WORDS]; /* EV_FRESH */
     ngx_atomic_t                    messages;
     ngx_atomic_t                    hashes;
     ngx_atomic_t                    rejected[NGX_HTTP_KV_AWARE_REJ_LAST];

@@ -26,7 +26,7 @@ static ngx_uint_t ngx_http_kv_aware_members_read(
     ngx_uint_t max, ngx_uint_t *nprimary);
 static ngx_uint_t ngx_http_kv_aware_members_place(
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_member_t *m,
-    ngx_uint_t n, uint64_t skip);
+    ngx_uint_t n, const kva_slotset_t *skip);
 static ngx_uint_t ngx_http_kv_aware_slot_in_flight(
     ngx_http_kv_aware_shctx_t *sh, ngx_uint_t slot);
 
@@ -34,7 +34,7 @@ static ngx_uint_t ngx_http_kv_aware_slot_in_flight(
 void
 ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
 {
-    uint64_t                       used, gone, freed;
+    kva_slotset_t                  used, gone, freed;
     ngx_uint_t                     config, n, nprimary, i, s, dp, newest,
                                    mapped, missing;
     ngx_http_kv_aware_slot_t      *sl;
@@ -59,7 +59,7 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
      * since, without waiting for DNS to change again.
      */
     if (kcf->mapped && kcf->map_config == config
-        && ((sh->members.reserved == 0 && kcf->map_whole)
+        && ((kva_slotset_empty(&sh->members.reserved) && kcf->map_whole)
             || ngx_current_msec - kcf->map_time < 1000))
     {
         return;
@@ -76,23 +76,23 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
     newest = (kcf->generation > sh->members.map_gen
               || (kcf->generation == sh->members.map_gen
                   && config >= sh->members.map_config));
-    used = 0;
+    kva_slotset_zero(&used);
 
     for (i = 0; i < n * dp; i++) {
         s = ngx_http_kv_aware_zone_slot_by_name(sh, m[i / dp].name,
                                            m[i / dp].len, i % dp);
 
         if (s < KVA_MAX_SLOTS) {
-            kcf->slot_of[i] = (u_char) s;
-            used |= 1ULL << s;
+            kcf->slot_of[i] = (uint16_t) s;
+            kva_slotset_add(&used, s);
 
         } else {
             kcf->slot_of[i] = NGX_HTTP_KV_AWARE_NO_SLOT;
         }
     }
 
-    gone = 0;
-    freed = 0;
+    kva_slotset_zero(&gone);
+    kva_slotset_zero(&freed);
     missing = 0;
 
     if (newest) {
@@ -105,24 +105,24 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
         for (s = 0; s < KVA_MAX_SLOTS; s++) {
             sl = &sh->slots[s];
 
-            if (sl->name_len == 0 || (used & (1ULL << s))) {
+            if (sl->name_len == 0 || kva_slotset_has(&used, s)) {
                 continue;
             }
 
-            if (!(sh->members.reserved & (1ULL << s))) {
-                gone |= 1ULL << s;
-                sh->members.reserved |= 1ULL << s;
+            if (!kva_slotset_has(&sh->members.reserved, s)) {
+                kva_slotset_add(&gone, s);
+                kva_slotset_add(&sh->members.reserved, s);
             }
 
             if (ngx_http_kv_aware_slot_in_flight(sh, s) == 0) {
-                freed |= 1ULL << s;
-                sh->members.reserved &= ~(1ULL << s);
+                kva_slotset_add(&freed, s);
+                kva_slotset_del(&sh->members.reserved, s);
                 ngx_memzero(sl, sizeof(ngx_http_kv_aware_slot_t));
             }
         }
 
         /* newcomers: slots free before this round first */
-        missing = ngx_http_kv_aware_members_place(kcf, m, n, freed);
+        missing = ngx_http_kv_aware_members_place(kcf, m, n, &freed);
 
         sh->members.map_gen = kcf->generation;
         sh->members.map_config = config;
@@ -130,13 +130,13 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);
 
-    if (gone) {
+    if (!kva_slotset_empty(&gone)) {
         ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
                       "kv_aware: upstream \"%V\" lost %ui servers (ranks), "
                       "what they held is forgotten", &kcf->upstream,
-                      (ngx_uint_t) __builtin_popcountll(gone));
+                      (ngx_uint_t) kva_slotset_count(&gone));
 
-        ngx_http_kv_aware_zone_forget_slots(kcf, gone);
+        ngx_http_kv_aware_zone_forget_slots(kcf, &gone);
     }
 
     /*
@@ -146,13 +146,14 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
      * for the list to change again, and the upstream be routed by
      * round-robin meanwhile.
      */
-    if (missing && freed) {
+    if (missing && !kva_slotset_empty(&freed)) {
         ngx_shmtx_lock(&kcf->shpool->mutex);
 
         if (sh->members.map_gen == kcf->generation
             && sh->members.map_config == config)
         {
-            (void) ngx_http_kv_aware_members_place(kcf, m, n, 0);
+            kva_slotset_zero(&freed);
+            (void) ngx_http_kv_aware_members_place(kcf, m, n, &freed);
         }
 
         ngx_shmtx_unlock(&kcf->shpool->mutex);
@@ -233,7 +234,7 @@ ngx_http_kv_aware_members_read(ngx_http_upstream_rr_peers_t *primary,
  */
 static ngx_uint_t
 ngx_http_kv_aware_members_place(ngx_http_kv_aware_srv_conf_t *kcf,
-    ngx_http_kv_aware_member_t *m, ngx_uint_t n, uint64_t skip)
+    ngx_http_kv_aware_member_t *m, ngx_uint_t n, const kva_slotset_t *skip)
 {
     ngx_uint_t                  i, s, dp, left;
     ngx_http_kv_aware_slot_t   *sl;
@@ -254,7 +255,8 @@ ngx_http_kv_aware_members_place(ngx_http_kv_aware_srv_conf_t *kcf,
         if (s == KVA_MAX_SLOTS) {
             for (s = 0; s < KVA_MAX_SLOTS; s++) {
                 if (sh->slots[s].name_len == 0
-                    && !((sh->members.reserved | skip) & (1ULL << s)))
+                    && !kva_slotset_has(&sh->members.reserved, s)
+                    && !kva_slotset_has(skip, s))
                 {
                     break;
                 }
@@ -271,7 +273,7 @@ ngx_http_kv_aware_members_place(ngx_http_kv_aware_srv_conf_t *kcf,
             sl->rank = i % dp;
         }
 
-        kcf->slot_of[i] = (u_char) s;
+        kcf->slot_of[i] = (uint16_t) s;
     }
 
     return left;

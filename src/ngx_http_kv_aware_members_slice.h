@@ -13,14 +13,16 @@
 
 #include "ngx_http_kv_aware_common.h"
 
+#include "kva_slotset.h"
+
 
 /* slot_of[] for a peer that has none (more than KVA_MAX_SLOTS ranks) */
-#define NGX_HTTP_KV_AWARE_NO_SLOT  0xff
+#define NGX_HTTP_KV_AWARE_NO_SLOT  0xffff
 
 
 /* the upstream's */
 typedef struct {
-    uint64_t                        reserved;     /* slots of servers gone */
+    kva_slotset_t                   reserved;     /* slots of servers gone */
     ngx_uint_t                      map_gen;      /* the view that last */
     ngx_uint_t                      map_config;   /* changed the slots */
 } ngx_http_kv_aware_members_sh_t;

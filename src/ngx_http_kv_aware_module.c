@@ -274,7 +274,12 @@ ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     p = ngx_cpymem(name.data, "kv_aware:", sizeof("kv_aware:") - 1);
     ngx_memcpy(p, uscf->host.data, uscf->host.len);
 
-    size = kcf->index_size + ngx_http_kv_aware_share_size()
+    /*
+     * The per-slot tables (KVA_MAX_SLOTS of them, 0.5 MB at 1,024 slots)
+     * come on top of index_size: it stays what the blocks get.
+     */
+    size = kcf->index_size + sizeof(ngx_http_kv_aware_shctx_t)
+           + sizeof(kva_index_t) + ngx_http_kv_aware_share_size()
            + ngx_http_kv_aware_session_size(kcf);
 
     kcf->shm_zone = ngx_shared_memory_add(cf, &name, size,

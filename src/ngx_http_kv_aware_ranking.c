@@ -111,21 +111,32 @@ ngx_http_kv_aware_ranking(ngx_http_request_t *r,
     order[0] = kva_score_costs(&kcf->score, cand, n, ctx->nblocks, 0, cost,
                                &why);
 
+    /*
+     * The first NGX_HTTP_KV_AWARE_RANKING_TOP only, by a bounded insertion:
+     * O(C x top) at worst, where sorting all of 1,024 candidates was
+     * O(C^2) and a value of 30 KB.
+     */
     for (i = 0, k = 1; i < n; i++) {
-        if (i == order[0]) {
+        if (i == order[0]
+            || (k == NGX_HTTP_KV_AWARE_RANKING_TOP
+                && cost[order[k - 1]] <= cost[i]))
+        {
             continue;
         }
 
-        for (j = k; j > 1 && cost[order[j - 1]] > cost[i]; j--) {
+        j = (k < NGX_HTTP_KV_AWARE_RANKING_TOP) ? k++ : k - 1;
+
+        for ( /* void */ ; j > 1 && cost[order[j - 1]] > cost[i]; j--) {
             order[j] = order[j - 1];
         }
 
         order[j] = i;
-        k++;
     }
 
+    n = k;
+
     out->data = ngx_pnalloc(r->pool, n * (NGX_SOCKADDR_STRLEN
-                                          + sizeof(" #63 ,") + 32));
+                                          + sizeof(" #1023 ,") + 32));
     if (out->data == NULL) {
         ngx_http_upstream_rr_peers_unlock(peers);
         return NGX_ERROR;
@@ -218,23 +229,25 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t n, kva_clock_t *clk, kva_candidate_t *cand)
 {
     uint32_t                   depth[KVA_MAX_SLOTS], nblocks, from, piece;
-    uint64_t                   mask;
     ngx_int_t                  reqs, blocks;
     ngx_uint_t                 i, slot;
+    kva_slotset_t              mask;
     ngx_http_kv_aware_slot_t  *sl;
 
     nblocks = ctx->nblocks;
 
-    ngx_memzero(depth, sizeof(depth));
+    kva_slotset_zero(&mask);
 
-    mask = 0;
-
+    /* the lookup sets the depth of the candidates only: O(C), not O(slots) */
     for (i = 0; i < n; i++) {
-        mask |= 1ULL << picks[i].slot;
+        kva_slotset_add(&mask, picks[i].slot);
+        depth[picks[i].slot] = 0;
     }
 
     /* the lookup too goes a piece per hold of the lock */
-    for (from = 0; from < nblocks && mask; from = piece) {
+    for (from = 0; from < nblocks && !kva_slotset_empty(&mask);
+         from = piece)
+    {
         if (from) {
             ngx_shmtx_unlock(&kcf->shpool->mutex);
             ngx_shmtx_lock(&kcf->shpool->mutex);
@@ -245,7 +258,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
                                      &mask, clk, depth, ctx->found);
     }
 
-    (void) kva_index_match_done(nblocks, from, mask, depth, ctx->found);
+    (void) kva_index_match_done(nblocks, from, &mask, depth, ctx->found);
 
     for (i = 0; i < n; i++) {
         slot = picks[i].slot;

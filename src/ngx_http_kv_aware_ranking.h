@@ -12,6 +12,10 @@
 #include "kva_index.h"
 
 
+/* $kv_aware_ranking_NAME lists the best this many candidates */
+#define NGX_HTTP_KV_AWARE_RANKING_TOP  16
+
+
 /* a candidate: a server, or one data-parallel rank of it */
 typedef struct {
     ngx_http_upstream_rr_peer_t       *peer;

@@ -47,7 +47,7 @@ ngx_http_kv_aware_share_queue(ngx_http_kv_aware_srv_conf_t *kcf,
     for (i = 0; i < n; i++) {
         at = (sr->tail + i) & (NGX_HTTP_KV_AWARE_SHARE_RING - 1);
         sr->hashes[at] = hashes[i];
-        sr->slots[at] = (u_char) slot;
+        sr->slots[at] = (uint16_t) slot;
     }
 
     sr->tail += n;
@@ -63,7 +63,8 @@ ngx_http_kv_aware_share_init(ngx_http_kv_aware_share_channel_t *sc,
 
     sc->hashes = ngx_palloc(pool, NGX_HTTP_KV_AWARE_SHARE_RING
                                   * sizeof(uint64_t));
-    sc->slots = ngx_palloc(pool, NGX_HTTP_KV_AWARE_SHARE_RING);
+    sc->slots = ngx_palloc(pool, NGX_HTTP_KV_AWARE_SHARE_RING
+                                 * sizeof(uint16_t));
 
     if (sc->hashes == NULL || sc->slots == NULL) {
         return NGX_ERROR;
@@ -274,7 +275,7 @@ ngx_http_kv_aware_share_message(ngx_http_kv_aware_share_channel_t *sc,
     (void) ngx_atomic_fetch_add(&sr->stats.messages_in, 1);
 
     /* what a server says of its cache beats what anybody routed */
-    if (kcf->sh->events.precise & (1ULL << slot)) {
+    if (ngx_http_kv_aware_zone_precise(kcf->sh, slot)) {
         goto done;
     }
 

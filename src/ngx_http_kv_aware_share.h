@@ -33,7 +33,7 @@ typedef struct {
     ngx_http_kv_aware_redis_t      *redis;
     uint64_t                        seq;          /* of what we send */
     uint64_t                       *hashes;       /* taken out of the ring */
-    u_char                         *slots;        /* SHARE_RING each */
+    uint16_t                       *slots;        /* SHARE_RING each */
     ngx_http_kv_aware_budget_t      budget;
     ngx_msec_t                      logged;
 } ngx_http_kv_aware_share_channel_t;

@@ -36,7 +36,7 @@ typedef struct {
     ngx_uint_t                      tail;         /* next free */
     ngx_http_kv_aware_share_stats_t  stats;
     uint64_t                        hashes[NGX_HTTP_KV_AWARE_SHARE_RING];
-    u_char                          slots[NGX_HTTP_KV_AWARE_SHARE_RING];
+    uint16_t                        slots[NGX_HTTP_KV_AWARE_SHARE_RING];
 } ngx_http_kv_aware_share_t;
 
 

@@ -121,7 +121,8 @@ ngx_http_kv_aware_status_upstream(ngx_http_request_t *r,
     u->redis = sh->redis;
     u->pd = sh->pd;
     u->session = sh->session;
-    u->index = *sh->index;
+    /* the counters only: the budgets behind them are 150 KB at 1,024 slots */
+    ngx_memcpy(&u->index, sh->index, offsetof(kva_index_t, learn_active));
 
     if (u->share) {
         u->shared = sh->share->stats;

@@ -43,7 +43,7 @@ ngx_http_kv_aware_zone_init(ngx_shm_zone_t *shm_zone, void *data)
 {
     ngx_http_kv_aware_srv_conf_t  *okcf = data;
 
-    ngx_uint_t                     g;
+    ngx_uint_t                     g, layout;
     ngx_http_kv_aware_srv_conf_t  *kcf;
 
     kcf = shm_zone->data;
@@ -59,12 +59,28 @@ ngx_http_kv_aware_zone_init(ngx_shm_zone_t *shm_zone, void *data)
         return NGX_ERROR;
     }
 
-    if (kcf->sh->block_size != kcf->block_size
+    /*
+     * A zone kept from an older layout of the index (kva_index.h's magic)
+     * is not read in the new one: a guard for what a module's own zone tag
+     * does not cover.
+     */
+    layout = kcf->sh->block_size
+             && !kva_index_valid(kcf->sh->index, kcf->sh->index_size);
+
+    if (layout
+        || kcf->sh->block_size != kcf->block_size
         || kcf->sh->keys != kcf->keys
         || kcf->sh->block_tokens != kcf->block_tokens)
     {
+        if (layout) {
+            ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
+                          "kv_aware: index layout of upstream \"%V\" "
+                          "changed, index reset", &kcf->upstream);
+
         /* hashes of another block size never match: start afresh */
-        if (kcf->sh->block_size != kcf->block_size && kcf->sh->block_size) {
+        } else if (kcf->sh->block_size != kcf->block_size
+                   && kcf->sh->block_size)
+        {
             ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
                           "kv_aware: block_size of upstream \"%V\" "
                           "changed, index reset", &kcf->upstream);
@@ -85,7 +101,8 @@ ngx_http_kv_aware_zone_init(ngx_shm_zone_t *shm_zone, void *data)
         (void) kva_index_init(kcf->sh->index, kcf->sh->index_size,
                               ngx_http_kv_aware_secret());
         ngx_memzero(kcf->sh->slots, sizeof(kcf->sh->slots));
-        kcf->sh->events.precise = 0;
+        ngx_memzero((void *) kcf->sh->events.precise,
+                    sizeof(kcf->sh->events.precise));
         kcf->sh->block_size = kcf->block_size;
         kcf->sh->keys = kcf->keys;
         kcf->sh->block_tokens = kcf->block_tokens;
@@ -271,7 +288,7 @@ ngx_http_kv_aware_zone_slot_by_name(ngx_http_kv_aware_shctx_t *sh, u_char *name,
 
     for (s = 0; s < KVA_MAX_SLOTS; s++) {
         if (sh->slots[s].name_len == len && sh->slots[s].rank == rank
-            && !(sh->members.reserved & (1ULL << s))
+            && !kva_slotset_has(&sh->members.reserved, s)
             && ngx_memcmp(sh->slots[s].name, name, len) == 0)
         {
             break;
@@ -285,17 +302,18 @@ ngx_http_kv_aware_zone_slot_by_name(ngx_http_kv_aware_shctx_t *sh, u_char *name,
 static ngx_int_t
 ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
 {
-    uint64_t                   used, kept, stale;
     ngx_str_t                 *names;
     ngx_uint_t                 i, s, n, dp;
+    kva_slotset_t              used, kept, stale;
     ngx_http_kv_aware_slot_t  *slots;
 
     slots = kcf->sh->slots;
     names = kcf->peer_names->elts;
     dp = kcf->data_parallel;
     n = kcf->peer_names->nelts * dp;     /* <= KVA_MAX_SLOTS: init_upstream */
-    used = 0;
-    kept = 0;
+    kva_slotset_zero(&used);
+    kva_slotset_zero(&kept);
+    kva_slotset_zero(&stale);
 
     /*
      * Servers (ranks) that were there before keep their slot, and what it
@@ -306,9 +324,9 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
                                            names[i / dp].len, i % dp);
 
         if (s < KVA_MAX_SLOTS) {
-            kcf->slot_of[i] = (u_char) s;
-            used |= 1ULL << s;
-            kept |= 1ULL << i;
+            kcf->slot_of[i] = (uint16_t) s;
+            kva_slotset_add(&used, s);
+            kva_slotset_add(&kept, i);
         }
     }
 
@@ -317,28 +335,26 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
      * Where servers come and go at run time, those resolved are not in
      * the configuration: the workers' first look at the lists decides.
      */
-    stale = 0;
-
     for (s = 0; s < KVA_MAX_SLOTS && !kcf->dynamic; s++) {
-        if (slots[s].name_len && !(used & (1ULL << s))) {
-            stale |= 1ULL << s;
+        if (slots[s].name_len && !kva_slotset_has(&used, s)) {
+            kva_slotset_add(&stale, s);
             ngx_memzero(&slots[s], sizeof(ngx_http_kv_aware_slot_t));
         }
     }
 
-    if (stale) {
-        kcf->sh->members.reserved &= ~stale;
-        ngx_http_kv_aware_zone_forget_slots(kcf, stale);
+    if (!kva_slotset_empty(&stale)) {
+        kva_slotset_andnot(&kcf->sh->members.reserved, &stale);
+        ngx_http_kv_aware_zone_forget_slots(kcf, &stale);
     }
 
     /* newcomers take free slots */
     for (i = 0; i < n; i++) {
-        if (kept & (1ULL << i)) {
+        if (kva_slotset_has(&kept, i)) {
             continue;
         }
 
         for (s = 0; s < KVA_MAX_SLOTS; s++) {
-            if (slots[s].name_len == 0 && !(used & (1ULL << s))) {
+            if (slots[s].name_len == 0 && !kva_slotset_has(&used, s)) {
                 break;
             }
         }
@@ -349,9 +365,9 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
             continue;
         }
 
-        used |= 1ULL << s;
+        kva_slotset_add(&used, s);
 
-        kcf->slot_of[i] = (u_char) s;
+        kcf->slot_of[i] = (uint16_t) s;
         slots[s].name_len = names[i / dp].len;
         slots[s].rank = i % dp;
         ngx_memcpy(slots[s].name, names[i / dp].data, names[i / dp].len);
@@ -368,19 +384,17 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
  */
 void
 ngx_http_kv_aware_zone_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
-    uint64_t mask)
+    const kva_slotset_t *set)
 {
-    ngx_uint_t  s;
+    unsigned  s;
 
-    ngx_http_kv_aware_zone_set_precise(kcf->sh, mask, 0);
-    ngx_http_kv_aware_zone_drop_slots(kcf, mask, KVA_BITS_ALL);
+    ngx_http_kv_aware_zone_set_precise(kcf->sh, set, 0);
+    ngx_http_kv_aware_zone_drop_slots(kcf, set, KVA_BITS_ALL);
 
     ngx_shmtx_lock(&kcf->shpool->mutex);
 
-    for (s = 0; s < KVA_MAX_SLOTS; s++) {
-        if (mask & (1ULL << s)) {
-            kva_index_learn_budget(kcf->sh->index, s, 0, 0);
-        }
+    kva_slotset_each(set, s) {
+        kva_index_learn_budget(kcf->sh->index, s, 0, 0);
     }
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);
@@ -395,7 +409,7 @@ ngx_http_kv_aware_zone_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
  */
 void
 ngx_http_kv_aware_zone_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
-    uint64_t mask, unsigned srcs)
+    const kva_slotset_t *set, unsigned srcs)
 {
     uint32_t      from;
     kva_index_t  *ix;
@@ -411,7 +425,7 @@ ngx_http_kv_aware_zone_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
             return;
         }
 
-        from = kva_index_drop_range(ix, mask, srcs, from,
+        from = kva_index_drop_range(ix, set, srcs, from,
                                     from + KVA_SCAN_CHUNK);
 
         ngx_shmtx_unlock(&kcf->shpool->mutex);
@@ -420,26 +434,31 @@ ngx_http_kv_aware_zone_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
 
 
 /*
- * Sets (on) or clears the bits of mask in the mask of precise slots.
+ * Sets (on) or clears the slots of set in the set of precise slots.
  * Two subscribers may overlap while a reload hands over, and the master
  * writes it on reload: a plain read-modify-write could lose an update.
+ * A slot's change touches its word only, so a CAS a word is enough.
  */
 void
-ngx_http_kv_aware_zone_set_precise(ngx_http_kv_aware_shctx_t *sh, uint64_t mask,
-    ngx_uint_t on)
+ngx_http_kv_aware_zone_set_precise(ngx_http_kv_aware_shctx_t *sh,
+    const kva_slotset_t *set, ngx_uint_t on)
 {
-    ngx_atomic_uint_t  old, new;
+    ngx_uint_t         i;
+    ngx_atomic_uint_t  old, new, mask;
 
-    do {
-        old = sh->events.precise;
-        new = on ? (old | (ngx_atomic_uint_t) mask)
-                 : (old & ~(ngx_atomic_uint_t) mask);
+    for (i = 0; i < KVA_SLOT_WORDS; i++) {
+        mask = (ngx_atomic_uint_t) set->w[i];
 
-        if (new == old) {
-            return;
-        }
+        do {
+            old = sh->events.precise[i];
+            new = on ? (old | mask) : (old & ~mask);
 
-    } while (!ngx_atomic_cmp_set(&sh->events.precise, old, new));
+            if (new == old) {
+                break;
+            }
+
+        } while (!ngx_atomic_cmp_set(&sh->events.precise[i], old, new));
+    }
 }
 
 
@@ -470,10 +489,15 @@ void
 ngx_http_kv_aware_zone_clock(ngx_http_kv_aware_srv_conf_t *kcf,
     kva_clock_t *clk)
 {
+    ngx_uint_t  i;
+
     clk->now = ngx_http_kv_aware_ticks(ngx_current_msec);
     clk->ttl_learned = ngx_http_kv_aware_ticks(kcf->learned_ttl);
     clk->ttl_spec = ngx_http_kv_aware_ticks(kcf->spec_ttl);
-    clk->precise = kcf->sh->events.precise;
+
+    for (i = 0; i < KVA_SLOT_WORDS; i++) {
+        clk->precise.w[i] = kcf->sh->events.precise[i];
+    }
 }
 
 

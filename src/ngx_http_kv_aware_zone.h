@@ -27,12 +27,6 @@
 #include "kva_session.h"
 
 
-/* the slot masks (reserved, drops, a page's servers) are 64 bits wide */
-#if (KVA_MAX_SLOTS > 64)
-#error "KVA_MAX_SLOTS is over the 64 bits of a slot mask"
-#endif
-
-
 #define NGX_HTTP_KV_AWARE_NAME_LEN      64     /* "ip:port", room for IPv6 */
 #define NGX_HTTP_KV_AWARE_GENERATIONS   8      /* load tables kept on reload */
 
@@ -87,13 +81,18 @@ void ngx_http_kv_aware_zone_clock(ngx_http_kv_aware_srv_conf_t *kcf,
 void ngx_http_kv_aware_zone_learn_budget(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, kva_clock_t *clk);
 void ngx_http_kv_aware_zone_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
-    uint64_t mask, unsigned srcs);
+    const kva_slotset_t *set, unsigned srcs);
 void ngx_http_kv_aware_zone_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
-    uint64_t mask);
+    const kva_slotset_t *set);
 void ngx_http_kv_aware_zone_set_precise(ngx_http_kv_aware_shctx_t *sh,
-    uint64_t mask, ngx_uint_t on);
+    const kva_slotset_t *set, ngx_uint_t on);
 ngx_uint_t ngx_http_kv_aware_zone_slot_by_name(ngx_http_kv_aware_shctx_t *sh,
     u_char *name, size_t len, ngx_uint_t rank);
+
+
+/* whether the events of slot's server are in sync: its bits are the truth */
+#define ngx_http_kv_aware_zone_precise(sh, slot)                              \
+    ((sh)->events.precise[(slot) / 64] >> ((slot) % 64) & 1)
 
 
 #endif /* _NGX_HTTP_KV_AWARE_ZONE_H_INCLUDED_ */

@@ -67,7 +67,7 @@ my @KV_AWARE = (
     'keys=tokens block_tokens=65537'
         => 'invalid block_tokens "65537", expected a number from 1 to 65536',
     'data_parallel=0'
-        => 'invalid data_parallel "0", expected a number from 1 to 64',
+        => 'invalid data_parallel "0", expected a number from 1 to 1024',
 );
 
 # kv_aware_events PARAMETERS (beside a bare kv_aware) => what nginx -t
@@ -183,31 +183,31 @@ qr/\[emerg\].*"kv_aware" directive is not allowed here/
 --- error_log
 qr/\[emerg\].*"kv_aware" directive is not allowed here/
 
-=== TEST 4: 65 servers
+=== TEST 4: 1,025 servers
 --- http_config eval
-llm('kv_aware;', servers(65))
+llm('kv_aware;', servers(1025))
 --- config
     location / { proxy_pass http://llm; }
 --- backends: 0
 --- must_die
 --- error_log
 [emerg]
-kv_aware: upstream "llm" has 65 servers, at most 64 are supported
+kv_aware: upstream "llm" has 1025 servers, at most 1024 are supported
 
-=== TEST 5: 64 servers and a backup are 65
+=== TEST 5: 1,024 servers and a backup are 1,025
 --- http_config eval
-llm('kv_aware;', servers(64), 'server 127.0.0.3:1000 backup')
+llm('kv_aware;', servers(1024), 'server 127.0.0.3:1000 backup')
 --- config
     location / { proxy_pass http://llm; }
 --- backends: 0
 --- must_die
 --- error_log
-kv_aware: upstream "llm" has 65 servers, at most 64 are supported
+kv_aware: upstream "llm" has 1025 servers, at most 1024 are supported
 
-=== TEST 6: 64 servers are fine (63 down, one live)
+=== TEST 6: 1,024 servers are fine (1,023 down, one live)
 --- backends: 1
 --- http_config eval
-llm('kv_aware;', servers(63, 'down'), 'server $TEST_NGINX_BACKEND_1')
+llm('kv_aware;', servers(1023, 'down'), 'server $TEST_NGINX_BACKEND_1')
 --- config
     location / {
         proxy_pass http://llm;
@@ -383,16 +383,16 @@ POST /v1/chat/completions
 --- response_headers
 X-KV-Reason: fallback:no_tokens
 
-=== TEST 15: 33 servers of 2 ranks are 66 ranks
+=== TEST 15: 513 servers of 2 ranks are 1,026 ranks
 --- http_config eval
-llm('kv_aware data_parallel=2;', servers(33))
+llm('kv_aware data_parallel=2;', servers(513))
 --- config
     location / { proxy_pass http://llm; }
 --- backends: 0
 --- must_die
 --- error_log
 [emerg]
-kv_aware: upstream "llm" has 33 servers of 2 ranks, at most 64 ranks in all are supported
+kv_aware: upstream "llm" has 513 servers of 2 ranks, at most 1024 ranks in all are supported
 
 === TEST 16: data_parallel=64 of one server routes, and says a rank
 --- http_config

@@ -162,8 +162,8 @@ like($log, qr/engine \Q$addr\E rank 1: model/,
 # --- 5. configuration mistakes stop the bridge ---------------------------
 
 for my $bad (["data_parallel=2 rank=1", qr/not both/],
-             ["data_parallel=65", qr/expected 1 to 64/],
-             ["rank=64", qr/expected 0 to 63/],
+             ["data_parallel=1025", qr/expected 1 to 1024/],
+             ["rank=1024", qr/expected 0 to 1023/],
              ["data_parallel=2 events=tcp://127.0.0.1:65535",
               qr/at most 65535/]) {
     my $out = `$BRIDGE --engine "$addr model=m events=tcp://127.0.0.1:1 $bad->[0]" 2>&1`;

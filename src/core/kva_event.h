@@ -17,7 +17,7 @@
 
 #define KVA_EVENT_SERVER_MAX   128
 /* data-parallel ranks of one server: "rank" 0 .. 63 */
-#define KVA_EVENT_RANK_MAX     63
+#define KVA_EVENT_RANK_MAX     1023
 
 /*
  * The pre-scan's bounds (kva_event_decode() checks them before jansson

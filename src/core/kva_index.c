@@ -13,7 +13,12 @@
  * Eviction is sampled LRU (as Redis does): when full, the oldest of a few
  * neighbouring entries goes.  Exact LRU would need two more links per entry
  * and a relink, with writes to two neighbours, on every touch of a hot
- * prefix; sampling keeps entries at 40 bytes and touches read-mostly.
+ * prefix; sampling keeps entries at 32 bytes and touches read-mostly.
+ *
+ * What an entry holds is its holders (kva_index_holders.c writes them):
+ * a lookup follows the slots still matching through each block's holders,
+ * so its cost grows with how many servers hold a block, not with how many
+ * there are.
  *
  * A worker can die anywhere in here with the lock held (nginx then frees
  * the lock), leaving an entry allocated but unlinked, a chain cut, or
@@ -25,6 +30,7 @@
 #include <string.h>
 
 #include "kva_index.h"
+#include "kva_index_int.h"
 
 
 #define KVA_EVICT_SAMPLES   8
@@ -43,35 +49,16 @@
 #define KVA_AHEAD           4
 
 
-static inline uint32_t *kva_buckets(kva_index_t *ix);
-static inline kva_entry_t *kva_entries(kva_index_t *ix);
-static uint64_t kva_fresh_bits(const kva_index_t *ix, const kva_entry_t *e,
-    const kva_clock_t *clk);
-static int kva_clear_bits(kva_entry_t *e, uint64_t mask, unsigned srcs);
+static uint32_t kva_nwide(uint32_t capacity);
 static uint32_t kva_find(kva_index_t *ix, uint64_t key, uint32_t *len);
 static void kva_prefetch(kva_index_t *ix, const uint64_t *hashes,
     uint32_t i, uint32_t to);
 static void kva_prefetch_add(kva_index_t *ix, const uint64_t *hashes,
     uint32_t i, uint32_t n, const uint32_t *found);
 static int kva_unlink(kva_index_t *ix, uint32_t idx);
-static void kva_release(kva_index_t *ix, uint32_t idx);
 static void kva_evict_chain(kva_index_t *ix, uint32_t bucket, uint32_t now);
 static uint32_t kva_alloc(kva_index_t *ix);
 static uint32_t kva_evict(kva_index_t *ix);
-
-
-static inline uint32_t *
-kva_buckets(kva_index_t *ix)
-{
-    return (uint32_t *) (ix + 1);
-}
-
-
-static inline kva_entry_t *
-kva_entries(kva_index_t *ix)
-{
-    return (kva_entry_t *) (kva_buckets(ix) + ix->nbuckets);
-}
 
 
 /*
@@ -116,12 +103,22 @@ kva_nbuckets(uint32_t capacity)
 }
 
 
+/* a wide record for KVA_WIDE_SHARE entries: never fewer as capacity grows */
+static uint32_t
+kva_nwide(uint32_t capacity)
+{
+    return capacity / KVA_WIDE_SHARE > KVA_WIDE_MIN
+           ? capacity / KVA_WIDE_SHARE : KVA_WIDE_MIN;
+}
+
+
 size_t
 kva_index_region_size(uint32_t capacity)
 {
     /* an even bucket count keeps the entries 8-byte aligned */
     return sizeof(kva_index_t) + (size_t) kva_nbuckets(capacity)
-           * sizeof(uint32_t) + (size_t) capacity * sizeof(kva_entry_t);
+           * sizeof(uint32_t) + (size_t) capacity * sizeof(kva_entry_t)
+           + (size_t) kva_nwide(capacity) * sizeof(kva_wide_t);
 }
 
 
@@ -173,6 +170,8 @@ kva_index_init(void *region, size_t region_size, uint64_t secret)
     ix->nbuckets = kva_nbuckets(capacity);
     ix->free_head = KVA_NIL;
     ix->secret = secret;
+    ix->nwide = kva_nwide(capacity);
+    ix->wide_free = KVA_NIL;
 
     /* the multiplier odd, the shift keeping log2(nbuckets) top bits */
     ix->bucket_key[0] = secret;
@@ -197,31 +196,6 @@ kva_index_valid(const kva_index_t *ix, size_t region_size)
 {
     return ix->magic == KVA_INDEX_MAGIC
            && ix->capacity == kva_index_capacity_for(region_size);
-}
-
-
-static uint64_t
-kva_fresh_bits(const kva_index_t *ix, const kva_entry_t *e,
-    const kva_clock_t *clk)
-{
-    uint32_t  age;
-    uint64_t  bits;
-
-    /* unsigned difference: correct across wrap of the tick counter */
-    age = clk->now - e->stamp;
-
-    bits = e->bits[KVA_SRC_EVENT] & clk->precise;
-
-    if (age < clk->ttl_learned) {
-        bits |= kva_index_learn_bits(ix, e->bits[KVA_SRC_LEARNED]
-                                         & ~clk->precise, e->stamp);
-    }
-
-    if (age < clk->ttl_spec) {
-        bits |= e->bits[KVA_SRC_SPEC];
-    }
-
-    return bits;
 }
 
 
@@ -315,7 +289,8 @@ kva_prefetch_add(kva_index_t *ix, const uint64_t *hashes, uint32_t i,
 
 uint32_t
 kva_index_match(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
-    uint64_t mask, const kva_clock_t *clk, uint32_t depth[KVA_MAX_SLOTS])
+    const kva_slotset_t *mask, const kva_clock_t *clk,
+    uint32_t depth[KVA_MAX_SLOTS])
 {
     return kva_index_match_found(ix, hashes, n, mask, clk, depth, NULL);
 }
@@ -323,30 +298,35 @@ kva_index_match(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
 
 uint32_t
 kva_index_match_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
-    uint64_t mask, const kva_clock_t *clk, uint32_t depth[KVA_MAX_SLOTS],
-    uint32_t *found)
+    const kva_slotset_t *mask, const kva_clock_t *clk,
+    uint32_t depth[KVA_MAX_SLOTS], uint32_t *found)
 {
-    uint32_t  reached;
+    uint32_t       reached;
+    kva_slotset_t  alive;
 
-    reached = kva_index_match_part(ix, hashes, 0, n, &mask, clk, depth,
+    alive = *mask;
+
+    reached = kva_index_match_part(ix, hashes, 0, n, &alive, clk, depth,
                                    found);
 
-    return kva_index_match_done(n, reached, mask, depth, found);
+    return kva_index_match_done(n, reached, &alive, depth, found);
 }
 
 
 uint32_t
 kva_index_match_part(kva_index_t *ix, const uint64_t *hashes, uint32_t from,
-    uint32_t to, uint64_t *alive, const kva_clock_t *clk,
+    uint32_t to, kva_slotset_t *alive, const kva_clock_t *clk,
     uint32_t depth[KVA_MAX_SLOTS], uint32_t *found)
 {
-    int           slot;
+    uint16_t      list[KVA_INLINE];
+    unsigned      n, j;
     uint32_t      i, idx, len;
-    uint64_t      live, bits, gone;
-    kva_entry_t  *entries;
+    kva_entry_t  *e, *entries;
 
     entries = kva_entries(ix);
-    live = *alive;
+
+    /* the set until an inline block: then at most KVA_INLINE, listed */
+    n = kva_slotset_empty(alive) ? 0 : KVA_MAX_SLOTS + 1;
 
     /* the first ones' buckets: the loop prefetches from there on */
     for (i = from; i < to && i < from + KVA_PRIME; i++) {
@@ -354,54 +334,63 @@ kva_index_match_part(kva_index_t *ix, const uint64_t *hashes, uint32_t from,
                                                              hashes[i])]);
     }
 
-    for (i = from; i < to && live; i++) {
+    for (i = from; i < to && n; i++) {
         kva_prefetch(ix, hashes, i, to);
 
         idx = kva_find(ix, hashes[i], &len);
-        bits = (idx == KVA_NIL) ? 0 : kva_fresh_bits(ix, &entries[idx], clk);
+        e = (idx == KVA_NIL) ? NULL : &entries[idx];
 
         if (found) {
             found[i] = idx;
         }
 
         /* a slot that misses block i cannot use any later block */
-        gone = live & ~bits;
+        if (n > KVA_MAX_SLOTS) {
+            n = kva_match_set(ix, e, clk, alive, list, i, depth);
 
-        while (gone) {
-            slot = __builtin_ctzll(gone);
-            depth[slot] = i;
-            gone &= gone - 1;
+            if (n == KVA_MAX_SLOTS + 1 && kva_slotset_empty(alive)) {
+                n = 0;
+            }
+
+        } else {
+            n = kva_match_list(ix, e, clk, list, n, i, depth);
         }
-
-        live &= bits;
     }
 
-    *alive = live;
+    if (n <= KVA_MAX_SLOTS) {
+        kva_slotset_zero(alive);
+
+        for (j = 0; j < n; j++) {
+            kva_slotset_add(alive, list[j]);
+        }
+    }
 
     return i;
 }
 
 
 uint32_t
-kva_index_match_done(uint32_t n, uint32_t reached, uint64_t alive,
-    uint32_t depth[KVA_MAX_SLOTS], uint32_t *found)
+kva_index_match_done(uint32_t n, uint32_t reached,
+    const kva_slotset_t *alive, uint32_t depth[KVA_MAX_SLOTS],
+    uint32_t *found)
 {
-    int       slot;
+    unsigned  wi;
     uint32_t  j;
+    uint64_t  w;
 
     for (j = reached; found && j < n; j++) {
         found[j] = KVA_NIL;
     }
 
-    if (alive == 0) {
+    if (kva_slotset_empty(alive)) {
         /* depth of the last slots to drop out is their block number */
         return reached ? reached - 1 : 0;
     }
 
-    while (alive) {
-        slot = __builtin_ctzll(alive);
-        depth[slot] = n;
-        alive &= alive - 1;
+    for (wi = 0; wi < KVA_SLOT_WORDS; wi++) {
+        for (w = alive->w[wi]; w; w &= w - 1) {
+            depth[wi * 64 + __builtin_ctzll(w)] = n;
+        }
     }
 
     return n;
@@ -435,14 +424,24 @@ kva_unlink(kva_index_t *ix, uint32_t idx)
  * Frees an entry in use, linked or not: one that a crash left out of its
  * chain is freed all the same, so that it cannot be chosen again.
  */
-static void
-kva_release(kva_index_t *ix, uint32_t idx)
+void
+kva_index_release(kva_index_t *ix, uint32_t idx)
 {
+    kva_wide_t   *w;
     kva_entry_t  *e;
 
     (void) kva_unlink(ix, idx);
 
     e = &kva_entries(ix)[idx];
+    w = kva_wide_of(ix, e);
+
+    /* unlinked from its record first: a record without owner is free */
+    e->wide = 0;
+
+    if (w && w->owner == idx) {
+        kva_wide_free(ix, (uint32_t) (w - kva_wides(ix)));
+    }
+
     memset(e, 0, sizeof(kva_entry_t));
     e->next = ix->free_head;
     ix->free_head = idx;
@@ -480,7 +479,7 @@ kva_evict_chain(kva_index_t *ix, uint32_t bucket, uint32_t now)
 
     if (victim != KVA_NIL) {
         ix->chain_evictions++;
-        kva_release(ix, victim);
+        kva_index_release(ix, victim);
     }
 }
 
@@ -519,7 +518,7 @@ kva_evict(kva_index_t *ix)
     ix->hand = (ix->hand + KVA_EVICT_SAMPLES) % ix->capacity;
     ix->evictions++;
 
-    kva_release(ix, victim);
+    kva_index_release(ix, victim);
 
     return kva_alloc(ix);
 }
@@ -540,7 +539,7 @@ kva_alloc(kva_index_t *ix)
         idx = ix->free_head;
         e = &kva_entries(ix)[idx];
 
-        if ((e->bits[0] | e->bits[1] | e->bits[2]) == 0) {
+        if (kva_entry_empty(e)) {
             ix->free_head = e->next;
             ix->used++;
             return idx;
@@ -571,18 +570,19 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     unsigned slot, unsigned srcs, const kva_clock_t *clk,
     const uint32_t *found)
 {
-    uint32_t      i, idx, age, len, b, *bucket, anew;
-    uint64_t      bit;
+    int           set, budgets;
+    uint32_t      i, idx, len, b, *bucket, anew;
     kva_entry_t  *e, *entries;
 
     anew = 0;
+    srcs &= KVA_BITS_ALL;
 
-    if ((srcs & KVA_BITS_ALL) == 0 || slot >= KVA_MAX_SLOTS) {
+    if (srcs == 0 || slot >= KVA_MAX_SLOTS) {
         return;     /* an entry holding nothing would never be freed */
     }
 
-    bit = 1ULL << slot;
     entries = kva_entries(ix);
+    budgets = !kva_slotset_empty(&ix->learn_active);
 
     for (i = 0; i < n; i++) {
         kva_prefetch_add(ix, hashes, i, n, found);
@@ -591,8 +591,7 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
 
         /* an eviction by this very loop may have reused the entry */
         if (idx >= ix->high_water || entries[idx].key != hashes[i]
-            || (entries[idx].bits[0] | entries[idx].bits[1]
-                | entries[idx].bits[2]) == 0)
+            || kva_entry_empty(&entries[idx]))
         {
             idx = kva_find(ix, hashes[i], &len);
 
@@ -613,44 +612,35 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
             *bucket = idx;
             ix->inserts++;
 
-        } else {
-            e = &entries[idx];
+        }
 
-            /*
-             * The stamp is shared by all slots of the entry: drop bits that
-             * have aged out before the touch below would revive them.
-             */
-            age = clk->now - e->stamp;
+        e = &entries[idx];
+        set = kva_entry_touch(ix, e, slot, srcs, clk, budgets);
 
-            if (age >= clk->ttl_learned) {
-                e->bits[KVA_SRC_LEARNED] = 0;
+        if (set > 1) {
+            /* a seventh holder may evict another entry for a wide record */
+            kva_entry_age(ix, e, clk);
+            set = kva_entry_set(ix, idx, slot, srcs);
+        }
 
-            } else {
-                /* and bits past their slot's budget, for the same reason */
-                e->bits[KVA_SRC_LEARNED] = kva_index_learn_bits(ix,
-                                               e->bits[KVA_SRC_LEARNED],
-                                               e->stamp);
+        if (set < 0) {
+            if (kva_entry_empty(e)) {
+                kva_index_release(ix, idx);
             }
 
-            if (age >= clk->ttl_spec) {
-                e->bits[KVA_SRC_SPEC] = 0;
-            }
+            continue;
         }
 
-        if (srcs & KVA_BIT_EVENT) {
-            e->bits[KVA_SRC_EVENT] |= bit;
+        /*
+         * a block sent again that slot still holds counts again, moved to
+         * the generation filling as the server's LRU moves it to the
+         * front (its stamp read before the touch below renews it)
+         */
+        if (set == 0 && (srcs & KVA_BIT_LEARNED)) {
+            set = (int) kva_index_learn_again(ix, slot, e->stamp);
         }
 
-        if (srcs & KVA_BIT_LEARNED) {
-            anew += (e->bits[KVA_SRC_LEARNED] & bit)
-                    ? kva_index_learn_again(ix, slot, e->stamp) : 1;
-            e->bits[KVA_SRC_LEARNED] |= bit;
-        }
-
-        if (srcs & KVA_BIT_SPEC) {
-            e->bits[KVA_SRC_SPEC] |= bit;
-        }
-
+        anew += (uint32_t) set;
         e->stamp = clk->now;
     }
 
@@ -658,54 +648,48 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
 }
 
 
-/* returns 1 when the entry holds nothing any more */
-static int
-kva_clear_bits(kva_entry_t *e, uint64_t mask, unsigned srcs)
-{
-    kva_src_e  src;
-
-    for (src = KVA_SRC_EVENT; src < KVA_SRC_COUNT; src++) {
-        if (srcs & (1u << src)) {
-            e->bits[src] &= ~mask;
-        }
-    }
-
-    return (e->bits[0] | e->bits[1] | e->bits[2]) == 0;
-}
-
-
 void
 kva_index_del(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     unsigned slot, unsigned srcs)
 {
-    uint32_t  i, idx, len;
+    uint32_t       i, idx, len;
+    kva_slotset_t  set;
+
+    /* no slot is there: and a shift past the word would be undefined */
+    if (slot >= KVA_MAX_SLOTS) {
+        return;
+    }
+
+    kva_slotset_zero(&set);
+    kva_slotset_add(&set, slot);
 
     for (i = 0; i < n; i++) {
         idx = kva_find(ix, hashes[i], &len);
 
         if (idx != KVA_NIL
-            && kva_clear_bits(&kva_entries(ix)[idx], 1ULL << slot, srcs))
+            && kva_entry_clear(ix, &kva_entries(ix)[idx], &set, srcs))
         {
-            kva_release(ix, idx);
+            kva_index_release(ix, idx);
         }
     }
 }
 
 
 void
-kva_index_drop_slots(kva_index_t *ix, uint64_t mask, unsigned srcs)
+kva_index_drop_slots(kva_index_t *ix, const kva_slotset_t *set,
+    unsigned srcs)
 {
     uint32_t  from;
 
     for (from = 0; from < ix->high_water; ) {
-        from = kva_index_drop_range(ix, mask, srcs, from, KVA_NIL);
+        from = kva_index_drop_range(ix, set, srcs, from, KVA_NIL);
     }
 }
 
 
 uint32_t
-kva_index_drop_range(kva_index_t *ix, uint64_t mask, unsigned srcs,
-    uint32_t from, uint32_t to)
+kva_index_drop_range(kva_index_t *ix, const kva_slotset_t *set,
+    unsigned srcs, uint32_t from, uint32_t to)
 {
     uint32_t      idx, freed;
     kva_entry_t  *e;
@@ -719,12 +703,12 @@ kva_index_drop_range(kva_index_t *ix, uint64_t mask, unsigned srcs,
     for (idx = from; idx < to; idx++) {
         e = &kva_entries(ix)[idx];
 
-        if ((e->bits[0] | e->bits[1] | e->bits[2]) == 0) {
+        if (kva_entry_empty(e)) {
             continue;   /* on the free list */
         }
 
-        if (kva_clear_bits(e, mask, srcs)) {
-            kva_release(ix, idx);
+        if (kva_entry_clear(ix, e, set, srcs)) {
+            kva_index_release(ix, idx);
 
             /* a release walks a chain, cold: 65,536 of them took 20 ms */
             if (++freed == KVA_SCAN_RELEASES && idx + 1 < to) {

@@ -31,7 +31,7 @@ kva_index_learn_budget(kva_index_t *ix, unsigned slot, uint32_t blocks,
         l->count[g] = 0;
     }
 
-    ix->learn_active &= ~(1ULL << slot);
+    kva_slotset_del(&ix->learn_active, slot);
 }
 
 
@@ -46,6 +46,10 @@ kva_index_learn_note(kva_index_t *ix, unsigned slot, uint32_t n, uint32_t now)
 {
     uint32_t      gen, limit, sum, k, p, keep;
     kva_learn_t  *l;
+
+    if (slot >= KVA_MAX_SLOTS) {
+        return;
+    }
 
     l = &ix->learn[slot];
 
@@ -79,14 +83,18 @@ kva_index_learn_note(kva_index_t *ix, unsigned slot, uint32_t n, uint32_t now)
              * of the tick it ended in, which may be either side of it.
              * But never the generation just filled: one long prompt that
              * the server holds whole is not forgotten as it is learned.
+             * Nor the tick now: a generation that began and filled within
+             * it (two long prompts 16 ms apart) would be forgotten whole
+             * as it is learned; its few blocks of the generation before
+             * are trusted instead.
              */
             if (k == 1) {
                 keep = p;
             }
 
-            l->cutoff = l->start[keep] + 1;
+            l->cutoff = l->start[keep] == now ? now : l->start[keep] + 1;
             l->active = 1;
-            ix->learn_active |= 1ULL << slot;
+            kva_slotset_add(&ix->learn_active, slot);
             return;
         }
 

@@ -8,10 +8,13 @@
 #include <string.h>
 
 #include "kva_index.h"
+#include "kva_index_int.h"
 
 
 static int kva_fail(char *err, size_t err_len, const char *why,
     uint32_t where);
+static int kva_check_holders(const kva_index_t *ix, uint32_t idx);
+static int kva_check_wides(const kva_index_t *ix, char *err, size_t err_len);
 
 
 const char  *const kva_src_names[] = {
@@ -33,37 +36,67 @@ uint32_t
 kva_index_count_range(kva_index_t *ix, const kva_clock_t *clk,
     uint32_t from, uint32_t to, kva_slot_count_t counts[KVA_MAX_SLOTS])
 {
-    int           s;
+    unsigned      k, wi, slot, src, srcs;
     uint32_t      idx, age;
     uint64_t      bits;
-    kva_src_e     src;
+    kva_wide_t   *w;
     kva_entry_t  *e, *entries;
 
     if (to > ix->high_water) {
         to = ix->high_water;
     }
 
-    entries = (kva_entry_t *) ((uint32_t *) (ix + 1) + ix->nbuckets);
+    entries = kva_entries(ix);
 
     for (idx = from; idx < to; idx++) {
         e = &entries[idx];
         age = clk->now - e->stamp;
+        w = kva_wide_of(ix, e);
+
+        if (w == NULL) {
+            for (k = 0; k < KVA_INLINE; k++) {
+                slot = kva_holder_slot(e->h[k]);
+                srcs = kva_holder_srcs(e->h[k]);
+
+                if (e->wide || slot >= KVA_MAX_SLOTS) {
+                    break;
+                }
+
+                if ((srcs & KVA_BIT_LEARNED)
+                    && (age >= clk->ttl_learned
+                        || !kva_index_learn_ok(ix, slot, e->stamp)))
+                {
+                    srcs &= ~KVA_BIT_LEARNED;
+                }
+
+                if (age >= clk->ttl_spec) {
+                    srcs &= ~KVA_BIT_SPEC;
+                }
+
+                for (src = 0; src < KVA_SRC_COUNT; src++) {
+                    counts[slot].entries[src] += srcs >> src & 1;
+                }
+            }
+
+            continue;
+        }
 
         for (src = KVA_SRC_EVENT; src < KVA_SRC_COUNT; src++) {
-            bits = (src == KVA_SRC_LEARNED)
-                   ? kva_index_learn_bits(ix, e->bits[src], e->stamp)
-                   : e->bits[src];
-
             if ((src == KVA_SRC_LEARNED && age >= clk->ttl_learned)
                 || (src == KVA_SRC_SPEC && age >= clk->ttl_spec))
             {
                 continue;
             }
 
-            while (bits) {
-                s = __builtin_ctzll(bits);
-                counts[s].entries[src]++;
-                bits &= bits - 1;
+            for (wi = 0; wi < KVA_SLOT_WORDS; wi++) {
+                bits = (src == KVA_SRC_LEARNED)
+                       ? kva_index_learn_bits(ix, wi, w->bits[src][wi],
+                                              e->stamp)
+                       : w->bits[src][wi];
+
+                for ( ; bits; bits &= bits - 1) {
+                    counts[wi * 64 + __builtin_ctzll(bits)].entries[src]++;
+                }
             }
         }
     }
@@ -135,9 +168,13 @@ kva_index_check(const kva_index_t *ix, char *err, size_t err_len)
                                 idx);
             }
 
-            if ((e->bits[0] | e->bits[1] | e->bits[2]) == 0) {
+            if (kva_entry_empty(e)) {
                 return kva_fail(err, err_len, "linked entry holds nothing",
                                 idx);
+            }
+
+            if (kva_check_holders(ix, idx) != 0) {
+                return kva_fail(err, err_len, "bad holders in entry", idx);
             }
 
             idx = e->next;
@@ -151,7 +188,7 @@ kva_index_check(const kva_index_t *ix, char *err, size_t err_len)
 
     for (idx = 0; idx < hw; idx++) {
         e = &entries[idx];
-        inuse += (e->bits[0] | e->bits[1] | e->bits[2]) != 0;
+        inuse += !kva_entry_empty(e);
     }
 
     if (inuse != linked) {
@@ -177,7 +214,7 @@ kva_index_check(const kva_index_t *ix, char *err, size_t err_len)
 
         e = &entries[idx];
 
-        if ((e->bits[0] | e->bits[1] | e->bits[2]) != 0) {
+        if (!kva_entry_empty(e)) {
             return kva_fail(err, err_len, "free entry holds bits", idx);
         }
     }
@@ -185,6 +222,113 @@ kva_index_check(const kva_index_t *ix, char *err, size_t err_len)
     if (ix->used + nfree != hw) {
         return kva_fail(err, err_len, "entries lost: used + free < hw",
                         hw - ix->used - nfree);
+    }
+
+    return kva_check_wides(ix, err, err_len);
+}
+
+
+/*
+ * An inline entry's holders are slots in range, each once; a wide one's
+ * record is in range, owned by it, and holds more than KVA_INLINE slots
+ * (fewer go back inline).
+ */
+static int
+kva_check_holders(const kva_index_t *ix, uint32_t idx)
+{
+    unsigned            i, j, wi, n;
+    const kva_wide_t   *w;
+    const kva_entry_t  *e;
+
+    e = &kva_entries(ix)[idx];
+
+    if (e->wide) {
+        w = kva_wide_of(ix, e);
+
+        if (w == NULL || w->owner != idx) {
+            return -1;
+        }
+
+        n = 0;
+
+        for (wi = 0; wi < KVA_SLOT_WORDS; wi++) {
+            n += (unsigned) __builtin_popcountll(w->bits[0][wi]
+                                                 | w->bits[1][wi]
+                                                 | w->bits[2][wi]);
+        }
+
+        return n > KVA_INLINE ? 0 : -1;
+    }
+
+    for (i = 0; i < KVA_INLINE; i++) {
+        if (e->h[i] == 0) {
+            continue;
+        }
+
+        if (kva_holder_slot(e->h[i]) >= KVA_MAX_SLOTS
+            || kva_holder_srcs(e->h[i]) == 0)
+        {
+            return -1;
+        }
+
+        for (j = 0; j < i; j++) {
+            if (e->h[j] && kva_holder_slot(e->h[j])
+                           == kva_holder_slot(e->h[i]))
+            {
+                return -1;
+            }
+        }
+    }
+
+    return 0;
+}
+
+
+/* the wide pool: records handed out are those linked, the rest free */
+static int
+kva_check_wides(const kva_index_t *ix, char *err, size_t err_len)
+{
+    uint32_t            r, owned, nfree;
+    const kva_wide_t   *wides;
+    const kva_entry_t  *entries;
+
+    if (ix->wide_hw > ix->nwide || ix->wide_used > ix->wide_hw) {
+        return kva_fail(err, err_len, "wide records past the pool",
+                        ix->wide_hw);
+    }
+
+    wides = kva_wides(ix);
+    entries = kva_entries(ix);
+    owned = 0;
+
+    for (r = 0; r < ix->wide_hw; r++) {
+        if (wides[r].owner < ix->high_water
+            && entries[wides[r].owner].wide == r + 1)
+        {
+            owned++;
+        }
+    }
+
+    if (owned != ix->wide_used) {
+        return kva_fail(err, err_len, "wide records in use not owned",
+                        ix->wide_used - owned);
+    }
+
+    nfree = 0;
+
+    for (r = ix->wide_free; r != KVA_NIL; r = wides[r].next) {
+        if (r >= ix->wide_hw || wides[r].owner != KVA_NIL) {
+            return kva_fail(err, err_len, "bad wide free list", r);
+        }
+
+        if (++nfree > ix->wide_hw) {
+            return kva_fail(err, err_len, "cycle in the wide free list", r);
+        }
+    }
+
+    if (owned + nfree != ix->wide_hw) {
+        return kva_fail(err, err_len, "wide records lost",
+                        ix->wide_hw - owned - nfree);
     }
 
     return 0;

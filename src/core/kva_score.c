@@ -3,6 +3,7 @@
  */
 
 #include "kva_score.h"
+#include "kva_slotset.h"
 
 
 #define KVA_COST_EPSILON  1e-9
@@ -101,7 +102,7 @@ unsigned
 kva_score_pick(const kva_score_conf_t *conf, const kva_candidate_t *c,
     unsigned n, uint32_t nblocks, uint32_t rnd, kva_why_e *why)
 {
-    double  cost[64];
+    double  cost[KVA_MAX_SLOTS];
 
     return kva_score_costs(conf, c, n, nblocks, rnd, cost, why);
 }
@@ -116,8 +117,8 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
     uint32_t  longest;
     uint64_t  least_reqs, total_weight;
 
-    if (n > 64) {
-        n = 64;
+    if (n > KVA_MAX_SLOTS) {
+        n = KVA_MAX_SLOTS;
     }
 
     total_weight = 0;
@@ -186,8 +187,8 @@ kva_score_overloaded(const kva_score_conf_t *conf, const kva_candidate_t *c,
     unsigned  i;
     uint64_t  least_reqs, total_weight;
 
-    if (n > 64) {
-        n = 64;
+    if (n > KVA_MAX_SLOTS) {
+        n = KVA_MAX_SLOTS;
     }
 
     if (bound >= n) {

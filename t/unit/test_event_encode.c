@@ -214,9 +214,12 @@ test_resync(void)
     ok(s != NULL && kva_event_decode_resync(s, len, got, sizeof(got), &glen,
        &rank) == 0 && rank == 3, "resync decode with a rank");
     free(s);
-    m = "{\"v\":1,\"type\":\"resync\",\"server\":\"a\",\"rank\":64}";
+    m = "{\"v\":1,\"type\":\"resync\",\"server\":\"a\",\"rank\":1024}";
     ok(kva_event_decode_resync(m, strlen(m), got, sizeof(got), &glen,
-       &rank) != 0, "resync: rank 64 is out of range");
+       &rank) != 0, "resync: rank 1024 is out of range");
+    m = "{\"v\":1,\"type\":\"resync\",\"server\":\"a\",\"rank\":1023}";
+    ok(kva_event_decode_resync(m, strlen(m), got, sizeof(got), &glen,
+       &rank) == 0 && rank == 1023, "resync: rank 1023 is in range");
     m = "{\"v\":1,\"type\":\"resync\",\"server\":\"a\",\"rank\":\"1\"}";
     ok(kva_event_decode_resync(m, strlen(m), got, sizeof(got), &glen,
        &rank) != 0, "resync: rank as a string");
@@ -439,12 +442,12 @@ test_keyspace(void)
        "an origin that is not hex is refused: %s", err);
     free(s);
 
-    s = strdup("{\"v\":1,\"server\":\"a\",\"rank\":64,\"seq\":1}");
+    s = strdup("{\"v\":1,\"server\":\"a\",\"rank\":1024,\"seq\":1}");
     rc = (s != NULL) ? kva_event_decode(s, strlen(s), NULL, &d, err,
                                         sizeof(err))
                      : KVA_EVENT_NO_MEMORY;
     ok(rc == KVA_EVENT_BAD_FIELD && strstr(err, "rank") != NULL,
-       "rank 64 is refused: %s", err);
+       "rank 1024 is refused: %s", err);
     free(s);
 }
 

@@ -11,6 +11,19 @@
 #include "kva_rand.h"
 
 
+/* a set of the slots in the low 64 of a mask */
+static const kva_slotset_t *
+mask_set(uint64_t mask)
+{
+    static kva_slotset_t  set;
+
+    memset(&set, 0, sizeof(set));
+    set.w[0] = mask;
+
+    return &set;
+}
+
+
 static uint64_t
 mix(uint64_t x)
 {
@@ -93,7 +106,7 @@ test_flood(void)
     char          err[128];
     uint32_t      i, depth[KVA_MAX_SLOTS], b, len, longest, idx, same;
     uint64_t      k[4096];
-    kva_clock_t   clk = { 1000, 100, 10, ~0ULL };
+    kva_clock_t   clk = { 1000, 100, 10, {{ ~0ULL }} };
     kva_index_t  *ix, *ix2;
     kva_entry_t  *entries;
 
@@ -124,7 +137,7 @@ test_flood(void)
     ok(longest <= 12 && ix->chain_evictions == 0,
        "keys equal in their low bits spread: longest chain %u", longest);
 
-    kva_index_match(ix, k, 4096, 1, &clk, depth);
+    kva_index_match(ix, k, 4096, mask_set(1), &clk, depth);
     ok(depth[0] == 4096, "all of them found");
 
     for (i = 0, same = 0; i < 4096; i++) {
@@ -149,10 +162,10 @@ test_flood(void)
        (unsigned long long) ix2->chain_evictions);
     ok(sound(ix2, "capped chain"), "sound with a capped chain");
 
-    kva_index_match(ix2, k + 100 - KVA_CHAIN_MAX, KVA_CHAIN_MAX, 1 << 1,
-                    &clk, depth);
+    kva_index_match(ix2, k + 100 - KVA_CHAIN_MAX, KVA_CHAIN_MAX,
+                    mask_set(1 << 1), &clk, depth);
     ok(depth[1] == KVA_CHAIN_MAX, "the newest of the chain are kept");
-    kva_index_match(ix2, k, 1, 1 << 1, &clk, depth);
+    kva_index_match(ix2, k, 1, mask_set(1 << 1), &clk, depth);
     ok(depth[1] == 0, "the oldest went");
 
     /* a touched entry survives newer inserts into its chain */
@@ -161,7 +174,8 @@ test_flood(void)
     keys_in_bucket(ix2, 7, k, 110, 1);
     clk.now++;
     kva_index_add(ix2, k + 100, 10, 1, KVA_BIT_EVENT, &clk);
-    kva_index_match(ix2, k + 100 - KVA_CHAIN_MAX, 1, 1 << 1, &clk, depth);
+    kva_index_match(ix2, k + 100 - KVA_CHAIN_MAX, 1, mask_set(1 << 1), &clk,
+                    depth);
     ok(depth[1] == 1, "the chain evicts its least recently used");
 
     /* the check can fail: a key moved to another bucket */
@@ -185,7 +199,7 @@ test_crash_states(void)
     char          err[128];
     uint32_t      i, depth[KVA_MAX_SLOTS], a, b, bk, n;
     uint64_t      k[4096], cyc[3], fill[1024];
-    kva_clock_t   clk = { 1000, 1u << 30, 10, 1 };
+    kva_clock_t   clk = { 1000, 1u << 30, 10, {{ 1 }} };
     kva_index_t  *ix;
     kva_entry_t  *entries, *e;
 
@@ -211,7 +225,7 @@ test_crash_states(void)
     }
 
     ok(sound(ix, "unlinked"), "evictions went on and reclaimed it");
-    kva_index_match(ix, k, 1000, 1 << 1, &clk, depth);
+    kva_index_match(ix, k, 1000, mask_set(1 << 1), &clk, depth);
     ok(depth[1] == 1000, "the index works after it");
 
     /* 2. unlinked, bits set (kill inside release): a clear frees it */
@@ -242,10 +256,10 @@ test_crash_states(void)
 
     ok(kva_index_check(ix, err, sizeof(err)) == -1,
        "check sees an entry in use, not linked: %s", err);
-    kva_index_match(ix, k, 1000, 1 << 1, &clk, depth);
+    kva_index_match(ix, k, 1000, mask_set(1 << 1), &clk, depth);
     ok(depth[1] == 5, "its block is missed");
     kva_index_del(ix, k + 5, 1, 1, KVA_BIT_LEARNED);
-    kva_index_drop_slots(ix, 1 << 1, KVA_BITS_ALL);
+    kva_index_drop_slots(ix, mask_set(1 << 1), KVA_BITS_ALL);
     ok(sound(ix, "unlinked in use") && ix->used == 0,
        "a clear frees it with the rest");
     free(ix);
@@ -262,26 +276,26 @@ test_crash_states(void)
     ok(kva_index_check(ix, err, sizeof(err)) == -1,
        "check sees the cycle: %s", err);
 
-    kva_index_match(ix, cyc + 2, 1, 1, &clk, depth);
+    kva_index_match(ix, cyc + 2, 1, mask_set(1), &clk, depth);
     ok(depth[0] == 0, "a lookup through the cycle ends");
     ok(sound(ix, "cycle"), "and cuts it");
 
     entries[b].next = a;
     kva_index_add(ix, cyc + 2, 1, 0, KVA_BIT_EVENT, &clk);
     kva_index_del(ix, cyc, 1, 0, KVA_BIT_EVENT);
-    kva_index_match(ix, cyc + 1, 2, 1, &clk, depth);
+    kva_index_match(ix, cyc + 1, 2, mask_set(1), &clk, depth);
     ok(depth[0] == 2 && sound(ix, "cycle, add"),
        "add and del through a cycle");
 
     /* 4. links out of range: a bucket head and an entry's next */
     buckets_of(ix)[9] = 0xfffffff0u;
     entries[buckets_of(ix)[3]].next = 123456;
-    kva_index_match(ix, cyc + 1, 1, 1, &clk, depth);
+    kva_index_match(ix, cyc + 1, 1, mask_set(1), &clk, depth);
     keys_in_bucket(ix, 9, k, 1, 3);
     kva_index_add(ix, k, 1, 0, KVA_BIT_EVENT, &clk);
-    kva_index_match(ix, k, 1, 1, &clk, depth);
+    kva_index_match(ix, k, 1, mask_set(1), &clk, depth);
     ok(depth[0] == 1, "an entry added where a bad head was");
-    kva_index_drop_slots(ix, ~0ULL, KVA_BITS_ALL);
+    kva_index_drop_slots(ix, mask_set(~0ULL), KVA_BITS_ALL);
     ok(sound(ix, "bad links") && ix->used == 0, "bad links cut, sound");
 
     /* 5. a free list that loops back onto itself */
@@ -299,9 +313,9 @@ test_crash_states(void)
         kva_index_add(ix, fill, 1000, 0, KVA_BIT_EVENT, &clk);
     }
 
-    kva_index_match(ix, fill, 1000, 1, &clk, depth);
+    kva_index_match(ix, fill, 1000, mask_set(1), &clk, depth);
     ok(depth[0] == 1000, "adds go on past a looping free list");
-    kva_index_drop_slots(ix, ~0ULL, KVA_BITS_ALL);
+    kva_index_drop_slots(ix, mask_set(~0ULL), KVA_BITS_ALL);
     ok(ix->used == 0 && sound(ix, "free-list cycle"), "and it heals");
 
     /* 6. counters off: check says so */
@@ -323,7 +337,7 @@ learned_depth(kva_index_t *ix, const uint64_t *h, uint32_t n, unsigned slot,
     uint32_t  depth[KVA_MAX_SLOTS];
 
     memset(depth, 0, sizeof(depth));
-    kva_index_match(ix, h, n, 1ULL << slot, clk, depth);
+    kva_index_match(ix, h, n, mask_set(1ULL << slot), clk, depth);
 
     return depth[slot];
 }
@@ -346,7 +360,7 @@ test_learn_budget(uint32_t t0)
 {
     uint32_t      p, d, oldest_kept;
     uint64_t      h[30][100], n0, n1;
-    kva_clock_t   clk = { 0, 1u << 30, 10, 0 };
+    kva_clock_t   clk = { 0, 1u << 30, 10, {{ 0 }} };
     kva_index_t  *ix;
 
     ix = fresh(65536, 99);
@@ -431,7 +445,7 @@ test_learn_budget(uint32_t t0)
 
     /* a budget of 0: only the TTL again */
     kva_index_learn_budget(ix, 0, 0, clk.now);
-    ok(learned_count(ix, 0, &clk) > 800 && (ix->learn_active & 1) == 0,
+    ok(learned_count(ix, 0, &clk) > 800 && (ix->learn_active.w[0] & 1) == 0,
        "budget 0: what the TTL allows (%llu)",
        (unsigned long long) learned_count(ix, 0, &clk));
     ok(sound(ix, "learned budget"), "the index is sound");
@@ -451,7 +465,7 @@ test_learn_again(uint32_t t0)
 {
     uint32_t      s, turn, len, kept, gone;
     uint64_t      h[12][120], n0;
-    kva_clock_t   clk = { 0, 1u << 30, 10, 0 };
+    kva_clock_t   clk = { 0, 1u << 30, 10, {{ 0 }} };
     kva_index_t  *ix;
 
     ix = fresh(65536, 77);
@@ -499,6 +513,47 @@ test_learn_again(uint32_t t0)
     free(ix);
 }
 
+
+/*
+ * Two long prompts to one server within one tick (16 ms), each filling a
+ * generation: the second is trusted whole as it is learned, not cut off
+ * with the tick its generation began in.
+ */
+static void
+test_learn_same_tick(uint32_t t0)
+{
+    uint32_t      s;
+    uint64_t      h[10][400];
+    kva_clock_t   clk = { 0, 1u << 30, 10, {{ 0 }} };
+    kva_index_t  *ix;
+
+    ix = fresh(65536, 78);
+
+    for (s = 0; s < 10; s++) {
+        chain(h[s], 400, 12000 + s);
+    }
+
+    clk.now = t0;
+    kva_index_learn_budget(ix, 0, 800, clk.now);
+
+    /* eight generations of 100 and more, a tick each: the budget in force */
+    for (s = 0; s < 8; s++) {
+        clk.now++;
+        kva_index_add(ix, h[s], 100, 0, KVA_BIT_LEARNED, &clk);
+    }
+
+    clk.now++;
+    kva_index_add(ix, h[8], 400, 0, KVA_BIT_LEARNED, &clk);
+    kva_index_add(ix, h[9], 400, 0, KVA_BIT_LEARNED, &clk);
+
+    ok(learned_depth(ix, h[9], 400, 0, &clk) == 400,
+       "t0 %u: the prompt learned last in a tick of two is trusted whole",
+       t0);
+    ok(learned_count(ix, 0, &clk) <= 800, "within the budget of 800");
+
+    free(ix);
+}
+
 int
 main(void)
 {
@@ -506,11 +561,11 @@ main(void)
     size_t             size;
     uint32_t           depth[KVA_MAX_SLOTS], deepest, i, cap;
     uint64_t           a[64], b[64], c[40000];
-    kva_clock_t        clk = { 1000, 100, 10, 1 << 2 };
+    kva_clock_t        clk = { 1000, 100, 10, {{ 1 << 2 }} };
     kva_index_t       *ix;
     kva_slot_count_t   counts[KVA_MAX_SLOTS];
 
-    ok(sizeof(kva_entry_t) == 40, "an entry is 40 bytes");
+    ok(sizeof(kva_entry_t) == 32, "an entry is 32 bytes, 2 a cache line");
 
     size = kva_index_region_size(10000);
     ok(kva_index_capacity_for(size) == 10000, "capacity_for inverts size");
@@ -530,58 +585,58 @@ main(void)
     memcpy(b, a, 20 * sizeof(uint64_t));     /* b shares 20 blocks with a */
 
     memset(depth, 0xff, sizeof(depth));
-    deepest = kva_index_match(ix, a, 64, 0x7, &clk, depth);
+    deepest = kva_index_match(ix, a, 64, mask_set(0x7), &clk, depth);
     ok(deepest == 0 && depth[0] == 0 && depth[1] == 0 && depth[2] == 0,
        "empty index matches nothing");
 
     kva_index_add(ix, a, 64, 1, KVA_BIT_LEARNED, &clk);
     kva_index_add(ix, b, 30, 2, KVA_BIT_EVENT, &clk);
 
-    deepest = kva_index_match(ix, a, 64, 0x7, &clk, depth);
+    deepest = kva_index_match(ix, a, 64, mask_set(0x7), &clk, depth);
     ok(deepest == 64 && depth[1] == 64, "slot 1 holds all of a");
     ok(depth[2] == 20, "slot 2 holds the 20 shared blocks (%u)", depth[2]);
     ok(depth[0] == 0, "slot 0 holds nothing");
 
-    deepest = kva_index_match(ix, b, 64, 0x7, &clk, depth);
+    deepest = kva_index_match(ix, b, 64, mask_set(0x7), &clk, depth);
     ok(deepest == 30 && depth[2] == 30 && depth[1] == 20,
        "b: slot 2 has 30, slot 1 has 20");
 
-    deepest = kva_index_match(ix, a, 64, 0x1, &clk, depth);
+    deepest = kva_index_match(ix, a, 64, mask_set(0x1), &clk, depth);
     ok(deepest == 0, "mask excludes slots");
 
     /* precise slots trust events only, the others learned guesses only */
-    clk.precise = 0;
-    kva_index_match(ix, b, 30, 1 << 2, &clk, depth);
+    clk.precise.w[0] = 0;
+    kva_index_match(ix, b, 30, mask_set(1 << 2), &clk, depth);
     ok(depth[2] == 0, "event bits of a degraded server are not trusted");
-    clk.precise = 1 << 1 | 1 << 2;
-    kva_index_match(ix, a, 64, 1 << 1, &clk, depth);
+    clk.precise.w[0] = 1 << 1 | 1 << 2;
+    kva_index_match(ix, a, 64, mask_set(1 << 1), &clk, depth);
     ok(depth[1] == 0, "learned bits of a precise server are ignored");
-    clk.precise = 1 << 2;
+    clk.precise.w[0] = 1 << 2;
 
     /* TTL: learned bits fade, event bits do not */
     clk.now += 150;
-    kva_index_match(ix, a, 64, 0x7, &clk, depth);
+    kva_index_match(ix, a, 64, mask_set(0x7), &clk, depth);
     ok(depth[1] == 0 && depth[2] == 20, "learned entries expire by TTL");
 
     /* touching an entry must not revive another slot's expired bits */
     kva_index_add(ix, a, 1, 3, KVA_BIT_LEARNED, &clk);
-    kva_index_match(ix, a, 1, 0xf, &clk, depth);
+    kva_index_match(ix, a, 1, mask_set(0xf), &clk, depth);
     ok(depth[1] == 0 && depth[3] == 1, "a touch does not revive others");
 
     kva_index_add(ix, a, 5, 4, KVA_BIT_SPEC, &clk);
-    kva_index_match(ix, a, 5, 1 << 4, &clk, depth);
+    kva_index_match(ix, a, 5, mask_set(1 << 4), &clk, depth);
     ok(depth[4] == 5, "speculative entries count while fresh");
     clk.now += 11;
-    kva_index_match(ix, a, 5, 1 << 4, &clk, depth);
+    kva_index_match(ix, a, 5, mask_set(1 << 4), &clk, depth);
     ok(depth[4] == 0, "speculative entries expire sooner");
 
     /* removal */
     kva_index_del(ix, b + 10, 1, 2, KVA_BIT_EVENT);
-    kva_index_match(ix, b, 64, 1 << 2, &clk, depth);
+    kva_index_match(ix, b, 64, mask_set(1 << 2), &clk, depth);
     ok(depth[2] == 10, "a removed block ends the match (%u)", depth[2]);
 
-    kva_index_drop_slots(ix, 1 << 2, KVA_BITS_ALL);
-    kva_index_match(ix, b, 64, 1 << 2, &clk, depth);
+    kva_index_drop_slots(ix, mask_set(1 << 2), KVA_BITS_ALL);
+    kva_index_match(ix, b, 64, mask_set(1 << 2), &clk, depth);
     ok(depth[2] == 0, "drop_slots clears a slot");
 
     kva_index_count(ix, &clk, counts);
@@ -615,17 +670,17 @@ main(void)
     ok(ix->evictions > 0, "evicted %llu entries",
        (unsigned long long) ix->evictions);
 
-    kva_index_match(ix, c + 100, 100, 1 << 1, &clk, depth);
+    kva_index_match(ix, c + 100, 100, mask_set(1 << 1), &clk, depth);
     ok(depth[1] == 0, "the oldest unused prefix was evicted");
 
-    kva_index_match(ix, c + 3900, 100, 1 << 1, &clk, depth);
+    kva_index_match(ix, c + 3900, 100, mask_set(1 << 1), &clk, depth);
     ok(depth[1] == 100, "the newest prefix is intact");
 
     /* hints from a lookup survive evictions made by the add they guide */
     {
         uint32_t  found[100];
 
-        kva_index_match_found(ix, c + 3900, 100, 1 << 1, &clk, depth,
+        kva_index_match_found(ix, c + 3900, 100, mask_set(1 << 1), &clk, depth,
                               found);
         ok(found[0] != KVA_NIL && found[99] != KVA_NIL,
            "match records where it found each block");
@@ -633,14 +688,14 @@ main(void)
         clk.now += 10;
         chain(c, 200, 11);
         /* hints for c[100..] used for c[0..], across evictions */
-        kva_index_match_found(ix, c + 100, 100, 1 << 3, &clk, depth, found);
+        kva_index_match_found(ix, c + 100, 100, mask_set(1 << 3), &clk, depth, found);
         kva_index_add_found(ix, c + 100, 100, 3, KVA_BIT_LEARNED, &clk,
                             found);
-        kva_index_match_found(ix, c + 100, 100, 1 << 3, &clk, depth, found);
+        kva_index_match_found(ix, c + 100, 100, mask_set(1 << 3), &clk, depth, found);
         kva_index_add_found(ix, c, 100, 3, KVA_BIT_LEARNED, &clk, found);
         kva_index_add_found(ix, c + 100, 100, 3, KVA_BIT_LEARNED, &clk,
                             found);
-        kva_index_match(ix, c, 200, 1 << 3, &clk, depth);
+        kva_index_match(ix, c, 200, mask_set(1 << 3), &clk, depth);
         ok(depth[3] == 200, "stale hints are checked, not trusted (%u)",
            depth[3]);
     }
@@ -652,7 +707,7 @@ main(void)
     ix = kva_index_init(region, size, 0x9e3779b97f4a7c15ULL);
     chain(c, 40000, 9);
     kva_index_add(ix, c, 40000, 0, KVA_BIT_LEARNED, &clk);
-    kva_index_match(ix, c, 40000, 1, &clk, depth);
+    kva_index_match(ix, c, 40000, mask_set(1), &clk, depth);
     ok(depth[0] == 40000 && ix->used == 40000, "full index holds all");
 
     {
@@ -684,12 +739,12 @@ main(void)
         uint32_t    from, calls;
 
         memcpy(copy, region, size);
-        from = kva_index_drop_range(copy, 1, KVA_BITS_ALL, 0, KVA_NIL);
+        from = kva_index_drop_range(copy, mask_set(1), KVA_BITS_ALL, 0, KVA_NIL);
         ok(from == KVA_SCAN_RELEASES, "a chunk stops after %u frees (%u)",
            KVA_SCAN_RELEASES, from);
 
         for (calls = 1; from < ((kva_index_t *) copy)->high_water; calls++) {
-            from = kva_index_drop_range(copy, 1, KVA_BITS_ALL, from,
+            from = kva_index_drop_range(copy, mask_set(1), KVA_BITS_ALL, from,
                                         KVA_NIL);
         }
 
@@ -705,7 +760,7 @@ main(void)
 
         memcpy(copy, region, size);
         memset(region, 0, size);
-        kva_index_match(copy, c, 100, 1, &clk, depth);
+        kva_index_match(copy, c, 100, mask_set(1), &clk, depth);
         ok(depth[0] == 100, "a copied region works at another address");
         free(copy);
     }
@@ -718,6 +773,8 @@ main(void)
     test_learn_budget(0xffffffe0u);
     test_learn_again(1000);
     test_learn_again(0xffffffe0u);
+    test_learn_same_tick(1000);
+    test_learn_same_tick(0xfffffff0u);
 
     return done_testing();
 }

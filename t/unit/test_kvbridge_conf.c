@@ -172,17 +172,17 @@ test_mistakes(void)
         { "h:1 model=m events=tcp://h:9 rank=1 data_parallel=2", NULL,
           "not both" },
         { "h:1 model=m events=tcp://h:9 data_parallel=0", NULL,
-          "expected 1 to 64" },
-        { "h:1 model=m events=tcp://h:9 data_parallel=65", NULL,
-          "expected 1 to 64" },
+          "expected 1 to 1024" },
+        { "h:1 model=m events=tcp://h:9 data_parallel=1025", NULL,
+          "expected 1 to 1024" },
         { "h:1 model=m events=tcp://h:9 data_parallel=-1", NULL,
-          "expected 1 to 64" },
+          "expected 1 to 1024" },
         { "h:1 model=m events=tcp://h:9 data_parallel=2x", NULL,
-          "expected 1 to 64" },
-        { "h:1 model=m events=tcp://h:9 rank=64", NULL,
-          "expected 0 to 63" },
+          "expected 1 to 1024" },
+        { "h:1 model=m events=tcp://h:9 rank=1024", NULL,
+          "expected 0 to 1023" },
         { "h:1 model=m events=tcp://h:9 rank=+1", NULL,
-          "expected 0 to 63" },
+          "expected 0 to 1023" },
         { "h:1 model=m events=tcp://h:65535 data_parallel=2", NULL,
           "at most 65535" },
         { "h:1 model=m events=tcp://h:9 replay=tcp://h data_parallel=2",
@@ -195,8 +195,8 @@ test_mistakes(void)
           "h:1 model=m events=tcp://h:20 rank=1", "rank 1 given twice" },
         { "h:1 model=m events=tcp://h:9 rank=2",
           "h:1 model=m events=tcp://h:10", "given twice" },
-        { "h:1 model=m events=tcp://h:9 data_parallel=200", NULL,
-          "expected 1 to 64" }
+        { "h:1 model=m events=tcp://h:9 data_parallel=2000", NULL,
+          "expected 1 to 1024" }
     };
 
     good = 0;

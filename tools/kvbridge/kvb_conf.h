@@ -25,7 +25,7 @@
 /* one engine a data-parallel rank: ranks count */
 #define KVB_ENGINES_MAX  256
 /* ranks of one server, as the module's "rank" (0 .. 63) */
-#define KVB_RANKS_MAX    64
+#define KVB_RANKS_MAX    1024
 
 
 typedef struct {

@@ -42,7 +42,7 @@ typedef struct {
 int kvb_metrics_parse(const char *text, size_t len, kvb_load_t *load);
 
 /* ranks of one server: vLLM's engine="r", SGLang's dp_rank="r" */
-#define KVB_METRICS_RANKS      64
+#define KVB_METRICS_RANKS      1024
 
 /*
  * The same sums into all, and each rank's own into ranks[0, nranks):

@@ -1,0 +1,212 @@
+/*
+ * kv_aware core: the block index's layout (kva_index.h says what it is):
+ * its constants, the entry, the wide record, the header, and the learned
+ * budgets' inline tests.  Apart so that the index's own files can read it
+ * without including kva_index.h back.
+ */
+
+#ifndef _KVA_INDEX_LAYOUT_H_INCLUDED_
+#define _KVA_INDEX_LAYOUT_H_INCLUDED_
+
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kva_list.h"
+#include "kva_slotset.h"
+
+
+#define KVA_NIL             0xffffffffu
+
+/* a holder keeps its slot in 13 bits */
+#if (KVA_MAX_SLOTS > 8192)
+#error "KVA_MAX_SLOTS is over the 13 bits of a holder's slot"
+#endif
+
+#define KVA_INLINE          6
+
+/* wide records: one for this many entries, and at least KVA_WIDE_MIN */
+#define KVA_WIDE_SHARE      128
+#define KVA_WIDE_MIN        8
+
+/*
+ * Whole-index scans (clears, snapshots, status counts) go in chunks of this
+ * many entries so that a caller can release its lock in between: about
+ * 0.25 ms of work a chunk, whatever the index size.
+ */
+#define KVA_SCAN_CHUNK      65536
+
+/*
+ * Hashes a caller adds or deletes under one hold of its lock.  In a full
+ * index each add evicts an entry, 0.5 to 1 us with the entry cold, so a
+ * long prompt (2,048 blocks at 128k tokens) or a large event message goes
+ * in pieces that keep others waiting about 0.25 ms at most.
+ */
+#define KVA_ADD_CHUNK       256
+#define KVA_SCAN_RELEASES   4096
+
+/*
+ * No chain grows past this many entries: an insert into a full chain
+ * evicts the chain's oldest entry, and every walk stops here, so one
+ * lookup costs at most this many probes whatever the keys.  Random keys
+ * at the index's load (2 to 4 per bucket) reach it about never.
+ */
+#define KVA_CHAIN_MAX       16
+
+
+/* what put an entry there: kva_src_names[] in this order */
+#define KVA_SRCS(X)                                                           \
+    X(KVA_SRC_EVENT, "event")                                                 \
+    X(KVA_SRC_LEARNED, "learned")                                             \
+    X(KVA_SRC_SPEC, "speculative")
+
+typedef enum {
+    KVA_SRCS(KVA_LIST_ENUM)
+    KVA_SRC_COUNT
+} kva_src_e;
+
+extern const char  *const kva_src_names[];
+
+
+/* a holder: slot << 3 | its sources (KVA_BIT_*); 0: an empty place */
+typedef uint16_t  kva_holder_t;
+
+#define kva_holder(slot, srcs)  ((kva_holder_t) ((slot) << 3 | (srcs)))
+#define kva_holder_slot(h)      ((unsigned) (h) >> 3)
+#define kva_holder_srcs(h)      ((unsigned) (h) & 7)
+
+
+typedef struct {
+    uint64_t            key;
+    uint32_t            stamp;          /* last touch, caller's ticks */
+    uint32_t            next;           /* hash chain or free list */
+    kva_holder_t        h[KVA_INLINE];  /* ignored while wide */
+    uint32_t            wide;           /* 0: none; else its record + 1 */
+} kva_entry_t;                          /* 32 bytes: 2 a cache line */
+
+
+/* the holders of a block with more than KVA_INLINE of them */
+typedef struct {
+    uint64_t            bits[3][KVA_SLOT_WORDS];    /* by kva_src_e */
+    uint32_t            owner;          /* its entry */
+    uint32_t            next;           /* free list */
+} kva_wide_t;
+
+
+/* in magic: the layout is this one (kva_index_valid(), kva_index_check()) */
+#define KVA_INDEX_MAGIC     0x6b766134u     /* "kva4": holders, wide pool */
+
+
+/*
+ * The budget of what this router learned of one server: no more blocks
+ * than the server's KV cache holds, its oldest learned blocks forgotten
+ * first.  The blocks a slot learns anew, or is sent again after they
+ * were counted (kva_index_learn_again()), are counted in generations of
+ * budget / KVA_LEARN_SHARE; when one fills, the slot's cutoff moves to
+ * the start of the oldest generation that, with those after it, fits in
+ * the budget less one generation.  A learned bit of that slot on an entry
+ * last touched before the cutoff counts no more, and is cleared when the
+ * entry is next touched.  O(1) a block learned anew, O(KVA_LEARN_GENS) at
+ * most a block sent again and a generation: no scan under the lock.  The
+ * TTL still applies.
+ */
+#define KVA_LEARN_GENS      16
+#define KVA_LEARN_SHARE     8
+
+typedef struct {
+    uint32_t            budget;         /* blocks, 0: none */
+    uint32_t            cutoff;         /* ticks; with active */
+    uint32_t            cur;            /* the generation filling */
+    uint32_t            active;         /* the budget was reached */
+    uint32_t            start[KVA_LEARN_GENS];  /* ticks */
+    uint32_t            count[KVA_LEARN_GENS];  /* blocks learned anew */
+    uint64_t            learned;        /* blocks learned anew, in all */
+} kva_learn_t;
+
+
+typedef struct {
+    uint32_t            magic;
+    uint32_t            capacity;
+    uint32_t            nbuckets;       /* power of two */
+    uint32_t            used;
+    uint32_t            high_water;     /* entries handed out at least once */
+    uint32_t            free_head;
+    uint32_t            hand;           /* eviction sampling position */
+    uint32_t            bucket_shift;   /* 64 - log2(nbuckets) */
+    uint64_t            secret;         /* keys the bucket choice */
+    uint64_t            bucket_key[2];  /* derived from the secret */
+    uint64_t            evictions;      /* LRU evictions, index full */
+    uint64_t            chain_evictions;    /* inserts into a full chain */
+    uint64_t            inserts;
+    uint32_t            nwide;          /* wide records in the region */
+    uint32_t            wide_used;
+    uint32_t            wide_hw;        /* handed out at least once */
+    uint32_t            wide_free;      /* free list head */
+    uint32_t            wide_hand;      /* eviction sampling position */
+    uint32_t            wide_pad;
+    uint64_t            wide_evictions; /* blocks evicted, pool full */
+    kva_slotset_t       learn_active;   /* slots whose cutoff is in force */
+    kva_learn_t         learn[KVA_MAX_SLOTS];
+    /*
+     * uint32_t buckets[nbuckets]; kva_entry_t entries[capacity];
+     * kva_wide_t wides[nwide];
+     */
+} kva_index_t;
+
+
+#define KVA_BIT_EVENT       (1u << KVA_SRC_EVENT)
+#define KVA_BIT_LEARNED     (1u << KVA_SRC_LEARNED)
+#define KVA_BIT_SPEC        (1u << KVA_SRC_SPEC)
+#define KVA_BITS_ALL        (KVA_BIT_EVENT | KVA_BIT_LEARNED | KVA_BIT_SPEC)
+
+
+/*
+ * What lookups trust.  For slots in `precise` (servers whose events are
+ * in sync) event bits are the truth and learned guesses are ignored; for
+ * the others, learned bits stand in and event bits may be stale.
+ * Speculative bits count for everybody while young.
+ */
+typedef struct {
+    uint32_t            now;            /* caller's ticks */
+    uint32_t            ttl_learned;
+    uint32_t            ttl_spec;
+    kva_slotset_t       precise;
+} kva_clock_t;
+
+
+typedef struct {
+    uint64_t            entries[3];     /* per source, fresh or not */
+} kva_slot_count_t;
+
+
+/* whether slot's budget still allows a learned bit last touched at stamp */
+static inline int
+kva_index_learn_ok(const kva_index_t *ix, unsigned slot, uint32_t stamp)
+{
+    /* signed difference: right across the wrap of the ticks */
+    return !kva_slotset_has(&ix->learn_active, slot)
+           || (int32_t) (stamp - ix->learn[slot].cutoff) >= 0;
+}
+
+
+/* the learned bits of word wi of a wide record that the budgets allow */
+static inline uint64_t
+kva_index_learn_bits(const kva_index_t *ix, unsigned wi, uint64_t bits,
+    uint32_t stamp)
+{
+    unsigned  slot;
+    uint64_t  m;
+
+    for (m = bits & ix->learn_active.w[wi]; m; m &= m - 1) {
+        slot = wi * 64 + (unsigned) __builtin_ctzll(m);
+
+        if ((int32_t) (stamp - ix->learn[slot].cutoff) < 0) {
+            bits &= ~(1ULL << (slot % 64));
+        }
+    }
+
+    return bits;
+}
+
+
+#endif /* _KVA_INDEX_LAYOUT_H_INCLUDED_ */
