@@ -105,7 +105,9 @@ fz_damage(kva_index_t *ix, fz_in_t *in, const uint64_t *tab)
             ix->used++;
             memset(e, 0, sizeof(kva_entry_t));
             e->key = tab[v % NKEYS];
-            e->bits[v % 3] = (v & 0x100) ? 1 : 0;
+            e->h[v % KVA_INLINE] = (v & 0x100)
+                                   ? kva_holder(v % 8, 1u << (v % 3)) : 0;
+            e->wide = (v & 0x200) ? (v >> 10) : 0;  /* maybe out of range */
             e->next = buckets[kva_index_bucket(ix, e->key)];
         }
         break;
@@ -159,6 +161,27 @@ fz_keys(fz_in_t *in, const uint64_t *tab, uint64_t *k)
 }
 
 
+/* the slots of a 64-bit mask, or one slot, as a slot set */
+static const kva_slotset_t *
+fz_set(kva_slotset_t *s, uint64_t mask)
+{
+    kva_slotset_zero(s);
+    s->w[0] = mask;
+
+    return s;
+}
+
+
+static const kva_slotset_t *
+fz_one(kva_slotset_t *s, unsigned slot)
+{
+    kva_slotset_zero(s);
+    kva_slotset_add(s, slot);
+
+    return s;
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -168,8 +191,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t           cap, i, n, slot, srcs, from, chunk, before, evicted;
     uint32_t           depth[KVA_MAX_SLOTS], found[MAXN];
     uint64_t           tab[NKEYS], k[MAXN], x, mask, secret;
+    kva_slotset_t      one, set;
     fz_in_t            in;
-    kva_clock_t        clk = { 1000, 50, 10, ~0ULL };
+    kva_clock_t        clk = { 1000, 50, 10, {{ ~0ULL }} };
     kva_index_t       *ix;
     kva_slot_count_t   counts[KVA_MAX_SLOTS];
 
@@ -221,11 +245,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fz_check(ix, "add");
 
             if (!fz_damaged && (srcs & KVA_BIT_EVENT)
-                && (clk.precise >> slot & 1)
+                && kva_slotset_has(&clk.precise, slot)
                 && evicted == ix->evictions + ix->chain_evictions)
             {
                 for (i = 0; i < n; i++) {
-                    kva_index_match(ix, &k[i], 1, 1ULL << slot, &clk, depth);
+                    kva_index_match(ix, &k[i], 1, fz_one(&one, slot), &clk,
+                                    depth);
 
                     if (depth[slot] != 1) {
                         fprintf(stderr, "key %u added, not found\n", i);
@@ -239,7 +264,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 1:
             n = fz_keys(&in, tab, k);
             mask = fz_byte(&in);
-            before = kva_index_match(ix, k, n, mask, &clk, depth);
+            before = kva_index_match(ix, k, n, fz_set(&set, mask), &clk,
+                                     depth);
 
             for (slot = 0; slot < 8; slot++) {
                 if ((mask >> slot & 1) && depth[slot] > before) {
@@ -254,7 +280,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             /* the balancer: lookup and record under one hold */
             n = fz_keys(&in, tab, k);
             slot = fz_byte(&in) % 8;
-            kva_index_match_found(ix, k, n, 0xff, &clk, depth, found);
+            kva_index_match_found(ix, k, n, fz_set(&set, 0xff), &clk, depth,
+                                  found);
             kva_index_add_found(ix, k, n, slot, KVA_BIT_LEARNED, &clk, found);
             fz_check(ix, "match_found + add_found");
             break;
@@ -269,7 +296,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
             if (!fz_damaged && srcs == KVA_BITS_ALL) {
                 for (i = 0; i < n; i++) {
-                    kva_index_match(ix, &k[i], 1, 1ULL << slot, &clk, depth);
+                    kva_index_match(ix, &k[i], 1, fz_one(&one, slot), &clk,
+                                    depth);
 
                     if (depth[slot] != 0) {
                         fprintf(stderr, "key %u removed, still found\n", i);
@@ -286,7 +314,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             chunk = fz_byte(&in) % 64 + 1;
 
             for (from = 0; from < ix->high_water; ) {
-                from = kva_index_drop_range(ix, mask, srcs, from,
+                from = kva_index_drop_range(ix, fz_set(&set, mask), srcs, from,
                                             from + chunk);
                 fz_check(ix, "drop_range");
             }
@@ -319,7 +347,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
 
         case 7:
-            clk.precise = fz_byte(&in) | ~0xffULL;
+            clk.precise.w[0] = fz_byte(&in) | ~0xffULL;
             break;
 
         case 8:

@@ -284,6 +284,9 @@ kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk)
             }
         }
 
+        /* holders aged out: six or fewer go back inline, as on a clear */
+        kva_entry_narrow(ix, e, w);
+
         return;
     }
 
