@@ -1,13 +1,15 @@
 # Servers that come and go by DNS (nginx 1.27.3 and later) when the zone's
-# 64 slots (ranks) are all taken: a newcomer takes a slot freed in the
+# 1,024 slots (ranks) are all taken: a newcomer takes a slot freed in the
 # same change, and routing goes back to kv_aware at once, without waiting
 # for DNS to change again (t/25-resolve.t has the machinery).
 #
-#   * a.test: 100 addresses, 64 of them get a slot; then 3, one of which
-#     had none: the three are listed, a prompt sticks to one server by
-#     affinity, the routed reasons count, nothing goes by round-robin;
-#   * b.test: 8 servers of data_parallel=8 (64 ranks); DNS replaces one:
-#     the newcomer's 8 ranks are listed and a prompt sticks to one rank.
+#   * a.test: 100 addresses of data_parallel=16, 64 of them get their 16
+#     slots (1,024); then 3, one of which had none: the three are listed,
+#     a prompt sticks to one server by affinity, the routed reasons count,
+#     nothing goes by round-robin;
+#   * b.test: 8 servers of data_parallel=128 (1,024 ranks); DNS replaces
+#     one: the newcomer's 128 ranks are listed and a prompt sticks to one
+#     rank.
 #
 # Deterministic: one worker, nothing in flight when DNS changes.  Skipped
 # before 1.27.3 (no "resolve" in open-source upstreams).
@@ -71,13 +73,13 @@ $env->conf(http_config => <<"EOF", config => <<'EOF');
 
     upstream llm_a {
         zone llm_a 1m;
-        kv_aware block_size=64;
+        kv_aware block_size=64 data_parallel=16;
         server a.test:$port resolve max_fails=0;
     }
 
     upstream llm_b {
         zone llm_b 256k;
-        kv_aware block_size=64 data_parallel=8;
+        kv_aware block_size=64 data_parallel=128;
         server b.test:$port resolve max_fails=0;
     }
 EOF
@@ -150,8 +152,8 @@ sub sticks {
 }
 
 subtest '100 addresses to 3, one of which had no slot' => sub {
-    ok(wait_until(15, sub { ranks('a') == 64 }),
-       '100 addresses: 64 have a slot') or diag ranks('a');
+    ok(wait_until(15, sub { ranks('a') == 1024 }),
+       '100 addresses of 16 ranks: 64 have their slots') or diag ranks('a');
     my %slot = map { $_ => 1 } split ' ', names('a');
     my @with = grep { $slot{$_} } @A;
     my @without = grep { !$slot{$_} } @A;
@@ -169,8 +171,8 @@ subtest '100 addresses to 3, one of which had no slot' => sub {
            'nothing went by round-robin');
 };
 
-subtest 'data_parallel=8: DNS replaces one of 8 servers' => sub {
-    ok(wait_until(10, sub { ranks('b') == 64 }), '8 servers, 64 ranks')
+subtest 'data_parallel=128: DNS replaces one of 8 servers' => sub {
+    ok(wait_until(10, sub { ranks('b') == 1024 }), '8 servers, 1,024 ranks')
         or diag names('b');
     sticks('b', 'before', 3);
 
@@ -178,13 +180,13 @@ subtest 'data_parallel=8: DNS replaces one of 8 servers' => sub {
     answer();
     ok(wait_until(10, sub { names('b') eq join ' ', sort @{ $dns{b} } }),
        "$B[7] replaced by $B[8]") or diag names('b');
-    is(ranks('b'), 64, '  with its 8 ranks');
-    like($env->error_log, qr/upstream "llm_b" lost 8 servers \(ranks\)/,
+    is(ranks('b'), 1024, '  with its 128 ranks');
+    like($env->error_log, qr/upstream "llm_b" lost 128 servers \(ranks\)/,
          'the log says the ranks were lost');
 
     # the newcomer is routed to: distinct prompts spread by load
     my %hit;
-    for my $i (1 .. 64) {
+    for my $i (1 .. 256) {
         my $r = ask('b', prompt("spread-$i", 2));
         $hit{$r->{backend}}++;
         last if $hit{$B[8]};
