@@ -101,6 +101,7 @@ kva_cluster_rc_e
 kva_cluster_owner(const struct redisReply *reply, unsigned slot,
     kva_cluster_node_t *owner, kva_cluster_node_t *nodes, size_t *nnodes)
 {
+    int                  owns;
     size_t               i, j, room;
     kva_cluster_rc_e     rc;
     kva_cluster_node_t   node;
@@ -124,14 +125,24 @@ kva_cluster_owner(const struct redisReply *reply, unsigned slot,
             return KVA_CLUSTER_BAD;
         }
 
+        owns = range->element[0]->integer <= (long long) slot
+               && (long long) slot <= range->element[1]->integer;
+
         for (j = 2; j < range->elements; j++) {
             if (!kva_cluster_node(range->element[j], &node)) {
-                return KVA_CLUSTER_BAD;
+                /*
+                 * A replica or another range's master this link cannot
+                 * use (a long host name, a bad port) is only one less
+                 * node to try: the reply is refused for the owner alone.
+                 */
+                if (j == 2 && owns) {
+                    return KVA_CLUSTER_BAD;
+                }
+
+                continue;
             }
 
-            if (j == 2 && range->element[0]->integer <= (long long) slot
-                && (long long) slot <= range->element[1]->integer)
-            {
+            if (j == 2 && owns) {
                 *owner = node;
                 rc = KVA_CLUSTER_OK;
             }

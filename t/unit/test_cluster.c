@@ -133,6 +133,26 @@ main(void)
        "a port out of range is refused");
     freeReplyObject(r);
 
+    /* a replica named by a long host name, another with port 0 */
+    r = parse("*2\r\n*5\r\n:0\r\n:100\r\n"
+              "*2\r\n$9\r\n127.0.0.1\r\n:7001\r\n"
+              "*2\r\n$70\r\n"
+              "redis-1.redis-headless.inference.svc.cluster.local.example.org"
+              "-abcdefg\r\n:7004\r\n"
+              "*2\r\n$9\r\n127.0.0.1\r\n:0\r\n"
+              "*3\r\n:101\r\n:200\r\n"
+              "*2\r\n$70\r\n"
+              "redis-2.redis-headless.inference.svc.cluster.local.example.org"
+              "-abcdefg\r\n:7002\r\n");
+    n = 8;
+    ok(r != NULL && kva_cluster_owner(r, 1, &owner, nodes, &n)
+       == KVA_CLUSTER_OK && owner.port == 7001 && n == 1,
+       "bad replicas and another range's bad master are skipped (%zu)", n);
+    n = 8;
+    ok(r != NULL && kva_cluster_owner(r, 150, &owner, nodes, &n)
+       == KVA_CLUSTER_BAD, "but not a bad master of the slot asked");
+    freeReplyObject(r);
+
     ok(kva_cluster_owner(NULL, 1, &owner, nodes, &n) == KVA_CLUSTER_BAD,
        "no reply at all");
 
