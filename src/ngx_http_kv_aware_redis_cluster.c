@@ -169,15 +169,42 @@ ngx_http_kv_aware_cluster_publish(ngx_http_kv_aware_link_t *link,
 }
 
 
+/*
+ * Only a MOVED sends the publisher elsewhere.  Any other error (NOPERM
+ * from an ACL, OOM, a Redis 6 node without SPUBLISH) would come back from
+ * every node alike: it is said now and then, and the connection kept.
+ */
 static void
 ngx_http_kv_aware_cluster_on_publish(redisAsyncContext *ac, void *r,
     void *data)
 {
-    redisReply  *reply = r;
+    redisReply                *reply = r;
+    ngx_http_kv_aware_link_t  *link = data;
 
-    if (reply != NULL && reply->type == REDIS_REPLY_ERROR) {
-        ngx_http_kv_aware_cluster_moved(data, reply->str, reply->len);
+    if (reply == NULL) {
+        return;
     }
+
+    if (reply->type != REDIS_REPLY_ERROR) {
+        return;
+    }
+
+    if (reply->len > 6 && ngx_strncmp(reply->str, "MOVED ", 6) == 0) {
+        ngx_http_kv_aware_cluster_moved(link, reply->str, reply->len);
+        return;
+    }
+
+    if (ngx_time() - link->refused < NGX_HTTP_KV_AWARE_REFUSED_LOG) {
+        return;
+    }
+
+    link->refused = ngx_time();
+
+    ngx_log_error(NGX_LOG_ERR, link->cluster->log, 0,
+                  "kv_aware: redis %s:%ui refused SPUBLISH: %*s "
+                  "(said once in %d s)", link->addr.ip, link->addr.port,
+                  (size_t) reply->len, reply->str,
+                  NGX_HTTP_KV_AWARE_REFUSED_LOG);
 }
 
 
@@ -236,7 +263,9 @@ ngx_http_kv_aware_cluster_addr(ngx_http_kv_aware_link_t *link,
     kva_cluster_node_t *node, ngx_http_kv_aware_redis_addr_t *addr)
 {
     size_t   len;
+#if (NGX_HAVE_INET6)
     u_char   buf[sizeof(struct in6_addr)];
+#endif
 
     len = ngx_strlen(node->host);
 
