@@ -454,6 +454,7 @@ ngx_http_kv_aware_link_on_message(redisAsyncContext *ac, void *r, void *data)
 
         link->ready = 1;
         link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
+        link->moves = 0;
         (void) ngx_atomic_fetch_add(&rd->stats->connects, 1);
         ngx_http_kv_aware_set_state(rd);
 

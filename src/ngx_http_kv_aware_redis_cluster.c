@@ -186,6 +186,7 @@ ngx_http_kv_aware_cluster_on_publish(redisAsyncContext *ac, void *r,
     }
 
     if (reply->type != REDIS_REPLY_ERROR) {
+        link->moves = 0;
         return;
     }
 
@@ -246,9 +247,22 @@ ngx_http_kv_aware_cluster_lost(ngx_http_kv_aware_link_t *link)
     cl = link->cluster;
 
     if (link->moving) {
-        /* addr is where to go (or ask) now */
+        /*
+         * addr is where to go (or ask) now, at once the first times.
+         * Nodes that disagree on the owner (each names the other, a
+         * MOVED from a stale view) would have the link bounce between
+         * them: past a few moves with no subscription nor publish in
+         * between, it waits as after failures.
+         */
         link->moving = 0;
-        link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
+        link->moves++;
+
+        link->backoff = (link->moves <= NGX_HTTP_KV_AWARE_MOVES_FREE)
+            ? NGX_HTTP_KV_AWARE_BACKOFF_MIN
+            : ngx_min(NGX_HTTP_KV_AWARE_BACKOFF_MIN
+                      << ngx_min(link->moves - NGX_HTTP_KV_AWARE_MOVES_FREE,
+                                 8),
+                      NGX_HTTP_KV_AWARE_BACKOFF_MAX);
         return;
     }
 

@@ -16,6 +16,9 @@
 #define NGX_HTTP_KV_AWARE_BACKOFF_MIN   100
 #define NGX_HTTP_KV_AWARE_BACKOFF_MAX   3000
 
+/* moves in a row at the shortest backoff; then it grows as for failures */
+#define NGX_HTTP_KV_AWARE_MOVES_FREE    2
+
 /* seconds between two logs of a refused SPUBLISH */
 #define NGX_HTTP_KV_AWARE_REFUSED_LOG   10
 
@@ -54,6 +57,7 @@ typedef struct {
     ngx_event_t                      retry;     /* reconnect after backoff */
     ngx_event_t                      watch;     /* connect timeout, pings */
     ngx_msec_t                       backoff;
+    ngx_uint_t                       moves;     /* since subscribed, published */
     time_t                           refused;   /* SPUBLISH error last logged */
     unsigned                         subscriber:1;
     unsigned                         connected:1;

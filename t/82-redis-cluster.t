@@ -11,6 +11,7 @@
 #     the connection drops and the replica takes over): nginx follows the
 #     slot each time, asks a resync, and routes by the answer;
 #   * a reload hands the sharded subscription over;
+#   * two nodes that each name the other the owner: the links back off;
 #   * cluster=on on a Redis that is no cluster: a clear error, requests
 #     routed all the same; a node that answers nothing is given up;
 #   * share=on: a second nginx hears what the first routed, sharded;
@@ -128,6 +129,21 @@ ok($env->wait_for_log("redis cluster node 127.0.0.1:$plain: no answer in",
 kill 'CONT', $env->launch->pid('plain');
 $env->stop_nginx;
 $env->launch->stop('plain');
+
+# --- two nodes that name each other the owner: no busy bounce ----------------
+
+my @pair = Test::KvAware::Cluster->start_bounce($env->launch, 'bounce');
+$env->conf(http_config => upstream("cluster=on channel=$CH", $pair[0]),
+           config => $LOCATIONS);
+my $offset_b = $env->error_log_offset;
+$env->start_nginx or BAIL_OUT('nginx did not start: ' . $env->last_error);
+sleep 3;
+my $moves = () = $env->error_log($offset_b) =~ /moves there/g;
+# at 100 ms a move, some 60 in 3 s for the two links; backing off, ~12
+ok($moves >= 4 && $moves <= 25,
+   "nodes that disagree on the owner: the moves back off ($moves in 3 s)");
+$env->stop_nginx;
+$env->launch->stop('bounce');
 
 # --- subscribed on the slot's master, through the seed -----------------------
 
