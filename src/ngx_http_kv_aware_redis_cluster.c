@@ -49,6 +49,7 @@ ngx_http_kv_aware_cluster_on_slots(redisAsyncContext *ac, void *r,
     redisReply                      *reply = r;
     ngx_http_kv_aware_link_t        *link = data;
 
+    int                              here;
     size_t                           n;
     kva_cluster_rc_e                 rc;
     kva_cluster_node_t               owner;
@@ -63,7 +64,8 @@ ngx_http_kv_aware_cluster_on_slots(redisAsyncContext *ac, void *r,
     cl = link->cluster;
     n = NGX_HTTP_KV_AWARE_CLUSTER_NODES;
 
-    rc = kva_cluster_owner(reply, cl->slot, &owner, nodes, &n);
+    rc = kva_cluster_place(reply, cl->slot, (char *) link->addr.ip,
+                           link->addr.port, &owner, &here, nodes, &n);
 
     if (rc != KVA_CLUSTER_OK) {
         ngx_log_error(NGX_LOG_ERR, cl->log, 0,
@@ -92,9 +94,7 @@ ngx_http_kv_aware_cluster_on_slots(redisAsyncContext *ac, void *r,
         return;
     }
 
-    if (addr.port == link->addr.port
-        && ngx_strcmp(addr.ip, link->addr.ip) == 0)
-    {
+    if (here) {
         ngx_http_kv_aware_link_subscribe(link);
         return;
     }

@@ -57,8 +57,8 @@ typedef struct {
     ngx_event_t                      retry;     /* reconnect after backoff */
     ngx_event_t                      watch;     /* connect timeout, pings */
     ngx_msec_t                       backoff;
-    ngx_uint_t                       moves;     /* since subscribed, published */
-    time_t                           refused;   /* SPUBLISH error last logged */
+    ngx_uint_t                       moves;     /* in a row, not placed */
+    time_t                           refused;   /* an error last logged */
     unsigned                         subscriber:1;
     unsigned                         connected:1;
     unsigned                         ready:1;   /* authenticated, subscribed */

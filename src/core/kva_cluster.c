@@ -2,6 +2,7 @@
  * kva_cluster: key slots and CLUSTER SLOTS (see kva_cluster.h).
  */
 
+#include <stdio.h>
 #include <string.h>
 
 #include <hiredis/hiredis.h>
@@ -152,6 +153,36 @@ kva_cluster_owner(const struct redisReply *reply, unsigned slot,
     }
 
     return rc;
+}
+
+
+kva_cluster_rc_e
+kva_cluster_place(const struct redisReply *reply, unsigned slot,
+    const char *here, unsigned port, kva_cluster_node_t *owner,
+    int *owner_here, kva_cluster_node_t *nodes, size_t *nnodes)
+{
+    size_t            i;
+    kva_cluster_rc_e  rc;
+
+    rc = kva_cluster_owner(reply, slot, owner, nodes, nnodes);
+
+    if (rc != KVA_CLUSTER_OK) {
+        return rc;
+    }
+
+    for (i = 0; i < *nnodes; i++) {
+        if (nodes[i].host[0] == '\0') {
+            snprintf(nodes[i].host, KVA_CLUSTER_HOST_LEN, "%s", here);
+        }
+    }
+
+    if (owner->host[0] == '\0') {
+        snprintf(owner->host, KVA_CLUSTER_HOST_LEN, "%s", here);
+    }
+
+    *owner_here = (owner->port == port && strcmp(owner->host, here) == 0);
+
+    return KVA_CLUSTER_OK;
 }
 
 

@@ -39,6 +39,7 @@ parse(const char *resp)
 int
 main(void)
 {
+    int                  here;
     size_t               n;
     redisReply          *r;
     kva_cluster_node_t   owner, nodes[8];
@@ -95,6 +96,18 @@ main(void)
     ok(kva_cluster_owner(r, 12182, &owner, nodes, &n) == KVA_CLUSTER_OK
        && owner.host[0] == '\0' && owner.port == 7003,
        "an empty host: the node that answered");
+
+    n = 8;
+    ok(kva_cluster_place(r, 12182, "10.0.0.3", 7003, &owner, &here, nodes,
+                         &n) == KVA_CLUSTER_OK
+       && strcmp(owner.host, "10.0.0.3") == 0 && here,
+       "place: an empty host is the node asked, the link stays");
+    ok(n == 6 && strcmp(nodes[4].host, "10.0.0.3") == 0,
+       "and so is it in the nodes remembered");
+    n = 8;
+    ok(kva_cluster_place(r, 5061, "10.0.0.3", 7003, &owner, &here, nodes,
+                         &n) == KVA_CLUSTER_OK
+       && owner.port == 7001 && !here, "place: elsewhere, the link moves");
 
     n = 2;
     ok(kva_cluster_owner(r, 16383, &owner, nodes, &n) == KVA_CLUSTER_OK

@@ -468,6 +468,7 @@ kvb_link_placed(kvb_link_t *l)
 static void
 kvb_on_slots(redisAsyncContext *ac, void *reply, void *data)
 {
+    int                  stay;
     size_t               i, n;
     const char          *here;
     kvb_link_t          *l = data;
@@ -482,7 +483,11 @@ kvb_on_slots(redisAsyncContext *ac, void *reply, void *data)
     r = l->r;
     n = KVB_REDIS_NODES - 1;
 
-    if (kva_cluster_owner(rep, r->slot, &owner, nodes, &n)
+    /* this connection's node ("" in the reply) */
+    here = ac->c.tcp.host ? ac->c.tcp.host : l->host;
+
+    if (kva_cluster_place(rep, r->slot, here, (unsigned) ac->c.tcp.port,
+                          &owner, &stay, nodes, &n)
         != KVA_CLUSTER_OK)
     {
         kvb_log(KVB_LOG_ERR, "redis %s:%d (%s): CLUSTER SLOTS names no "
@@ -493,27 +498,14 @@ kvb_on_slots(redisAsyncContext *ac, void *reply, void *data)
         return;
     }
 
-    /* this connection's node ("" in the reply) */
-    here = ac->c.tcp.host ? ac->c.tcp.host : l->host;
-
     for (i = 0; i < n; i++) {
         r->nodes[i + 1] = nodes[i];
-
-        if (nodes[i].host[0] == '\0') {
-            snprintf(r->nodes[i + 1].host, KVA_CLUSTER_HOST_LEN, "%s", here);
-        }
     }
 
     r->nnodes = n + 1;
     r->next %= r->nnodes;
 
-    if (owner.host[0] == '\0') {
-        snprintf(owner.host, sizeof(owner.host), "%s", here);
-    }
-
-    if (owner.port == (unsigned) ac->c.tcp.port
-        && strcmp(owner.host, here) == 0)
-    {
+    if (stay) {
         kvb_link_placed(l);
         return;
     }

@@ -533,6 +533,7 @@ kvs_on_publish(redisAsyncContext *ac, void *reply, void *arg)
 static void
 kvs_on_slots(redisAsyncContext *ac, void *reply, void *arg)
 {
+    int                  stay;
     size_t               i, n;
     const char          *here;
     redisReply          *r = reply;
@@ -548,32 +549,25 @@ kvs_on_slots(redisAsyncContext *ac, void *reply, void *arg)
 
     n = KVS_NODES - 1;
 
-    if (kva_cluster_owner(r, ev->slot, &owner, nodes, &n) != KVA_CLUSTER_OK) {
+    /* this connection's node ("" in the reply) */
+    here = ac->c.tcp.host ? ac->c.tcp.host : at->host;
+
+    if (kva_cluster_place(r, ev->slot, here, (unsigned) ac->c.tcp.port,
+                          &owner, &stay, nodes, &n)
+        != KVA_CLUSTER_OK)
+    {
         redisAsyncDisconnect(ac);
         return;
     }
 
     for (i = 0; i < n; i++) {
         ev->nodes[i + 1] = nodes[i];
-        if (nodes[i].host[0] == '\0') {
-            snprintf(ev->nodes[i + 1].host, KVA_CLUSTER_HOST_LEN, "%s",
-                     ac->c.tcp.host ? ac->c.tcp.host : at->host);
-        }
     }
 
     ev->nnodes = n + 1;
     ev->next %= ev->nnodes;
 
-    /* this connection's node */
-    here = ac->c.tcp.host ? ac->c.tcp.host : "";
-
-    if (owner.host[0] == '\0') {
-        snprintf(owner.host, sizeof(owner.host), "%s", here);
-    }
-
-    if (owner.port != (unsigned) ac->c.tcp.port
-        || strcmp(owner.host, here) != 0)
-    {
+    if (!stay) {
         memcpy(at->host, owner.host, sizeof(at->host));
         at->port = owner.port;
         at->moving = 1;
