@@ -197,6 +197,7 @@ ngx_http_kv_aware_other_publisher(ngx_http_kv_aware_srv_conf_t *kcf,
                       origin, sl->ev.origin);
 
         sl->ev.origin = origin;
+        sl->ev.two_told = 0;            /* a pair after the switch: said */
         return 0;
     }
 

@@ -387,15 +387,12 @@ ngx_http_kv_aware_link_on_message(redisAsyncContext *ac, void *r, void *data)
     rd = link->redis;
 
     /*
-     * A refused SUBSCRIBE (an ACL user without the channel) never gets
-     * here: hiredis 0.14 drops the connection, and link_lost() logs why.
+     * An error reply never gets here: a refused SUBSCRIBE (an ACL user
+     * without the channel) or, cluster=on, a MOVED or refused SSUBSCRIBE
+     * (sent after a SUBSCRIBE, so hiredis 0.14 has no callback for its
+     * error) makes hiredis drop the connection; link_lost() logs why, and
+     * the link goes on to the next node, which tells where the slot is.
      */
-
-    if (reply->type == REDIS_REPLY_ERROR && rd->conf->cluster) {
-        /* a MOVED: the slot went elsewhere since CLUSTER SLOTS */
-        ngx_http_kv_aware_cluster_moved(link, reply->str, reply->len);
-        return;
-    }
 
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 3) {
         return;
@@ -457,6 +454,7 @@ ngx_http_kv_aware_link_on_message(redisAsyncContext *ac, void *r, void *data)
 
         link->ready = 1;
         link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
+        link->moves = 0;
         (void) ngx_atomic_fetch_add(&rd->stats->connects, 1);
         ngx_http_kv_aware_set_state(rd);
 

@@ -49,6 +49,7 @@ ngx_http_kv_aware_cluster_on_slots(redisAsyncContext *ac, void *r,
     redisReply                      *reply = r;
     ngx_http_kv_aware_link_t        *link = data;
 
+    int                              here;
     size_t                           n;
     kva_cluster_rc_e                 rc;
     kva_cluster_node_t               owner;
@@ -63,7 +64,8 @@ ngx_http_kv_aware_cluster_on_slots(redisAsyncContext *ac, void *r,
     cl = link->cluster;
     n = NGX_HTTP_KV_AWARE_CLUSTER_NODES;
 
-    rc = kva_cluster_owner(reply, cl->slot, &owner, nodes, &n);
+    rc = kva_cluster_place(reply, cl->slot, (char *) link->addr.ip,
+                           link->addr.port, &owner, &here, nodes, &n);
 
     if (rc != KVA_CLUSTER_OK) {
         ngx_log_error(NGX_LOG_ERR, cl->log, 0,
@@ -92,9 +94,7 @@ ngx_http_kv_aware_cluster_on_slots(redisAsyncContext *ac, void *r,
         return;
     }
 
-    if (addr.port == link->addr.port
-        && ngx_strcmp(addr.ip, link->addr.ip) == 0)
-    {
+    if (here) {
         ngx_http_kv_aware_link_subscribe(link);
         return;
     }
@@ -169,15 +169,43 @@ ngx_http_kv_aware_cluster_publish(ngx_http_kv_aware_link_t *link,
 }
 
 
+/*
+ * Only a MOVED sends the publisher elsewhere.  Any other error (NOPERM
+ * from an ACL, OOM, a Redis 6 node without SPUBLISH) would come back from
+ * every node alike: it is said now and then, and the connection kept.
+ */
 static void
 ngx_http_kv_aware_cluster_on_publish(redisAsyncContext *ac, void *r,
     void *data)
 {
-    redisReply  *reply = r;
+    redisReply                *reply = r;
+    ngx_http_kv_aware_link_t  *link = data;
 
-    if (reply != NULL && reply->type == REDIS_REPLY_ERROR) {
-        ngx_http_kv_aware_cluster_moved(data, reply->str, reply->len);
+    if (reply == NULL) {
+        return;
     }
+
+    if (reply->type != REDIS_REPLY_ERROR) {
+        link->moves = 0;
+        return;
+    }
+
+    if (reply->len > 6 && ngx_strncmp(reply->str, "MOVED ", 6) == 0) {
+        ngx_http_kv_aware_cluster_moved(link, reply->str, reply->len);
+        return;
+    }
+
+    if (ngx_time() - link->refused < NGX_HTTP_KV_AWARE_REFUSED_LOG) {
+        return;
+    }
+
+    link->refused = ngx_time();
+
+    ngx_log_error(NGX_LOG_ERR, link->cluster->log, 0,
+                  "kv_aware: redis %s:%ui refused SPUBLISH: %*s "
+                  "(said once in %d s)", link->addr.ip, link->addr.port,
+                  (size_t) reply->len, reply->str,
+                  NGX_HTTP_KV_AWARE_REFUSED_LOG);
 }
 
 
@@ -219,9 +247,22 @@ ngx_http_kv_aware_cluster_lost(ngx_http_kv_aware_link_t *link)
     cl = link->cluster;
 
     if (link->moving) {
-        /* addr is where to go (or ask) now */
+        /*
+         * addr is where to go (or ask) now, at once the first times.
+         * Nodes that disagree on the owner (each names the other, a
+         * MOVED from a stale view) would have the link bounce between
+         * them: past a few moves with no subscription nor publish in
+         * between, it waits as after failures.
+         */
         link->moving = 0;
-        link->backoff = NGX_HTTP_KV_AWARE_BACKOFF_MIN;
+        link->moves++;
+
+        link->backoff = (link->moves <= NGX_HTTP_KV_AWARE_MOVES_FREE)
+            ? NGX_HTTP_KV_AWARE_BACKOFF_MIN
+            : ngx_min(NGX_HTTP_KV_AWARE_BACKOFF_MIN
+                      << ngx_min(link->moves - NGX_HTTP_KV_AWARE_MOVES_FREE,
+                                 8),
+                      NGX_HTTP_KV_AWARE_BACKOFF_MAX);
         return;
     }
 
@@ -236,7 +277,9 @@ ngx_http_kv_aware_cluster_addr(ngx_http_kv_aware_link_t *link,
     kva_cluster_node_t *node, ngx_http_kv_aware_redis_addr_t *addr)
 {
     size_t   len;
+#if (NGX_HAVE_INET6)
     u_char   buf[sizeof(struct in6_addr)];
+#endif
 
     len = ngx_strlen(node->host);
 

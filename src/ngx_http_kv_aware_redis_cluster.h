@@ -16,6 +16,12 @@
 #define NGX_HTTP_KV_AWARE_BACKOFF_MIN   100
 #define NGX_HTTP_KV_AWARE_BACKOFF_MAX   3000
 
+/* moves in a row at the shortest backoff; then it grows as for failures */
+#define NGX_HTTP_KV_AWARE_MOVES_FREE    2
+
+/* seconds between two logs of a refused SPUBLISH */
+#define NGX_HTTP_KV_AWARE_REFUSED_LOG   10
+
 /* the cluster's nodes a link tries when the one it knew is gone */
 #define NGX_HTTP_KV_AWARE_CLUSTER_NODES 16
 
@@ -51,6 +57,8 @@ typedef struct {
     ngx_event_t                      retry;     /* reconnect after backoff */
     ngx_event_t                      watch;     /* connect timeout, pings */
     ngx_msec_t                       backoff;
+    ngx_uint_t                       moves;     /* in a row, not placed */
+    time_t                           refused;   /* an error last logged */
     unsigned                         subscriber:1;
     unsigned                         connected:1;
     unsigned                         ready:1;   /* authenticated, subscribed */

@@ -7,6 +7,7 @@
 # routed to the engine holding them.  The bridge followed stops: within
 # nginx's heartbeat the other is followed instead, after one resync the
 # servers are fresh again with what they held and what they store since.
+# A third bridge then makes a pair again: warned of again, once a server.
 # Real nginx, redis-server, kvsim (vLLM's wire format) and two kvbridges.
 
 use strict;
@@ -33,7 +34,7 @@ for my $m (qw(ZMQ::FFI Data::MessagePack)) {
 }
 
 $SIG{ALRM} = sub { die "test timed out\n" };
-alarm 90;
+alarm 120;
 
 my $json = JSON::PP->new->utf8->canonical;
 my $http = HTTP::Tiny->new(timeout => 10);
@@ -147,6 +148,14 @@ for my $i (0 .. $N - 1) {
     cmp_ok($r->{cached}, '>=', 7 * $BT,
            "a prompt stored after the switch is routed to engine $i");
 }
+
+# --- a third bridge: a pair again after the switch, warned of again -----
+
+$l->start_kvbridge({ name => 'kvbridge-c' }, @bridge);
+ok(wait_until(10, sub { origin('c') }), 'a third bridge publishes');
+ok(wait_until(10, sub { two() == 2 * $N }),
+   'the two publishers after the switch are warned of, once a server')
+    or diag(two() . ' warnings');
 
 done_testing();
 

@@ -5,7 +5,8 @@
 # A prompt an engine computed for a client of its own draws nginx to it,
 # before and after a CLUSTER FAILOVER of the slot's master: the bridge
 # and nginx follow the slot, nginx asks a resync, the bridge's mirror
-# answers it.  kvbridge refuses a channel without a hash tag.
+# answers it.  kvbridge refuses a channel without a hash tag; between two
+# nodes that each name the other the owner, it backs off.
 
 use strict;
 use warnings;
@@ -147,5 +148,20 @@ drawn(1, 1, 'after the failover, from the snapshot', 1);
 drawn(2, 2, 'a prompt computed after the failover');
 
 $env->check_logs_clean('kvbridge and nginx on a cluster');
+
+# two nodes that each name the other the owner: before, kvbridge moved
+# between them at once, a busy loop with a log line a round
+my @pair = Test::KvAware::Cluster->start_bounce($l, 'bounce');
+$l->start_kvbridge({ name => 'kvb-bounce', ready => sub { 1 } },
+                   '--redis', "127.0.0.1:$pair[0]", '--redis-cluster',
+                   '--channel', $CH, @engines[0, 1]);
+sleep 3;
+my $moves = () = (KvAware::Launch::slurp($env->prefix
+                                         . '/logs/kvb-bounce.log') // '')
+                 =~ /moving there/g;
+ok($moves >= 4 && $moves <= 30,
+   "nodes that disagree on the owner: the moves back off ($moves in 3 s)");
+$l->stop('kvb-bounce');
+$l->stop('bounce');
 
 done_testing();

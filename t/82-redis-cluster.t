@@ -11,9 +11,12 @@
 #     the connection drops and the replica takes over): nginx follows the
 #     slot each time, asks a resync, and routes by the answer;
 #   * a reload hands the sharded subscription over;
+#   * two nodes that each name the other the owner: the links back off;
 #   * cluster=on on a Redis that is no cluster: a clear error, requests
 #     routed all the same; a node that answers nothing is given up;
 #   * share=on: a second nginx hears what the first routed, sharded;
+#   * an ACL user without SPUBLISH: the refusal logged now and then, the
+#     publisher kept where it is (not sent to ask the cluster again);
 #   * nginx -t refuses cluster=on without a hash tag, with pattern=on, and
 #     a resync_channel= in another slot.
 #
@@ -126,6 +129,21 @@ ok($env->wait_for_log("redis cluster node 127.0.0.1:$plain: no answer in",
 kill 'CONT', $env->launch->pid('plain');
 $env->stop_nginx;
 $env->launch->stop('plain');
+
+# --- two nodes that name each other the owner: no busy bounce ----------------
+
+my @pair = Test::KvAware::Cluster->start_bounce($env->launch, 'bounce');
+$env->conf(http_config => upstream("cluster=on channel=$CH", $pair[0]),
+           config => $LOCATIONS);
+my $offset_b = $env->error_log_offset;
+$env->start_nginx or BAIL_OUT('nginx did not start: ' . $env->last_error);
+sleep 3;
+my $moves = () = $env->error_log($offset_b) =~ /moves there/g;
+# at 100 ms a move, some 60 in 3 s for the two links; backing off, ~12
+ok($moves >= 4 && $moves <= 25,
+   "nodes that disagree on the owner: the moves back off ($moves in 3 s)");
+$env->stop_nginx;
+$env->launch->stop('bounce');
 
 # --- subscribed on the slot's master, through the seed -----------------------
 
@@ -293,5 +311,28 @@ is(($rb->{headers}{'x-backend'} // '-') . ' '
 
 $lb->stop_nginx;
 $env->check_logs_clean('share=on');
+
+# --- an ACL user without SPUBLISH: said, not taken for a MOVED --------------
+
+# before, every refused SPUBLISH sent the publisher to ask CLUSTER SLOTS
+# again, a NOTICE each time, at the shortest backoff
+$env->stop_nginx;
+$cl->cli($_, ACL => SETUSER => 'nopub', 'on', '>secret', '~*', '&*',
+         '+@all', '-spublish') for $cl->nodes;
+$env->conf(http_config => upstream("cluster=on channel=$CH heartbeat=60s "
+                                   . 'user=nopub password=secret '
+                                   . 'read_timeout=1s'),
+           config => $LOCATIONS);
+my $offset_acl = $env->error_log_offset;
+$env->start_nginx or BAIL_OUT('nginx did not start: ' . $env->last_error);
+ok($env->wait_for_log('refused SPUBLISH: NOPERM', 10, $offset_acl),
+   'a refused SPUBLISH is said');
+sleep 3;                                    # three pings refused
+my $acl_log = $env->error_log($offset_acl);
+is(scalar(() = $acl_log =~ /refused SPUBLISH/g), 1,
+   'once in 10 s, not at every publish');
+unlike($acl_log, qr/the publisher asks the cluster where/,
+       'and not taken for a MOVED');
+is(status($env)->{redis}{state}, 'up', 'the subscriber stays up');
 
 done_testing();

@@ -2,6 +2,7 @@
  * kva_cluster: key slots and CLUSTER SLOTS (see kva_cluster.h).
  */
 
+#include <stdio.h>
 #include <string.h>
 
 #include <hiredis/hiredis.h>
@@ -101,6 +102,7 @@ kva_cluster_rc_e
 kva_cluster_owner(const struct redisReply *reply, unsigned slot,
     kva_cluster_node_t *owner, kva_cluster_node_t *nodes, size_t *nnodes)
 {
+    int                  owns;
     size_t               i, j, room;
     kva_cluster_rc_e     rc;
     kva_cluster_node_t   node;
@@ -124,14 +126,24 @@ kva_cluster_owner(const struct redisReply *reply, unsigned slot,
             return KVA_CLUSTER_BAD;
         }
 
+        owns = range->element[0]->integer <= (long long) slot
+               && (long long) slot <= range->element[1]->integer;
+
         for (j = 2; j < range->elements; j++) {
             if (!kva_cluster_node(range->element[j], &node)) {
-                return KVA_CLUSTER_BAD;
+                /*
+                 * A replica or another range's master this link cannot
+                 * use (a long host name, a bad port) is only one less
+                 * node to try: the reply is refused for the owner alone.
+                 */
+                if (j == 2 && owns) {
+                    return KVA_CLUSTER_BAD;
+                }
+
+                continue;
             }
 
-            if (j == 2 && range->element[0]->integer <= (long long) slot
-                && (long long) slot <= range->element[1]->integer)
-            {
+            if (j == 2 && owns) {
                 *owner = node;
                 rc = KVA_CLUSTER_OK;
             }
@@ -141,6 +153,36 @@ kva_cluster_owner(const struct redisReply *reply, unsigned slot,
     }
 
     return rc;
+}
+
+
+kva_cluster_rc_e
+kva_cluster_place(const struct redisReply *reply, unsigned slot,
+    const char *here, unsigned port, kva_cluster_node_t *owner,
+    int *owner_here, kva_cluster_node_t *nodes, size_t *nnodes)
+{
+    size_t            i;
+    kva_cluster_rc_e  rc;
+
+    rc = kva_cluster_owner(reply, slot, owner, nodes, nnodes);
+
+    if (rc != KVA_CLUSTER_OK) {
+        return rc;
+    }
+
+    for (i = 0; i < *nnodes; i++) {
+        if (nodes[i].host[0] == '\0') {
+            snprintf(nodes[i].host, KVA_CLUSTER_HOST_LEN, "%s", here);
+        }
+    }
+
+    if (owner->host[0] == '\0') {
+        snprintf(owner->host, KVA_CLUSTER_HOST_LEN, "%s", here);
+    }
+
+    *owner_here = (owner->port == port && strcmp(owner->host, here) == 0);
+
+    return KVA_CLUSTER_OK;
 }
 
 

@@ -53,5 +53,14 @@ kva_cluster_rc_e kva_cluster_owner(const struct redisReply *reply,
     unsigned slot, kva_cluster_node_t *owner, kva_cluster_node_t *nodes,
     size_t *nnodes);
 
+/*
+ * The same, the node asked ("" in the reply) written as here, the host
+ * the connection reached; *owner_here: whether the owner is that node
+ * (here, port), where the link stays, or not, where it moves to owner.
+ */
+kva_cluster_rc_e kva_cluster_place(const struct redisReply *reply,
+    unsigned slot, const char *here, unsigned port, kva_cluster_node_t *owner,
+    int *owner_here, kva_cluster_node_t *nodes, size_t *nnodes);
+
 
 #endif /* _KVA_CLUSTER_H_INCLUDED_ */

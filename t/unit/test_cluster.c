@@ -39,6 +39,7 @@ parse(const char *resp)
 int
 main(void)
 {
+    int                  here;
     size_t               n;
     redisReply          *r;
     kva_cluster_node_t   owner, nodes[8];
@@ -96,6 +97,18 @@ main(void)
        && owner.host[0] == '\0' && owner.port == 7003,
        "an empty host: the node that answered");
 
+    n = 8;
+    ok(kva_cluster_place(r, 12182, "10.0.0.3", 7003, &owner, &here, nodes,
+                         &n) == KVA_CLUSTER_OK
+       && strcmp(owner.host, "10.0.0.3") == 0 && here,
+       "place: an empty host is the node asked, the link stays");
+    ok(n == 6 && strcmp(nodes[4].host, "10.0.0.3") == 0,
+       "and so is it in the nodes remembered");
+    n = 8;
+    ok(kva_cluster_place(r, 5061, "10.0.0.3", 7003, &owner, &here, nodes,
+                         &n) == KVA_CLUSTER_OK
+       && owner.port == 7001 && !here, "place: elsewhere, the link moves");
+
     n = 2;
     ok(kva_cluster_owner(r, 16383, &owner, nodes, &n) == KVA_CLUSTER_OK
        && n == 2, "the nodes remembered stop at the room given");
@@ -131,6 +144,26 @@ main(void)
     n = 8;
     ok(kva_cluster_owner(r, 1, &owner, nodes, &n) == KVA_CLUSTER_BAD,
        "a port out of range is refused");
+    freeReplyObject(r);
+
+    /* a replica named by a long host name, another with port 0 */
+    r = parse("*2\r\n*5\r\n:0\r\n:100\r\n"
+              "*2\r\n$9\r\n127.0.0.1\r\n:7001\r\n"
+              "*2\r\n$70\r\n"
+              "redis-1.redis-headless.inference.svc.cluster.local.example.org"
+              "-abcdefg\r\n:7004\r\n"
+              "*2\r\n$9\r\n127.0.0.1\r\n:0\r\n"
+              "*3\r\n:101\r\n:200\r\n"
+              "*2\r\n$70\r\n"
+              "redis-2.redis-headless.inference.svc.cluster.local.example.org"
+              "-abcdefg\r\n:7002\r\n");
+    n = 8;
+    ok(r != NULL && kva_cluster_owner(r, 1, &owner, nodes, &n)
+       == KVA_CLUSTER_OK && owner.port == 7001 && n == 1,
+       "bad replicas and another range's bad master are skipped (%zu)", n);
+    n = 8;
+    ok(r != NULL && kva_cluster_owner(r, 150, &owner, nodes, &n)
+       == KVA_CLUSTER_BAD, "but not a bad master of the slot asked");
     freeReplyObject(r);
 
     ok(kva_cluster_owner(NULL, 1, &owner, nodes, &n) == KVA_CLUSTER_BAD,

@@ -37,6 +37,7 @@
 #define KVB_REDIS_CONNECT_MS    2000
 #define KVB_REDIS_BACKOFF_MIN   100
 #define KVB_REDIS_BACKOFF_MAX   2000
+#define KVB_REDIS_MOVES_FREE    2       /* moves in a row without a wait */
 #define KVB_REDIS_TIMEOUT       5000
 /* an idle link is PINGed this often (at most half the timeout) */
 #define KVB_REDIS_PING_MS       1000
@@ -65,6 +66,7 @@ struct kvb_link_s {
     int                     port;
     uint64_t                deadline;   /* connect timeout, or retry */
     unsigned                backoff;
+    unsigned                moves;      /* since subscribed or published */
 
     /* once up: commands sent and not answered, since when, last reply */
     uint64_t                outstanding;
@@ -466,6 +468,7 @@ kvb_link_placed(kvb_link_t *l)
 static void
 kvb_on_slots(redisAsyncContext *ac, void *reply, void *data)
 {
+    int                  stay;
     size_t               i, n;
     const char          *here;
     kvb_link_t          *l = data;
@@ -480,7 +483,11 @@ kvb_on_slots(redisAsyncContext *ac, void *reply, void *data)
     r = l->r;
     n = KVB_REDIS_NODES - 1;
 
-    if (kva_cluster_owner(rep, r->slot, &owner, nodes, &n)
+    /* this connection's node ("" in the reply) */
+    here = ac->c.tcp.host ? ac->c.tcp.host : l->host;
+
+    if (kva_cluster_place(rep, r->slot, here, (unsigned) ac->c.tcp.port,
+                          &owner, &stay, nodes, &n)
         != KVA_CLUSTER_OK)
     {
         kvb_log(KVB_LOG_ERR, "redis %s:%d (%s): CLUSTER SLOTS names no "
@@ -491,27 +498,14 @@ kvb_on_slots(redisAsyncContext *ac, void *reply, void *data)
         return;
     }
 
-    /* this connection's node ("" in the reply) */
-    here = ac->c.tcp.host ? ac->c.tcp.host : l->host;
-
     for (i = 0; i < n; i++) {
         r->nodes[i + 1] = nodes[i];
-
-        if (nodes[i].host[0] == '\0') {
-            snprintf(r->nodes[i + 1].host, KVA_CLUSTER_HOST_LEN, "%s", here);
-        }
     }
 
     r->nnodes = n + 1;
     r->next %= r->nnodes;
 
-    if (owner.host[0] == '\0') {
-        snprintf(owner.host, sizeof(owner.host), "%s", here);
-    }
-
-    if (owner.port == (unsigned) ac->c.tcp.port
-        && strcmp(owner.host, here) == 0)
-    {
+    if (stay) {
         kvb_link_placed(l);
         return;
     }
@@ -549,11 +543,23 @@ kvb_link_down(kvb_link_t *l, const char *why, uint64_t now_ms)
     kvb_redis_t  *r = l->r;
 
     if (l->moving) {
-        /* to the slot's master, or back to ask: at once, no failure */
+        /*
+         * To the slot's master, or back to ask: at once, no failure; but
+         * nodes that disagree on the owner (each names the other, a MOVED
+         * from a stale view) would have the link bounce between them:
+         * past a few moves with no subscription nor publish in between,
+         * it waits as after failures.
+         */
         l->moving = 0;
+        l->moves++;
         kvb_link_free(l);
-        l->backoff = 0;
-        l->deadline = now_ms;
+        l->backoff = (l->moves <= KVB_REDIS_MOVES_FREE)
+                     ? 0 : KVB_REDIS_BACKOFF_MIN
+                           << (l->moves - KVB_REDIS_MOVES_FREE < 8
+                               ? l->moves - KVB_REDIS_MOVES_FREE - 1 : 7);
+        l->backoff = (l->backoff > KVB_REDIS_BACKOFF_MAX)
+                     ? KVB_REDIS_BACKOFF_MAX : l->backoff;
+        l->deadline = now_ms + l->backoff;
         return;
     }
 
@@ -863,7 +869,11 @@ kvb_on_published(redisAsyncContext *ac, void *reply, void *data)
                         "redis %s:%d: PUBLISH on %s refused: %s",
                         r->pub.host, r->pub.port, r->conf.channel,
                         rep->str);
+        return;
     }
+
+    /* the publisher is where the slot is */
+    l->moves = 0;
 }
 
 
@@ -925,6 +935,7 @@ kvb_on_message(redisAsyncContext *ac, void *reply, void *data)
             return;
         }
 
+        l->moves = 0;
         kvb_link_up(l, kvb_now_ms());
         kvb_log(KVB_LOG_INFO, "redis %s:%d: answering resyncs on %s",
                 l->host, l->port, l->r->resync_channel);

@@ -29,6 +29,17 @@
 #define KVS_NODES           16          /* cluster nodes to try */
 
 
+/*
+ * Where one of the two connections goes: the seed, or the slot's master.
+ * Each its own: one may be moving while the other is placed or lost.
+ */
+typedef struct {
+    char                host[KVA_CLUSTER_HOST_LEN];
+    unsigned            port;
+    unsigned            moving:1;       /* to host: not a failure */
+} kvs_place_t;
+
+
 struct kvs_events_s {
     kvs_sim_t          *sim;
     redisAsyncContext  *pub;
@@ -39,12 +50,9 @@ struct kvs_events_s {
     unsigned            closing:1;
     unsigned            warned:1;
     unsigned            placed:1;       /* pub on the slot's master */
-    unsigned            moving:1;       /* to host: not a failure */
     char                resync[256];
 
-    /* where the connections go: the seed, or the slot's master */
-    char                host[KVA_CLUSTER_HOST_LEN];
-    unsigned            port;
+    kvs_place_t         at[2];          /* [0]: pub, [1]: sub */
     unsigned            slot;
     kva_cluster_node_t  nodes[KVS_NODES];   /* [0]: the seed */
     size_t              nnodes;
@@ -65,7 +73,10 @@ static void kvs_connect(kvs_events_t *ev);
 static redisAsyncContext *kvs_open(kvs_events_t *ev, int sub);
 static void kvs_on_connect(const redisAsyncContext *ac, int status);
 static void kvs_on_disconnect(const redisAsyncContext *ac, int status);
+static kvs_place_t *kvs_place(kvs_events_t *ev,
+    const redisAsyncContext *ac);
 static void kvs_forget(const redisAsyncContext *ac, const char *what);
+static void kvs_lost(kvs_events_t *ev, kvs_place_t *at, const char *what);
 static void kvs_on_publish(redisAsyncContext *ac, void *reply, void *arg);
 static void kvs_on_resync(redisAsyncContext *ac, void *reply, void *arg);
 static void kvs_on_slots(redisAsyncContext *ac, void *reply, void *arg);
@@ -89,10 +100,12 @@ kvs_events_create(kvs_sim_t *sim)
     ev->sim = sim;
     snprintf(ev->resync, sizeof(ev->resync), "%s:resync", sim->conf.channel);
 
-    snprintf(ev->host, sizeof(ev->host), "%s", sim->conf.redis_host);
-    ev->port = sim->conf.redis_port;
-    ev->nodes[0].port = ev->port;
-    snprintf(ev->nodes[0].host, sizeof(ev->nodes[0].host), "%s", ev->host);
+    snprintf(ev->nodes[0].host, sizeof(ev->nodes[0].host), "%s",
+             sim->conf.redis_host);
+    ev->nodes[0].port = sim->conf.redis_port;
+    ev->at[0].port = ev->nodes[0].port;
+    memcpy(ev->at[0].host, ev->nodes[0].host, sizeof(ev->at[0].host));
+    ev->at[1] = ev->at[0];
     ev->nnodes = 1;
     ev->slot = kva_cluster_slot((const unsigned char *) sim->conf.channel,
                                 strlen(sim->conf.channel));
@@ -357,9 +370,12 @@ static redisAsyncContext *
 kvs_open(kvs_events_t *ev, int sub)
 {
     redisAsyncContext  *ac;
+    kvs_place_t        *at;
+
+    at = &ev->at[sub ? 1 : 0];
 
     /* an IP address: hiredis does not resolve, the loop never blocks */
-    ac = redisAsyncConnect(ev->host, (int) ev->port);
+    ac = redisAsyncConnect(at->host, (int) at->port);
     if (ac == NULL) {
         return NULL;
     }
@@ -367,7 +383,7 @@ kvs_open(kvs_events_t *ev, int sub)
     ac->data = ev;
 
     if (ac->err || redisLibeventAttach(ac, ev->sim->base) != REDIS_OK) {
-        kvs_forget(ac, ac->errstr);
+        kvs_lost(ev, at, ac->errstr);
         redisAsyncFree(ac);
         return NULL;
     }
@@ -401,15 +417,18 @@ static void
 kvs_on_connect(const redisAsyncContext *ac, int status)
 {
     kvs_events_t  *ev = ac->data;
+    kvs_place_t   *at;
 
     if (status != REDIS_OK) {
         kvs_forget(ac, ac->errstr);
         return;
     }
 
-    if (ev->warned && !ev->sim->conf.quiet) {
-        fprintf(stderr, "kvsim: redis %s:%u: connected\n", ev->host,
-                ev->port);
+    at = kvs_place(ev, ac);
+
+    if (ev->warned && at != NULL && !ev->sim->conf.quiet) {
+        fprintf(stderr, "kvsim: redis %s:%u: connected\n", at->host,
+                at->port);
     }
 
     ev->warned = 0;
@@ -423,34 +442,63 @@ kvs_on_disconnect(const redisAsyncContext *ac, int status)
 }
 
 
+/* which of the two ac is; NULL: neither (any more) */
+static kvs_place_t *
+kvs_place(kvs_events_t *ev, const redisAsyncContext *ac)
+{
+    if (ev == NULL) {
+        return NULL;
+    }
+
+    if (ev->pub == ac) {
+        return &ev->at[0];
+    }
+
+    if (ev->sub == ac) {
+        return &ev->at[1];
+    }
+
+    return NULL;
+}
+
+
 /* hiredis frees ac after the callback; reconnect in a second */
 static void
 kvs_forget(const redisAsyncContext *ac, const char *what)
 {
     kvs_events_t  *ev = ac->data;
+    kvs_place_t   *at;
 
-    if (ev == NULL) {
+    at = kvs_place(ev, ac);
+
+    if (at == NULL) {
         return;
     }
 
     if (ev->pub == ac) {
         ev->pub = NULL;
         ev->placed = 0;
-    }
 
-    if (ev->sub == ac) {
+    } else {
         ev->sub = NULL;
     }
 
-    if (ev->moving) {
+    kvs_lost(ev, at, what);
+}
+
+
+static void
+kvs_lost(kvs_events_t *ev, kvs_place_t *at, const char *what)
+{
+    if (at->moving) {
         /* to the slot's master, or back to ask where the slot went */
-        ev->moving = 0;
+        at->moving = 0;
         return;
     }
 
     if (!ev->closing && !ev->warned && !ev->sim->conf.quiet) {
         fprintf(stderr, "kvsim: redis %s:%u: %s, retrying every second\n",
-                ev->host, ev->port, what);
+                at->host, at->port, what);
     }
 
     ev->warned = 1;
@@ -458,8 +506,8 @@ kvs_forget(const redisAsyncContext *ac, const char *what)
     if (ev->sim->conf.redis_cluster) {
         /* the node is gone: the seed and the others, in turn */
         ev->next = (ev->next + 1) % ev->nnodes;
-        snprintf(ev->host, sizeof(ev->host), "%s", ev->nodes[ev->next].host);
-        ev->port = ev->nodes[ev->next].port;
+        at->port = ev->nodes[ev->next].port;
+        memcpy(at->host, ev->nodes[ev->next].host, sizeof(at->host));
     }
 }
 
@@ -472,7 +520,10 @@ kvs_on_publish(redisAsyncContext *ac, void *reply, void *arg)
 
     ev->pending--;
 
-    if (r != NULL && r->type == REDIS_REPLY_ERROR) {
+    /* only a MOVED sends it elsewhere: NOPERM or OOM would follow */
+    if (r != NULL && r->type == REDIS_REPLY_ERROR
+        && strncmp(r->str, "MOVED ", 6) == 0)
+    {
         kvs_moved(ac, r->str);
     }
 }
@@ -482,47 +533,44 @@ kvs_on_publish(redisAsyncContext *ac, void *reply, void *arg)
 static void
 kvs_on_slots(redisAsyncContext *ac, void *reply, void *arg)
 {
+    int                  stay;
     size_t               i, n;
     const char          *here;
     redisReply          *r = reply;
     kvs_events_t        *ev = ac->data;
+    kvs_place_t         *at;
     kva_cluster_node_t   owner, nodes[KVS_NODES - 1];
 
-    if (r == NULL || ev == NULL) {
+    at = kvs_place(ev, ac);
+
+    if (r == NULL || at == NULL) {
         return;
     }
 
     n = KVS_NODES - 1;
 
-    if (kva_cluster_owner(r, ev->slot, &owner, nodes, &n) != KVA_CLUSTER_OK) {
+    /* this connection's node ("" in the reply) */
+    here = ac->c.tcp.host ? ac->c.tcp.host : at->host;
+
+    if (kva_cluster_place(r, ev->slot, here, (unsigned) ac->c.tcp.port,
+                          &owner, &stay, nodes, &n)
+        != KVA_CLUSTER_OK)
+    {
         redisAsyncDisconnect(ac);
         return;
     }
 
     for (i = 0; i < n; i++) {
         ev->nodes[i + 1] = nodes[i];
-        if (nodes[i].host[0] == '\0') {
-            snprintf(ev->nodes[i + 1].host, KVA_CLUSTER_HOST_LEN, "%s",
-                     ac->c.tcp.host ? ac->c.tcp.host : ev->host);
-        }
     }
 
     ev->nnodes = n + 1;
     ev->next %= ev->nnodes;
 
-    /* this connection's node: the other may have moved ev->host */
-    here = ac->c.tcp.host ? ac->c.tcp.host : "";
-
-    if (owner.host[0] == '\0') {
-        snprintf(owner.host, sizeof(owner.host), "%s", here);
-    }
-
-    if (owner.port != (unsigned) ac->c.tcp.port
-        || strcmp(owner.host, here) != 0)
-    {
-        snprintf(ev->host, sizeof(ev->host), "%s", owner.host);
-        ev->port = owner.port;
-        ev->moving = 1;
+    if (!stay) {
+        memcpy(at->host, owner.host, sizeof(at->host));
+        at->port = owner.port;
+        at->moving = 1;
         redisAsyncDisconnect(ac);
         return;
     }
@@ -544,17 +592,20 @@ static void
 kvs_moved(redisAsyncContext *ac, const char *why)
 {
     kvs_events_t  *ev = ac->data;
+    kvs_place_t   *at;
 
-    if (ev == NULL || ev->moving) {
+    at = kvs_place(ev, ac);
+
+    if (at == NULL || at->moving) {
         return;
     }
 
     if (!ev->sim->conf.quiet) {
         fprintf(stderr, "kvsim: redis %s:%u: %s: asking the cluster again\n",
-                ev->host, ev->port, why);
+                at->host, at->port, why);
     }
 
-    ev->moving = 1;
+    at->moving = 1;
     redisAsyncDisconnect(ac);
 }
 

@@ -10,6 +10,7 @@ package Test::KvAware::Cluster;
 #   $c->nodes, $c->cli($port, @cmd), $c->owner($from), $c->owner_now
 #   $c->spublish($channel, $msg), $c->kill_node($port)
 #   $s = $c->ssubscribe($port, $channel); $c->smessages($s, $t, $until)
+#   @ports = Test::KvAware::Cluster->start_bounce($launch, $name)
 
 use strict;
 use warnings;
@@ -20,6 +21,42 @@ use Time::HiRes qw(sleep time);
 
 use KvAware::Launch qw(wait_until);
 use Test::KvAware::Redis;
+
+# A fake pair of nodes, each answering every command with a CLUSTER SLOTS
+# that gives all slots to the other (nodes that disagree on the owner):
+# a client that follows them moves back and forth.  Its two ports.
+my $BOUNCE = <<'PERL';
+use IO::Socket::INET; use IO::Select;
+my ($sel, %to, %lis) = (IO::Select->new);
+for ([@ARGV], [reverse @ARGV]) {
+    my $l = IO::Socket::INET->new(LocalAddr => '127.0.0.1', Listen => 16,
+                                  LocalPort => $_->[0], ReuseAddr => 1)
+        or die "listen: $!";
+    ($to{fileno $l}, $lis{fileno $l}) = ($_->[1], 1);
+    $sel->add($l);
+}
+while (1) {
+    for my $s ($sel->can_read) {
+        if ($lis{fileno $s}) {
+            my $c = $s->accept or next;
+            $to{fileno $c} = $to{fileno $s};
+            $sel->add($c);
+            next;
+        }
+        if (!sysread($s, my $b, 4096)) { $sel->remove($s); close $s; next }
+        syswrite($s, "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n\$9\r\n"
+                     . "127.0.0.1\r\n:$to{fileno $s}\r\n");
+    }
+}
+PERL
+
+sub start_bounce {
+    my ($class, $launch, $name) = @_;
+    my @pair = KvAware::Launch::free_ports(2);
+    $launch->spawn($name, [$^X, '-e', $BOUNCE, @pair],
+                   ready => sub { KvAware::Launch::port_open($pair[1]) });
+    return @pair;
+}
 
 # undef, and a reason, when the cluster did not come up
 sub start {
