@@ -103,8 +103,8 @@ main(void)
 
             t0 = bench_now_ns();
 
-            kva_index_match_found(ix, prompts[c], BLOCKS, mask_set(0xf), &clk, depth,
-                                  found);
+            kva_index_match_found(ix, prompts[c], BLOCKS, mask_set(0xf),
+                                  &clk, depth, found);
             kva_index_add_found(ix, prompts[c], BLOCKS, c % 4,
                                 KVA_BIT_LEARNED, &clk, found);
 

@@ -688,10 +688,12 @@ main(void)
         clk.now += 10;
         chain(c, 200, 11);
         /* hints for c[100..] used for c[0..], across evictions */
-        kva_index_match_found(ix, c + 100, 100, mask_set(1 << 3), &clk, depth, found);
+        kva_index_match_found(ix, c + 100, 100, mask_set(1 << 3), &clk,
+                              depth, found);
         kva_index_add_found(ix, c + 100, 100, 3, KVA_BIT_LEARNED, &clk,
                             found);
-        kva_index_match_found(ix, c + 100, 100, mask_set(1 << 3), &clk, depth, found);
+        kva_index_match_found(ix, c + 100, 100, mask_set(1 << 3), &clk,
+                              depth, found);
         kva_index_add_found(ix, c, 100, 3, KVA_BIT_LEARNED, &clk, found);
         kva_index_add_found(ix, c + 100, 100, 3, KVA_BIT_LEARNED, &clk,
                             found);
@@ -739,7 +741,8 @@ main(void)
         uint32_t    from, calls;
 
         memcpy(copy, region, size);
-        from = kva_index_drop_range(copy, mask_set(1), KVA_BITS_ALL, 0, KVA_NIL);
+        from = kva_index_drop_range(copy, mask_set(1), KVA_BITS_ALL, 0,
+                                    KVA_NIL);
         ok(from == KVA_SCAN_RELEASES, "a chunk stops after %u frees (%u)",
            KVA_SCAN_RELEASES, from);
 
