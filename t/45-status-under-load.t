@@ -13,7 +13,7 @@ use Time::HiRes qw(time sleep);
 use Test::KvAware ();
 use Test::KvAware::Events qw(
     $LOCATIONS preflight block_hashes prompt chat addr upstream_conf status
-    wait_status publisher stored fill_index
+    wait_status publisher stored fill_index seen
 );
 
 preflight();
@@ -36,14 +36,20 @@ cmp_ok($st->{index}{used}, '>=', $cap * 0.95,
 
 my $P = prompt('status-load', 8);
 $pub->event($A[1], events => [stored(block_hashes($P))]);
+# nginx takes the event on its own time: on a loaded CI machine the first
+# request could otherwise be routed before it (CI failed here once)
+ok(wait_status($env, 10, sub { seen($_[0]) > seen($st) }),
+   'the prompt\'s blocks reached nginx');
 
 sub timed {
     my @t;
-    for (1 .. 40) {
+    for my $i (1 .. 40) {
         my $t0 = time;
         my $r = chat($env, $P);
         push @t, time - $t0;
-        return () unless "$r->{status} $r->{backend}" eq '200 b2';
+        next if "$r->{status} $r->{backend}" eq '200 b2';
+        diag("request $i: $r->{status} $r->{backend} $r->{reason}");
+        return ();
     }
     return sort { $a <=> $b } @t;
 }
