@@ -50,6 +50,7 @@ use File::Spec;
 use File::Temp ();
 use IO::Select;
 use IO::Socket::INET;
+use Fcntl qw(O_WRONLY O_CREAT O_EXCL);
 use POSIX qw(WNOHANG);
 use Scalar::Util qw(refaddr weaken);
 use Time::HiRes qw(time sleep);
@@ -409,7 +410,7 @@ sub spawn {
     my $ready = $o{ready} // sub { 1 };
     my $ok = wait_until($timeout, sub {
         return -1 if !alive($pid) || waitpid($pid, WNOHANG) == $pid;
-        return $ready->();
+        return $ready->($pid);
     });
     if (!$ok || $ok == -1) {
         $self->stop($name);
@@ -449,7 +450,8 @@ sub start_redis {
         [redis_binary(), '--bind', '127.0.0.1', '--port', $port,
          '--save', '', '--appendonly', 'no', '--daemonize', 'no',
          '--dir', $self->{prefix}, @extra],
-        ready => sub { redis_ping($port) }, what => "redis on port $port",
+        ready => sub { redis_ping($port, $_[0]) },
+        what => "redis on port $port",
         %o);
 }
 
@@ -483,15 +485,26 @@ sub start_kvbridge {
         what => 'kvbridge', timeout => 10, %o);
 }
 
+# PONG from a Redis on PORT; with OWNER, only if that Redis is the
+# process OWNER (its process_id in INFO): another test's Redis that took
+# the port first must not pass for ours (t/42 once talked to t/31's
+# Redis, and lost it when t/31 restarted its own)
 sub redis_ping {
-    my ($port) = @_;
+    my ($port, $owner) = @_;
     my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
                                   Proto => 'tcp', Timeout => 1) or return 0;
-    print {$s} "PING\r\n";
+    print {$s} $owner ? "INFO server\r\n" : "PING\r\n";
     my $sel = IO::Select->new($s);
-    my $line = '';
-    sysread($s, $line, 64) if $sel->can_read(1);
-    return $line =~ /^\+PONG/ ? 1 : 0;
+    my $text = '';
+    while (length $text < 65536 && $sel->can_read(1)) {
+        sysread($s, $text, 4096, length $text) or last;
+        last if !$owner || $text =~ /process_id:\d+\r\n/;
+    }
+    return $text =~ /^\+PONG/ ? 1 : 0 unless $owner;
+    my ($id) = $text =~ /process_id:(\d+)\r\n/ or return 0;
+    return 1 if $id == $owner;
+    my (undef, $ppid) = proc_stat($id);      # a wrapper we started
+    return defined $ppid && $ppid == $owner ? 1 : 0;
 }
 
 # Kills a process group we spawned (the process and its forked children):
@@ -561,12 +574,46 @@ sub run_cmd {
 # ---------------------------------------------------------------------------
 # ports, processes, files
 
-# $n distinct free 127.0.0.1 ports: bind port 0, all at once.
+# Ports drawn at random are reserved for the process that drew them
+# (a file per port, holding its pid) until it exits: tests run side by
+# side, and a test that stops its Redis to restart it on the same port
+# left that port free to be drawn by another test meanwhile; both then
+# spoke to whichever Redis bound it (t/42 lost its Redis when t/31
+# restarted its own).  A reservation of a process that is gone is taken
+# over.  kva-launch draws for the script that runs it (KVA_PORT_OWNER).
+our $PORT_OWNER = $ENV{KVA_PORT_OWNER} || $$;
+my $PORT_DIR = File::Spec->tmpdir . "/kv-aware-ports-$<";
+my @RESERVED;                   # files this process made, removed at END
+
+sub reserve_port {
+    my ($port) = @_;
+    make_path($PORT_DIR, { mode => 0700 }) unless -d $PORT_DIR;
+    my $file = "$PORT_DIR/$port";
+    for (1 .. 2) {
+        if (sysopen(my $fh, $file, O_WRONLY | O_CREAT | O_EXCL, 0600)) {
+            print {$fh} "$PORT_OWNER\n";
+            close $fh;
+            push @RESERVED, $file if $PORT_OWNER == $$;
+            return 1;
+        }
+        my $pid = read_pid($file);
+        return 0 if $pid && alive($pid);     # ours or another live test's
+        my $mtime = (stat $file)[9];
+        return 0 if !$pid && $mtime && $mtime > time - 10;  # being written
+        unlink $file;                        # its owner is gone
+    }
+    return 0;
+}
+
+END {
+    if ($PORT_OWNER == $$) { unlink $_ for @RESERVED }
+}
+
 # $n free 127.0.0.1 ports, drawn at random below the kernel's ephemeral
 # ports (those every outgoing connection takes its source port from: a
 # port the kernel handed out here and released could be a client's by
 # the time nginx binds it, and with tests side by side it was:
-# "bind() ... Address already in use" in t/46)
+# "bind() ... Address already in use" in t/46), and reserved (above)
 sub free_ports {
     my ($n) = @_;
     my $low = ephemeral_low($n);
@@ -578,6 +625,7 @@ sub free_ports {
         my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
                                       LocalPort => $port, Proto => 'tcp')
             or next;
+        reserve_port($port) or next;
         push @socks, $s;
     }
     croak "cannot find $n free ports" unless @socks == $n;
@@ -585,7 +633,7 @@ sub free_ports {
 }
 
 # The first of $n consecutive free 127.0.0.1 ports (kvsim listens on a run),
-# drawn below the kernel's ephemeral ports too.
+# drawn below the kernel's ephemeral ports too, and reserved
 sub free_run {
     my ($n) = @_;
     my $low = ephemeral_low($n);
@@ -597,6 +645,11 @@ sub free_run {
         } $base .. $base + $n - 1;
         next if grep { !defined } @socks;
         close $_ for @socks;
+        my @got = grep { reserve_port($_) } $base .. $base + $n - 1;
+        if (@got < $n) {
+            unlink "$PORT_DIR/$_" for @got;
+            next;
+        }
         return $base;
     }
     croak "no free run of $n ports";
