@@ -426,7 +426,9 @@ is($unexplained, 0, "no request lost ($killed 5xx of the killed "
                     . "engine's own requests)");
 is($sum{timeouts}, 0, 'no request timed out');
 is($sum{errors} - $sum{cut} - $sum{http_5xx}, 0,
-   'no request failed otherwise');
+   'no request failed otherwise')
+    or diag(grep { /request failed/ }
+            do { local @ARGV = "$logs/kvload.log"; <ARGV> });
 is($sum{dropped}, 0, 'the load generator never had to drop');
 
 $env->stop_nginx;
