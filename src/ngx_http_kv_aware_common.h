@@ -62,6 +62,16 @@ typedef struct ngx_http_kv_aware_load_s         ngx_http_kv_aware_load_t;
 typedef struct ngx_http_kv_aware_events_conf_s  ngx_http_kv_aware_events_conf_t;
 
 
+/*
+ * A Redis node by a numeric address (hiredis' getaddrinfo() does not
+ * block on it): the configuration's seeds and the cluster's nodes
+ */
+typedef struct {
+    u_char                          ip[NGX_SOCKADDR_STRLEN + 1];
+    ngx_uint_t                      port;
+} ngx_http_kv_aware_redis_addr_t;
+
+
 /* the key space of an upstream's blocks (keys=) */
 #define NGX_HTTP_KV_AWARE_KEYS_TEXT     0
 #define NGX_HTTP_KV_AWARE_KEYS_TOKENS   1

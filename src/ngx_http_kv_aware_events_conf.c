@@ -162,6 +162,18 @@ ngx_http_kv_aware_events_conf_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         return "needs redis=address[:port]";
     }
 
+    if (!ecf->link.cluster) {
+        if (ecf->link.nredis > 1) {
+            return "has redis= more than once: several seeds are for "
+                   "cluster=on";
+        }
+
+        ecf->link.nseeds = 1;
+
+    } else if (ecf->link.seeds_over) {
+        return "has more than 8 addresses in redis= (cluster seeds)";
+    }
+
     if (ecf->link.user.len && ecf->link.password.len == 0) {
         return "has user= without password=";
     }
@@ -273,9 +285,13 @@ ngx_http_kv_aware_events_redis(ngx_conf_t *cf, ngx_http_kv_aware_param_t *p,
 {
     ngx_http_kv_aware_events_conf_t *ecf = conf;
 
-    u_char     *last, *q;
-    size_t      len;
-    ngx_url_t   u;
+    u_char                          *last, *q;
+    size_t                           len;
+    ngx_url_t                        u;
+    ngx_uint_t                       i, k;
+    ngx_http_kv_aware_redis_addr_t  *seeds, *seed;
+
+    seeds = ecf->link.seeds;
 
     ngx_memzero(&u, sizeof(ngx_url_t));
 
@@ -299,11 +315,44 @@ ngx_http_kv_aware_events_redis(ngx_conf_t *cf, ngx_http_kv_aware_param_t *p,
         return (char *) q;
     }
 
-    len = ngx_sock_ntop(u.addrs[0].sockaddr, u.addrs[0].socklen,
-                        ecf->link.ip, NGX_SOCKADDR_STRLEN, 0);
-    ecf->link.ip[len] = '\0';
-    ecf->link.port = ngx_inet_get_port(u.addrs[0].sockaddr);
-    ecf->link.addr_text = u.addrs[0].name;
+    /*
+     * Every address is kept as a seed; without cluster=on only the first
+     * of a single redis= is used (a name such as localhost may have an
+     * IPv4 and an IPv6 address: that was always the first one).
+     */
+    ecf->link.nredis++;
+
+    for (i = 0; i < u.naddrs; i++) {
+        if (ecf->link.nseeds == NGX_HTTP_KV_AWARE_SEEDS) {
+            ecf->link.seeds_over = 1;
+            break;
+        }
+
+        seed = &seeds[ecf->link.nseeds];
+
+        len = ngx_sock_ntop(u.addrs[i].sockaddr, u.addrs[i].socklen,
+                            seed->ip, NGX_SOCKADDR_STRLEN, 0);
+        seed->ip[len] = '\0';
+        seed->port = ngx_inet_get_port(u.addrs[i].sockaddr);
+
+        for (k = 0; k < ecf->link.nseeds; k++) {
+            if (seeds[k].port == seed->port
+                && ngx_strcmp(seeds[k].ip, seed->ip) == 0)
+            {
+                break;
+            }
+        }
+
+        if (k == ecf->link.nseeds) {
+            ecf->link.nseeds++;
+        }
+    }
+
+    if (ecf->link.port == 0) {
+        ngx_memcpy(ecf->link.ip, seeds[0].ip, sizeof(ecf->link.ip));
+        ecf->link.port = seeds[0].port;
+        ecf->link.addr_text = u.addrs[0].name;
+    }
 
     return NGX_CONF_OK;
 }

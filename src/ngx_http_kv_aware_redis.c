@@ -89,11 +89,12 @@ ngx_http_kv_aware_redis_start(ngx_cycle_t *cycle,
     *p = '\0';
     rd->ping_channel.len = p - rd->ping_channel.data;
 
-    /* the seed: where the links start, and go back to after failures */
+    /* the seeds: where the links start, and go back to after failures */
     cl = &rd->cluster;
-    (void) ngx_cpystrn(cl->nodes[0].ip, conf->ip, sizeof(cl->nodes[0].ip));
-    cl->nodes[0].port = conf->port;
-    cl->nnodes = 1;
+    ngx_memcpy(cl->nodes, conf->seeds,
+               conf->nseeds * sizeof(ngx_http_kv_aware_redis_addr_t));
+    cl->nnodes = conf->nseeds;
+    cl->nseeds = conf->nseeds;
     cl->slot = conf->slot;
     cl->channel = &conf->channel;
     cl->ping = &rd->ping_channel;
@@ -509,6 +510,12 @@ ngx_http_kv_aware_link_lost(ngx_http_kv_aware_link_t *link, const char *why)
         if (link->subscriber) {
             rd->handlers.lost(rd->handlers.data);
         }
+
+    } else if (rd->conf->cluster) {
+        ngx_log_error(NGX_LOG_INFO, rd->log, 0,
+                      "kv_aware: redis cluster node %s:%ui: %s, the %s "
+                      "tries the next node", link->addr.ip, link->addr.port,
+                      why, link->subscriber ? "subscriber" : "publisher");
 
     } else {
         ngx_log_debug3(NGX_LOG_DEBUG_HTTP, rd->log, 0,

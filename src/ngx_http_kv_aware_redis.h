@@ -27,11 +27,22 @@ typedef enum {
 typedef struct ngx_http_kv_aware_redis_s  ngx_http_kv_aware_redis_t;
 
 
+/*
+ * cluster=on: the nodes redis= names (given more than once, or a name
+ * with several addresses), tried in turn until one answers CLUSTER SLOTS
+ */
+#define NGX_HTTP_KV_AWARE_SEEDS         8
+
+
 /* where to connect and what to subscribe to, from the configuration */
 typedef struct {
     ngx_str_t                       addr_text;    /* for messages */
     u_char                          ip[NGX_SOCKADDR_STRLEN + 1];
     ngx_uint_t                      port;
+    ngx_http_kv_aware_redis_addr_t  seeds[NGX_HTTP_KV_AWARE_SEEDS];
+    ngx_uint_t                      nseeds;       /* the first: ip, port */
+    ngx_uint_t                      nredis;       /* redis= given */
+    ngx_uint_t                      seeds_over;   /* past SEEDS */
     ngx_str_t                       channel;      /* NUL-terminated */
     ngx_flag_t                      pattern;
     ngx_flag_t                      cluster;      /* sharded, on a cluster */

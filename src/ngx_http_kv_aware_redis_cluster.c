@@ -266,7 +266,7 @@ ngx_http_kv_aware_cluster_lost(ngx_http_kv_aware_link_t *link)
         return;
     }
 
-    /* the node is gone or hung: the seed and the others, in turn */
+    /* the node is gone or hung: the seeds and the others, in turn */
     link->addr = cl->nodes[cl->next++ % cl->nnodes];
 }
 
@@ -311,7 +311,7 @@ ngx_http_kv_aware_cluster_addr(ngx_http_kv_aware_link_t *link,
 }
 
 
-/* the seed stays first; the others as the node named them */
+/* the seeds stay first; the others as the node named them */
 static void
 ngx_http_kv_aware_cluster_remember(ngx_http_kv_aware_link_t *link,
     kva_cluster_node_t *nodes, size_t n)
@@ -319,20 +319,27 @@ ngx_http_kv_aware_cluster_remember(ngx_http_kv_aware_link_t *link,
     ngx_http_kv_aware_cluster_t     *cl = link->cluster;
 
     size_t                           i;
-    ngx_uint_t                       k;
+    ngx_uint_t                       k, s;
     ngx_http_kv_aware_redis_addr_t   addr;
 
-    k = 1;
+    k = cl->nseeds;
 
     for (i = 0; i < n && k < NGX_HTTP_KV_AWARE_CLUSTER_NODES; i++) {
-        if (ngx_http_kv_aware_cluster_addr(link, &nodes[i], &addr) != NGX_OK
-            || (addr.port == cl->nodes[0].port
-                && ngx_strcmp(addr.ip, cl->nodes[0].ip) == 0))
-        {
+        if (ngx_http_kv_aware_cluster_addr(link, &nodes[i], &addr) != NGX_OK) {
             continue;
         }
 
-        cl->nodes[k++] = addr;
+        for (s = 0; s < cl->nseeds; s++) {
+            if (addr.port == cl->nodes[s].port
+                && ngx_strcmp(addr.ip, cl->nodes[s].ip) == 0)
+            {
+                break;
+            }
+        }
+
+        if (s == cl->nseeds) {
+            cl->nodes[k++] = addr;
+        }
     }
 
     cl->nnodes = k;

@@ -26,13 +26,6 @@
 #define NGX_HTTP_KV_AWARE_CLUSTER_NODES 16
 
 
-/* a numeric address: hiredis' getaddrinfo() does not block on it */
-typedef struct {
-    u_char                           ip[NGX_SOCKADDR_STRLEN + 1];
-    ngx_uint_t                       port;
-} ngx_http_kv_aware_redis_addr_t;
-
-
 /* cluster=on: what the link knows of the cluster, one per link pair */
 typedef struct {
     ngx_uint_t                       slot;      /* the channel's */
@@ -41,9 +34,10 @@ typedef struct {
     ngx_str_t                       *second;    /* len 0: none */
     ngx_log_t                       *log;
 
-    /* the seed, then the nodes the last CLUSTER SLOTS named */
+    /* the seeds, then the nodes the last CLUSTER SLOTS named */
     ngx_http_kv_aware_redis_addr_t   nodes[NGX_HTTP_KV_AWARE_CLUSTER_NODES];
     ngx_uint_t                       nnodes;
+    ngx_uint_t                       nseeds;
     ngx_uint_t                       next;      /* to try */
 } ngx_http_kv_aware_cluster_t;
 

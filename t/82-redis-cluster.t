@@ -17,8 +17,9 @@
 #   * share=on: a second nginx hears what the first routed, sharded;
 #   * an ACL user without SPUBLISH: the refusal logged now and then, the
 #     publisher kept where it is (not sent to ask the cluster again);
-#   * nginx -t refuses cluster=on without a hash tag, with pattern=on, and
-#     a resync_channel= in another slot.
+#   * seeds: redis= given twice, the first down: the second one is asked;
+#   * nginx -t refuses cluster=on without a hash tag, with pattern=on, a
+#     resync_channel= in another slot, and several redis= without it.
 #
 # A publisher in this test follows the slot as any cluster client does:
 # MOVED or a dead node, it asks the cluster who owns the slot now.
@@ -97,7 +98,9 @@ for ([ 'cluster=on', qr/needs a channel= with a hash tag/ ],
        qr/needs pattern=off with cluster=on/ ],
      [ "cluster=on channel=$CH resync_channel=other:resync",
        qr/resync_channel= in another cluster slot/ ],
-     [ "cluster=maybe channel=$CH", qr/cluster/ ]) {
+     [ "cluster=maybe channel=$CH", qr/cluster/ ],
+     [ "redis=127.0.0.1:1 channel=$CH",
+       qr/redis= more than once: several seeds are for cluster=on/ ]) {
     my ($events, $re) = @$_;
     $env->conf(http_config => upstream($events), config => $LOCATIONS);
     my ($ok, $err) = $env->test_config;
@@ -144,6 +147,22 @@ ok($moves >= 4 && $moves <= 25,
    "nodes that disagree on the owner: the moves back off ($moves in 3 s)");
 $env->stop_nginx;
 $env->launch->stop('bounce');
+
+# --- seeds: the first one down, the next one answers -------------------------
+
+my ($dead) = KvAware::Launch::free_ports(1);
+$env->conf(http_config => upstream("cluster=on channel=$CH",
+                                   "$dead redis=127.0.0.1:$seed"),
+           config => $LOCATIONS);
+my $offset_s = $env->error_log_offset;
+$env->start_nginx or BAIL_OUT('nginx did not start: ' . $env->last_error);
+ok(wait_status($env, 10, sub { $_[0]{redis}{state} eq 'up' }),
+   'two seeds, the first down: subscribed through the second');
+like($env->error_log($offset_s),
+     qr/redis cluster node 127\.0\.0\.1:$dead: .*tries the next node/,
+     'the seed that is down was tried and logged')
+    or diag($env->error_log($offset_s));
+$env->stop_nginx;
 
 # --- subscribed on the slot's master, through the seed -----------------------
 
