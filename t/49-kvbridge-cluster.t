@@ -5,7 +5,9 @@
 # A prompt an engine computed for a client of its own draws nginx to it,
 # before and after a CLUSTER FAILOVER of the slot's master: the bridge
 # and nginx follow the slot, nginx asks a resync, the bridge's mirror
-# answers it.  kvbridge refuses a channel without a hash tag; between two
+# answers it.  The bridge's first seed is down: it goes on to the second.
+# kvbridge refuses a channel without a hash tag, and --redis twice
+# without --redis-cluster; between two
 # nodes that each name the other the owner, it backs off.
 
 use strict;
@@ -51,12 +53,25 @@ isnt($rc, 0, 'kvbridge --redis-cluster refuses the default channel');
 like($out, qr/--redis-cluster needs a --channel with a hash tag/,
      'and says why');
 
+($rc, $out) = $l->run_cmd([KvAware::Launch::kvbridge_binary(),
+    '--redis', "127.0.0.1:$seed", '--redis', "127.0.0.1:$seed",
+    '--channel', $CH, @engines]);
+isnt($rc, 0, 'kvbridge refuses --redis twice without --redis-cluster');
+like($out, qr/several seeds are for --redis-cluster/, 'and says why');
+
+# the first seed a port nobody listens on: the second one is asked
+my ($dead) = KvAware::Launch::free_ports(1);
+
 $l->start_kvsim($base, $SERVERS, qw(--time-scale 50 --quiet --redis off
                 --keyspace tokens --events zmq --model kvsim),
                 '--zmq-port', $zmq);
-ok($l->start_kvbridge('--redis', "127.0.0.1:$seed", '--redis-cluster',
+ok($l->start_kvbridge('--redis', "127.0.0.1:$dead",
+                      '--redis', "127.0.0.1:$seed", '--redis-cluster',
                       '--channel', $CH, '--heartbeat', 200, @engines),
-   'kvbridge publishing and answering resyncs, through the seed');
+   'kvbridge publishing and answering resyncs, through the second seed');
+like(KvAware::Launch::slurp($env->prefix . '/logs/kvbridge.log') // '',
+     qr/redis 127\.0\.0\.1:$dead \(\w+\) down/,
+     'the seed that is down was tried and logged');
 like(KvAware::Launch::slurp($env->prefix . '/logs/kvbridge.log') // '',
      qr/slot \d+ of \Q$CH\E is on 127\.0\.0\.1:$own->{port}, moving there/,
      'kvbridge moved to the slot\'s master');

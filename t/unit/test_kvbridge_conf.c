@@ -515,6 +515,36 @@ test_topics(void)
 }
 
 
+/* --redis more than once: a cluster's seeds, refused without it */
+static void
+test_seeds(void)
+{
+    kvb_conf_t   c;
+
+    const char  *one[] = { "kvbridge", "--engine",
+        "10.0.0.1:8000 model=m events=tcp://10.0.0.1:5557",
+        "--redis", "10.0.0.5:7000", NULL };
+    const char  *two[] = { "kvbridge", "--engine",
+        "10.0.0.1:8000 model=m events=tcp://10.0.0.1:5557",
+        "--redis", "10.0.0.5:7000", "--redis", "10.0.0.6:7001", NULL };
+    const char  *cluster[] = { "kvbridge", "--engine",
+        "10.0.0.1:8000 model=m events=tcp://10.0.0.1:5557",
+        "--redis-cluster", "--channel", "{k}:e",
+        "--redis", "10.0.0.5:7000", "--redis", "10.0.0.6:7001", NULL };
+
+    ok(conf(&c, one) == 0 && c.nredis == 1
+       && streq(c.redis_host, "10.0.0.5") && c.redis_port == 7000,
+       "one --redis replaces the default (%s)", err);
+    ok(conf(&c, two) != 0 && strstr(err, "several seeds") != NULL,
+       "--redis twice without --redis-cluster: refused (%s)", err);
+    ok(conf(&c, cluster) == 0 && c.nredis == 2
+       && streq(c.redis_host, "10.0.0.5") && c.redis_port == 7000
+       && streq(c.redis_hosts[1], "10.0.0.6") && c.redis_ports[1] == 7001,
+       "with --redis-cluster: two seeds, the first as host:port (%s)",
+       err);
+}
+
+
 int
 main(void)
 {
@@ -525,6 +555,7 @@ main(void)
     test_mistakes();
     test_endpoint();
     test_decode_rank();
+    test_seeds();
 
     return done_testing();
 }

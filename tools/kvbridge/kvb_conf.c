@@ -57,7 +57,8 @@ static const kvb_arg_t  kvb_args[] = {
     { "config", KVB_ARG_CONFIG, 0, 0, 0,
       "FILE", "read these directives from FILE, one a line" },
     { "redis", KVB_ARG_REDIS, 0, 0, 0,
-      "HOST:PORT", "Redis to publish on (127.0.0.1:6379)" },
+      "HOST:PORT", "Redis to publish on (127.0.0.1:6379); with "
+      "--redis-cluster, up to 8 times: seeds tried in turn" },
     { "redis-cluster", KVB_ARG_FLAG, F(redis_cluster), 0, 0,
       "", "--redis is a node of a Redis 7 Cluster: SPUBLISH on the "
       "master of the channel's slot (the channel needs a hash tag)" },
@@ -324,6 +325,12 @@ kvb_conf_check(kvb_conf_t *c, char *err, size_t errlen)
         return -1;
     }
 
+    if (c->nredis > 1 && !c->redis_cluster) {
+        snprintf(err, errlen, "--redis more than once: several seeds are "
+                 "for --redis-cluster");
+        return -1;
+    }
+
     for (i = 0; i < c->nengines; i++) {
         s = &c->engines[i];
 
@@ -525,8 +532,20 @@ kvb_arg_set(kvb_conf_t *c, const kvb_arg_t *a, const char *v, char *err,
             return -1;
         }
 
-        c->redis_host = host;
-        c->redis_port = (int) n;
+        if (c->nredis == KVB_REDIS_SEEDS) {
+            free(host);
+            snprintf(err, errlen, "--redis: at most %d seeds",
+                     KVB_REDIS_SEEDS);
+            return -1;
+        }
+
+        if (c->nredis == 0) {
+            c->redis_host = host;
+            c->redis_port = (int) n;
+        }
+
+        c->redis_hosts[c->nredis] = host;
+        c->redis_ports[c->nredis++] = (int) n;
         return 0;
 
     case KVB_ARG_ENGINE:

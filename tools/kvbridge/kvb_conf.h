@@ -34,9 +34,16 @@ typedef struct {
 } kvb_engine_spec_t;
 
 
+/* --redis more than once: a Redis Cluster's seeds, tried in turn */
+#define KVB_REDIS_SEEDS         8
+
+
 typedef struct {
-    char                   *redis_host;
+    char                   *redis_host;     /* the first seed */
     int                     redis_port;
+    const char             *redis_hosts[KVB_REDIS_SEEDS];
+    int                     redis_ports[KVB_REDIS_SEEDS];
+    size_t                  nredis;         /* --redis given */
     const char             *redis_user;
     const char             *redis_password;
     const char             *channel;

@@ -197,6 +197,9 @@ main(int argc, char **argv)
     rconf.max_pending_bytes = kvb_conf.redis_max_pending;
     rconf.timeout_ms = kvb_conf.redis_timeout_ms;
     rconf.cluster = kvb_conf.redis_cluster;
+    rconf.seed_hosts = kvb_conf.redis_hosts;
+    rconf.seed_ports = kvb_conf.redis_ports;
+    rconf.nseeds = kvb_conf.nredis;
     rh.resync = kvb_on_resync;
     rh.data = NULL;
 

@@ -85,10 +85,11 @@ struct kvb_redis_s {
     unsigned                ping_ms;
     unsigned                trim:1;     /* held a lot since the last trim */
 
-    /* conf.cluster: the channel's slot; the seed, then the nodes named */
+    /* conf.cluster: the channel's slot; the seeds, then the nodes named */
     unsigned                slot;
     kva_cluster_node_t      nodes[KVB_REDIS_NODES];
     size_t                  nnodes;
+    size_t                  nseeds;     /* first in nodes, always kept */
     size_t                  next;
     kvb_redis_stats_t       st;
     kvb_log_limit_t         drop_log;
@@ -126,7 +127,7 @@ static void kvb_cleanup(void *data);
 kvb_redis_t *
 kvb_redis_create(const kvb_redis_conf_t *conf, const kvb_redis_handler_t *h)
 {
-    size_t        n;
+    size_t        i, n;
     kvb_redis_t  *r;
 
     r = calloc(1, sizeof(kvb_redis_t));
@@ -164,6 +165,18 @@ kvb_redis_create(const kvb_redis_conf_t *conf, const kvb_redis_handler_t *h)
     snprintf(r->nodes[0].host, sizeof(r->nodes[0].host), "%s", conf->host);
     r->nodes[0].port = (unsigned) conf->port;
     r->nnodes = 1;
+
+    /* the other seeds (the first is host:port), before any node named */
+    for (i = 1; conf->cluster && i < conf->nseeds && i < KVB_REDIS_NODES;
+         i++)
+    {
+        snprintf(r->nodes[i].host, sizeof(r->nodes[i].host), "%s",
+                 conf->seed_hosts[i]);
+        r->nodes[i].port = (unsigned) conf->seed_ports[i];
+        r->nnodes++;
+    }
+
+    r->nseeds = r->nnodes;
     r->slot = kva_cluster_slot((const unsigned char *) conf->channel, n);
     snprintf(r->pub.host, sizeof(r->pub.host), "%s", conf->host);
     snprintf(r->sub.host, sizeof(r->sub.host), "%s", conf->host);
@@ -469,7 +482,7 @@ static void
 kvb_on_slots(redisAsyncContext *ac, void *reply, void *data)
 {
     int                  stay;
-    size_t               i, n;
+    size_t               i, k, n;
     const char          *here;
     kvb_link_t          *l = data;
     kvb_redis_t         *r;
@@ -498,11 +511,22 @@ kvb_on_slots(redisAsyncContext *ac, void *reply, void *data)
         return;
     }
 
-    for (i = 0; i < n; i++) {
-        r->nodes[i + 1] = nodes[i];
+    r->nnodes = r->nseeds;
+
+    for (i = 0; i < n && r->nnodes < KVB_REDIS_NODES; i++) {
+        for (k = 0; k < r->nseeds; k++) {
+            if (r->nodes[k].port == nodes[i].port
+                && strcmp(r->nodes[k].host, nodes[i].host) == 0)
+            {
+                break;
+            }
+        }
+
+        if (k == r->nseeds) {
+            r->nodes[r->nnodes++] = nodes[i];
+        }
     }
 
-    r->nnodes = n + 1;
     r->next %= r->nnodes;
 
     if (stay) {
@@ -569,7 +593,7 @@ kvb_link_down(kvb_link_t *l, const char *why, uint64_t now_ms)
     }
 
     if (r->conf.cluster) {
-        /* the node is gone or hung: the seed and the others, in turn */
+        /* the node is gone or hung: the seeds and the others, in turn */
         r->next = (r->next + 1) % r->nnodes;
         snprintf(l->host, sizeof(l->host), "%s", r->nodes[r->next].host);
         l->port = (int) r->nodes[r->next].port;

@@ -54,6 +54,9 @@ typedef struct {
     size_t                  max_pending_bytes;  /* sent, not answered */
     unsigned                timeout_ms;         /* 0: 5000 */
     int                     cluster;    /* host:port a Redis Cluster seed */
+    const char *const      *seed_hosts; /* cluster: more seeds after it */
+    const int              *seed_ports;
+    size_t                  nseeds;     /* in seed_hosts, host:port first */
 } kvb_redis_conf_t;
 
 
