@@ -7,8 +7,8 @@
 # and nginx follow the slot, nginx asks a resync, the bridge's mirror
 # answers it.  The bridge's first seed is down: it goes on to the second.
 # kvbridge refuses a channel without a hash tag, and --redis twice
-# without --redis-cluster; between two
-# nodes that each name the other the owner, it backs off.
+# without --redis-cluster; between two nodes that each name the other
+# the owner, it backs off.
 
 use strict;
 use warnings;
