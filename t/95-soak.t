@@ -41,7 +41,11 @@ plan skip_all => "$KVSIM and $KVLOAD not built (make tools)"
 
 my $base = free_run(4);
 my @names = map { "127.0.0.1:$_" } $base .. $base + 3;
-my $env = Test::KvAware->new(backends => 0, redis => 1, workers => 2);
+# info, not the harness's debug: at debug the worker wrote some 40,000
+# lines a second (2.4M in a minute), which on a loaded machine slowed it
+# until kvload's requests piled up past its 1,024 connections
+my $env = Test::KvAware->new(backends => 0, redis => 1, workers => 2,
+                             log_level => 'info');
 my $logs = $env->prefix . '/logs';
 my $kids = Test::KvAware::Children->new($logs);
 

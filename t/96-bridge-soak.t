@@ -65,7 +65,11 @@ my @names = map { "127.0.0.1:$_" } $base .. $base + 2;
 my $fake = '127.0.0.1:' . free_run(1);  # F's name: no server of nginx's
 my $collect = $zmq + 8;
 
-my $env = Test::KvAware->new(backends => 0, redis => 1, workers => 2);
+# info, not the harness's debug: at debug the worker wrote some 40,000
+# lines a second (2.4M in a minute), which on a loaded machine slowed it
+# until kvload's requests piled up past its 1,024 connections
+my $env = Test::KvAware->new(backends => 0, redis => 1, workers => 2,
+                             log_level => 'info');
 my $logs = $env->prefix . '/logs';
 my $kids = Test::KvAware::Children->new($logs);
 
@@ -217,7 +221,7 @@ my $servers = join '', map { "        server $_ max_fails=1 fail_timeout=2s;\n" 
 
 $env->conf(http_config => <<"EOF", config => <<'EOF');
     client_body_buffer_size 1m;
-    log_format soak '\$msec \$status "\$upstream_addr"';
+    log_format soak '\$msec \$status "\$upstream_addr" \$request_time \$upstream_connect_time \$upstream_header_time';
     upstream llm {
         kv_aware keys=tokens block_tokens=$BT;
         kv_aware_events redis=127.0.0.1:\$TEST_NGINX_REDIS_PORT heartbeat=3s;
