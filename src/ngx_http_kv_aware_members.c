@@ -124,6 +124,10 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
             }
         }
 
+        if (!kva_slotset_empty(&freed)) {
+            ngx_http_kv_aware_zone_names_rebuild(sh);
+        }
+
         /* newcomers: slots free before this round first */
         missing = ngx_http_kv_aware_members_place(kcf, m, n, &freed);
 
@@ -288,6 +292,7 @@ ngx_http_kv_aware_members_place(ngx_http_kv_aware_srv_conf_t *kcf,
             ngx_memcpy(sl->name, m[i / dp].name, m[i / dp].len);
             sl->name_len = m[i / dp].len;
             sl->rank = i % dp;
+            ngx_http_kv_aware_zone_name_add(sh, s);
         }
 
         kcf->slot_of[i] = (uint16_t) s;
