@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Precise mode (kv_aware_events) through a real nginx and a real Redis.
 #
-#   bash bench/bench_events.sh [--quick]
+#   bash bench/bench_events.sh [--quick] [--ranks R]
 #
 # One nginx, ONE worker (it holds the subscription and routes every request,
 # so whatever events cost shows in routing: the worst case), three trivial
@@ -30,6 +30,12 @@
 #       (b) on kv_aware:events; interleaved a, b, a, b, a, b.  Goal: median
 #       latency of (b) within 10% of (a).
 #
+# --ranks R: the three servers are data_parallel=R (R=341: 1,023 ranks,
+# the most three servers have under the limit of 1,024), every rank made
+# fresh by a heartbeat first, and (1) only: its messages go to S2's
+# ranks in turn, each found by (server, rank) in the zone's name table;
+# the sentinel to S1's rank 0.
+#
 # Bench-only settings: max_rate=1000000 (the default 20000 messages/s would
 # cut (1) short), server_bytes=512m server_hashes=100000000 (one server
 # publishes (1) at about 1.9 million hashes/s, 36 MB/s: twice the default
@@ -41,7 +47,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 quick=0
-[ "${1:-}" = "--quick" ] && quick=1
+ranks=0
+while [ $# -gt 0 ]; do
+    case $1 in
+        --quick) quick=1 ;;
+        --ranks) ranks=$2; shift ;;
+        *) echo "usage: $0 [--quick] [--ranks R]" >&2; exit 1 ;;
+    esac
+    shift
+done
+dp=""
+[ "$ranks" -gt 0 ] && dp="data_parallel=$ranks"
 
 N=$(( quick ? 4000 : 20000 ))     # (1) messages of 64 hashes
 K=$(( quick ? 100 : 300 ))        # (2) probes
@@ -49,7 +65,7 @@ RUN=$(( quick ? 2 : 5 ))          # (3) seconds per wrk run
 RATE=10000                        # (2)(3) event messages/s
 EVH=8                             # (2)(3) hashes per message
 
-module=$root/build/ngx_http_kv_aware_module.so
+module=${KV_AWARE_MODULE:-$root/build/ngx_http_kv_aware_module.so}
 prefix=$root/build/bench-events
 ev="perl $root/bench/events/evbench.pl"
 
@@ -90,7 +106,7 @@ KV_AWARE_MODULE=$module "$launch" conf "$prefix" --log-level notice \
     client_body_buffer_size 64k;
 
     upstream llm {
-        kv_aware index_size=256m;
+        kv_aware index_size=256m $dp;
         kv_aware_events redis=127.0.0.1:$rport heartbeat=3600s
                         speculative_ttl=10ms max_rate=1000000
                         server_bytes=512m server_hashes=100000000;
@@ -140,6 +156,18 @@ jget() { perl -MJSON::PP -e '
 
 # every server fresh (a heartbeat each), so that routing trusts only
 # events: b1 and b3 at seq 1, b2 at seq 0 (its seq 1.. are (1)'s messages)
+if [ "$ranks" -gt 0 ]; then
+    # every rank at seq 0; the sentinel is then S1 rank 0's seq 1
+    $ev gen-fresh --out "$prefix/fresh.resp" --server "$S1,$S2,$S3" \
+        --ranks "$ranks"
+    redis-cli -p "$rport" --pipe < "$prefix/fresh.resp" > /dev/null
+    for _ in $(seq 100); do
+        [ "$(status | jget events.messages)" = $(( 3 * ranks )) ] && break
+        sleep 0.1
+    done
+    [ "$(status | jget events.messages)" = $(( 3 * ranks )) ] ||
+        { echo "not every rank took its heartbeat" >&2; exit 1; }
+else
 for m in "$S1\",\"seq\":1" "$S2\",\"seq\":0" "$S3\",\"seq\":1"; do
     rcli publish kv_aware:events "{\"v\":1,\"server\":\"$m}" >/dev/null
 done
@@ -147,6 +175,7 @@ for _ in $(seq 50); do
     [ "$(status | jget servers.1.state)" = fresh ] && break
     sleep 0.1
 done
+fi
 
 # =========================================================================
 echo "== (1) ingest: $N messages x 64 hashes, redis-cli --pipe" >&2
@@ -157,7 +186,8 @@ perl -e 'my $t = ""; my $i = 0;
     > "$prefix/probe.json"
 sentinel=$("$prefix/kva_hashes" 256 < "$prefix/probe.json" | paste -sd,)
 $ev gen-ingest --out "$prefix/ingest.resp" --messages "$N" --hashes 64 \
-    --server "$S2" --sentinel-server "$S1" --sentinel "$sentinel"
+    --server "$S2" --sentinel-server "$S1" --sentinel "$sentinel" \
+    ${dp:+--ranks "$ranks"}
 
 before=$(status | jget events.hashes)
 [ "$before" = 0 ] || { echo "unexpected: $before hashes before (1)" >&2; exit 1; }
@@ -186,6 +216,13 @@ pipe_rate=$(perl -e 'printf "%.0f", $ARGV[0] * 64 / ($ARGV[2] - $ARGV[1])' \
             "$N" "$t0" "$t_pipe")
 printf '   %s hashes applied (status agrees), %s hashes/s; redis-cli alone wrote %s hashes/s\n' \
        "$applied" "$ingest" "$pipe_rate" >&2
+
+if [ "$ranks" -gt 0 ]; then
+    printf '   %s ranks in the upstream, messages to %s of them; load before: %s, after: %s\n' \
+           $(( 3 * ranks )) "$ranks" "$load0" \
+           "$(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    exit 0
+fi
 
 # =========================================================================
 pct() {    # pct P < numbers  (nearest rank)

@@ -302,7 +302,7 @@ ngx_http_kv_aware_plan(ngx_http_request_t *r,
     time_t                          now;
     ngx_uint_t                      n, best;
     ngx_http_kv_aware_ctx_t        *ctx;
-    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
+    ngx_http_kv_aware_pick_t       *picks;
     ngx_http_upstream_rr_peers_t   *peers;
     ngx_http_kv_aware_srv_conf_t   *kcf;
     ngx_http_kv_aware_peer_data_t  *kp;
@@ -331,6 +331,7 @@ ngx_http_kv_aware_plan(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
+    picks = kcf->scratch->picks;
     n = ngx_http_kv_aware_ranking_candidates(kcf, peers, 0, kp->rrp.tried,
                                              picks, now);
 
@@ -360,7 +361,7 @@ ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc, void *data)
     ngx_uint_t                      i, n, base, best;
     ngx_http_upstream_rr_peer_t    *peer;
     ngx_http_upstream_rr_peers_t   *peers;
-    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
+    ngx_http_kv_aware_pick_t       *picks;
     ngx_http_upstream_rr_peer_data_t  *rrp;
 
     rrp = &kp->rrp;
@@ -394,8 +395,8 @@ ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc, void *data)
 
     /*
      * The lists changed again since the map was made, or hold more than
-     * KVA_MAX_SLOTS servers (ranks): round-robin's own choice for this
-     * try.
+     * KVA_MAX_SLOTS servers (ranks), or the worker has no scratch arrays
+     * (members_current() says): round-robin's own choice for this try.
      */
     if (!ngx_http_kv_aware_members_current(kp->kcf, peers)
         || base + peers->number > kp->kcf->npeers)
@@ -404,6 +405,7 @@ ngx_http_kv_aware_get_peer(ngx_peer_connection_t *pc, void *data)
         return ngx_http_kv_aware_round_robin(pc, kp);
     }
 
+    picks = kp->kcf->scratch->picks;
     n = ngx_http_kv_aware_ranking_candidates(kp->kcf, peers, base,
                                              rrp->tried, picks, now);
 
@@ -501,8 +503,8 @@ ngx_http_kv_aware_round_robin(ngx_peer_connection_t *pc,
         ngx_log_error(NGX_LOG_WARN, pc->log, 0,
                       "kv_aware: upstream \"%V\" has servers without a "
                       "slot (%d ranks in all; a server gone frees its "
-                      "slots once its requests finish), routing by "
-                      "round-robin", &kcf->upstream, KVA_MAX_SLOTS);
+                      "slots once its requests finish) or no scratch, "
+                      "routing by round-robin", &kcf->upstream, KVA_MAX_SLOTS);
     }
 
     return ngx_http_upstream_get_round_robin_peer(pc, &kp->rrp);
@@ -552,11 +554,12 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     uint32_t                       nblocks, matched;
     ngx_uint_t                     best, slot;
     kva_clock_t                    clk;
-    kva_candidate_t                cand[KVA_MAX_SLOTS];
+    kva_candidate_t               *cand;
     ngx_http_kv_aware_ctx_t       *ctx;
     ngx_http_kv_aware_srv_conf_t  *kcf;
 
     kcf = kp->kcf;
+    cand = kcf->scratch->cand;
     ctx = kp->ctx;
     nblocks = ctx->nblocks;
 

@@ -60,6 +60,7 @@ typedef enum {
 typedef struct ngx_http_kv_aware_shctx_s        ngx_http_kv_aware_shctx_t;
 typedef struct ngx_http_kv_aware_load_s         ngx_http_kv_aware_load_t;
 typedef struct ngx_http_kv_aware_events_conf_s  ngx_http_kv_aware_events_conf_t;
+typedef struct ngx_http_kv_aware_scratch_s      ngx_http_kv_aware_scratch_t;
 
 
 /*
@@ -124,7 +125,20 @@ typedef struct {
     unsigned                        map_whole:1;  /* every peer read has one */
     ngx_uint_t                      generation;   /* this cycle's, >= 1 */
     ngx_msec_t                      logged_peer;  /* peer beyond slot_of */
+
+    /* this worker's arrays for a choice (scratch.c); NULL: round-robin */
+    ngx_http_kv_aware_scratch_t    *scratch;
+    void                           *member_names;  /* members.c's */
 } ngx_http_kv_aware_srv_conf_t;
+
+
+/* a candidate: a server, or one data-parallel rank of it */
+typedef struct {
+    ngx_http_upstream_rr_peer_t       *peer;
+    ngx_uint_t                         number;  /* in its peer list */
+    ngx_uint_t                         slot;
+    ngx_uint_t                         rank;
+} ngx_http_kv_aware_pick_t;
 
 
 /* per request, shared by all tries and read by the variables */

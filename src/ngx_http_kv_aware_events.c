@@ -106,8 +106,10 @@ ngx_http_kv_aware_events_message(ngx_http_kv_aware_event_path_t *ep,
         return;
     }
 
+    ngx_shmtx_lock(&kcf->shpool->mutex);
     slot = ngx_http_kv_aware_zone_slot_by_name(kcf->sh, (u_char *) b.server,
                                           b.server_len, b.rank);
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
 
     if (slot == KVA_MAX_SLOTS) {
         ngx_http_kv_aware_reject(ep, NGX_HTTP_KV_AWARE_REJ_UNKNOWN_SERVER,

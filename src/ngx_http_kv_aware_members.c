@@ -39,14 +39,17 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
                                    mapped, missing;
     ngx_http_kv_aware_slot_t      *sl;
     ngx_http_kv_aware_shctx_t     *sh;
-    ngx_http_kv_aware_member_t     m[KVA_MAX_SLOTS];
+    ngx_http_kv_aware_member_t    *m;
     ngx_http_upstream_rr_peers_t  *primary;
 
     primary = kcf->uscf->peer.data;
 
-    if (primary->config == NULL) {
+    /* no scratch (scratch.c): no map, and round-robin routes */
+    if (primary->config == NULL || kcf->member_names == NULL) {
         return;
     }
+
+    m = kcf->member_names;
 
     sh = kcf->sh;
 
@@ -121,6 +124,10 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
             }
         }
 
+        if (!kva_slotset_empty(&freed)) {
+            ngx_http_kv_aware_zone_names_rebuild(sh);
+        }
+
         /* newcomers: slots free before this round first */
         missing = ngx_http_kv_aware_members_place(kcf, m, n, &freed);
 
@@ -181,10 +188,24 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
 }
 
 
+/* the bytes of the names members_sync() reads, for the scratch */
+size_t
+ngx_http_kv_aware_members_scratch_size(ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    return KVA_MAX_SLOTS / kcf->data_parallel
+           * sizeof(ngx_http_kv_aware_member_t);
+}
+
+
 ngx_uint_t
 ngx_http_kv_aware_members_current(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_upstream_rr_peers_t *peers)
 {
+    /* a worker without its scratch arrays has no usable map */
+    if (kcf->scratch == NULL) {
+        return 0;
+    }
+
     if (peers->config == NULL) {
         return 1;
     }
@@ -271,6 +292,7 @@ ngx_http_kv_aware_members_place(ngx_http_kv_aware_srv_conf_t *kcf,
             ngx_memcpy(sl->name, m[i / dp].name, m[i / dp].len);
             sl->name_len = m[i / dp].len;
             sl->rank = i % dp;
+            ngx_http_kv_aware_zone_name_add(sh, s);
         }
 
         kcf->slot_of[i] = (uint16_t) s;
@@ -307,11 +329,19 @@ ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf)
 }
 
 
+size_t
+ngx_http_kv_aware_members_scratch_size(ngx_http_kv_aware_srv_conf_t *kcf)
+{
+    return 0;
+}
+
+
 ngx_uint_t
 ngx_http_kv_aware_members_current(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_upstream_rr_peers_t *peers)
 {
-    return 1;
+    /* a worker without its scratch arrays has no usable map */
+    return kcf->scratch != NULL;
 }
 
 #endif

@@ -33,6 +33,10 @@
  */
 void ngx_http_kv_aware_members_sync(ngx_http_kv_aware_srv_conf_t *kcf);
 
+/* the bytes of members_sync()'s names, in the worker's scratch */
+size_t ngx_http_kv_aware_members_scratch_size(
+    ngx_http_kv_aware_srv_conf_t *kcf);
+
 /* whether the map is the one of the peer list as it is (lock held) */
 ngx_uint_t ngx_http_kv_aware_members_current(
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_upstream_rr_peers_t *peers);

@@ -14,11 +14,13 @@
 #include "ngx_http_kv_aware_tokenize.h"
 #include "ngx_http_kv_aware_session.h"
 #include "ngx_http_kv_aware_ttft.h"
+#include "ngx_http_kv_aware_scratch.h"
 
 
 static void *ngx_http_kv_aware_create_srv_conf(ngx_conf_t *cf);
 static ngx_int_t ngx_http_kv_aware_preconfiguration(ngx_conf_t *cf);
 static ngx_int_t ngx_http_kv_aware_postconfiguration(ngx_conf_t *cf);
+static ngx_int_t ngx_http_kv_aware_init_process(ngx_cycle_t *cycle);
 static char *ngx_http_kv_aware(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_kv_aware_conf_keys(ngx_conf_t *cf,
@@ -188,7 +190,7 @@ ngx_module_t  ngx_http_kv_aware_module = {
     NGX_HTTP_MODULE,                       /* module type */
     NULL,                                  /* init master */
     NULL,                                  /* init module */
-    ngx_http_kv_aware_subscription_init_process, /* init process */
+    ngx_http_kv_aware_init_process,        /* init process */
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */
     ngx_http_kv_aware_subscription_exit_process, /* exit process */
@@ -216,6 +218,7 @@ ngx_http_kv_aware_create_srv_conf(ngx_conf_t *cf)
      *     kcf->shm_zone = NULL;
      *     kcf->events = NULL;
      *     kcf->peer_names = NULL;
+     *     kcf->scratch = NULL;
      */
 
     if (ngx_http_kv_aware_conf_defaults(cf, &name, ngx_http_kv_aware_params,
@@ -335,6 +338,18 @@ ngx_http_kv_aware_conf_keys(ngx_conf_t *cf, ngx_http_kv_aware_param_t *p,
     return "text or tokens";
 }
 
+
+
+/* a worker's own: its scratch arrays first, then the subscriber */
+static ngx_int_t
+ngx_http_kv_aware_init_process(ngx_cycle_t *cycle)
+{
+    if (ngx_http_kv_aware_scratch_init_process(cycle) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_kv_aware_subscription_init_process(cycle);
+}
 
 
 static ngx_int_t

@@ -296,12 +296,11 @@ ngx_http_kv_aware_pd_estimate(ngx_http_request_t *r,
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_http_kv_aware_ctx_t *ctx,
     uint32_t *matched)
 {
-    double                          cost[KVA_MAX_SLOTS];
     ngx_uint_t                      n, best;
     kva_why_e                       why;
     kva_clock_t                     clk;
-    kva_candidate_t                 cand[KVA_MAX_SLOTS];
-    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
+    kva_candidate_t                *cand;
+    ngx_http_kv_aware_pick_t       *picks;
     ngx_http_upstream_rr_peers_t   *peers;
 
     /* counted once: the balancer finds the keys made */
@@ -322,6 +321,10 @@ ngx_http_kv_aware_pd_estimate(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
+    /* members_current() saw the scratch arrays */
+    picks = kcf->scratch->picks;
+    cand = kcf->scratch->cand;
+
     n = ngx_http_kv_aware_ranking_candidates(kcf, peers, 0, NULL, picks,
                                              ngx_time());
 
@@ -338,8 +341,8 @@ ngx_http_kv_aware_pd_estimate(ngx_http_request_t *r,
 
     ngx_http_upstream_rr_peers_unlock(peers);
 
-    best = kva_score_costs(&kcf->score, cand, n, ctx->nblocks, 0, cost,
-                           &why);
+    best = kva_score_costs(&kcf->score, cand, n, ctx->nblocks, 0,
+                           kcf->scratch->cost, &why);
     *matched = cand[best].matched;
 
     return NGX_OK;
@@ -360,9 +363,9 @@ ngx_http_kv_aware_pd_prefill(ngx_http_request_t *r,
     ngx_uint_t                      i, n, best, slot;
     kva_why_e                       why;
     kva_clock_t                     clk;
-    kva_candidate_t                 cand[KVA_MAX_SLOTS];
+    kva_candidate_t                *cand;
     ngx_pool_cleanup_t             *cln;
-    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
+    ngx_http_kv_aware_pick_t       *picks;
     ngx_http_upstream_rr_peers_t   *peers;
     ngx_http_kv_aware_srv_conf_t   *kcf;
 
@@ -393,6 +396,10 @@ ngx_http_kv_aware_pd_prefill(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
+    /* members_current() saw the scratch arrays */
+    picks = kcf->scratch->picks;
+    cand = kcf->scratch->cand;
+
     /* not down, failed (max_fails) or full (max_conns) */
     n = ngx_http_kv_aware_ranking_candidates(kcf, peers, 0, NULL, picks,
                                              ngx_time());
@@ -413,8 +420,8 @@ ngx_http_kv_aware_pd_prefill(ngx_http_request_t *r,
         cand[i].inflight_reqs = 0;
     }
 
-    best = kva_score_pick(&kcf->score, cand, n, ctx->nblocks,
-                          (uint32_t) ngx_random(), &why);
+    best = kva_score_costs(&kcf->score, cand, n, ctx->nblocks,
+                           (uint32_t) ngx_random(), kcf->scratch->cost, &why);
     slot = picks[best].slot;
     matched = cand[best].matched;
 

@@ -38,8 +38,18 @@ typedef enum {
 typedef enum {
     NGX_HTTP_KV_AWARE_PF_NUM = 0,         /* element k, or the field */
     NGX_HTTP_KV_AWARE_PF_IS,              /* 1 if the field is k */
-    NGX_HTTP_KV_AWARE_PF_MILLI            /* thousandths, as a ratio */
+    NGX_HTTP_KV_AWARE_PF_MILLI,           /* thousandths, as a ratio */
+    NGX_HTTP_KV_AWARE_PF_LEVEL            /* the field: a rate, a time */
 } ngx_http_kv_aware_prom_form_e;
+
+
+/*
+ * Past this many rows (ranks) an upstream's data-parallel servers have a
+ * series each, not one per rank: 1,024 ranks of 19 series are 1.5 MB a
+ * scrape.  Their ranks' counts are summed (IS: ranks in each state),
+ * MILLI and LEVEL averaged.  ?ranks=all keeps the series per rank.
+ */
+#define NGX_HTTP_KV_AWARE_PROM_RANKS  64
 
 
 typedef struct {
@@ -68,7 +78,12 @@ static ngx_uint_t ngx_http_kv_aware_prom_in_scope(
 static void ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_prom_family_t *f,
     ngx_http_kv_aware_status_upstream_t *u,
-    ngx_http_kv_aware_status_server_t *sv);
+    ngx_http_kv_aware_status_server_t *sv, ngx_uint_t nranks);
+static uint64_t ngx_http_kv_aware_prom_value(
+    ngx_http_kv_aware_prom_family_t *f, void *base, ngx_uint_t k);
+static uint64_t ngx_http_kv_aware_prom_ranks(
+    ngx_http_kv_aware_prom_family_t *f,
+    ngx_http_kv_aware_status_server_t *sv, ngx_uint_t nranks, ngx_uint_t k);
 static void ngx_http_kv_aware_prom_label(ngx_http_kv_aware_status_out_t *o,
     const char *name, u_char *value, size_t len, ngx_uint_t first);
 static void ngx_http_kv_aware_prom_number(ngx_http_kv_aware_status_out_t *o,
@@ -216,7 +231,7 @@ static ngx_http_kv_aware_prom_family_t  ngx_http_kv_aware_prom_families[] = {
 
     { "kv_aware_server_backup", "gauge",
       NGX_HTTP_KV_AWARE_PS_SERVER, NULL, NULL, 0, 0,
-      ngx_http_kv_aware_ps(NUM, UINT, backup),
+      ngx_http_kv_aware_ps(LEVEL, UINT, backup),
       "1 for a backup server." },
 
     { "kv_aware_server_state", "gauge",
@@ -247,7 +262,7 @@ static ngx_http_kv_aware_prom_family_t  ngx_http_kv_aware_prom_families[] = {
 
     { "kv_aware_server_prefill_rate_blocks", "gauge",
       NGX_HTTP_KV_AWARE_PS_SERVER, NULL, NULL, 0, 0,
-      ngx_http_kv_aware_ps(NUM, UINT, slot.ttft.rate),
+      ngx_http_kv_aware_ps(LEVEL, UINT, slot.ttft.rate),
       "Prompt blocks a second the server prefills, as learned from its "
       "answers' time to first token (0: none learned yet)." },
 
@@ -268,12 +283,12 @@ static ngx_http_kv_aware_prom_family_t  ngx_http_kv_aware_prom_families[] = {
 
     { "kv_aware_server_ttft_predicted_ms", "gauge",
       NGX_HTTP_KV_AWARE_PS_SERVER, NULL, NULL, 0, 0,
-      ngx_http_kv_aware_ps(NUM, UINT, slot.ttft.predicted_ms),
+      ngx_http_kv_aware_ps(LEVEL, UINT, slot.ttft.predicted_ms),
       "Time to first token predicted for the last request routed there." },
 
     { "kv_aware_server_ttft_observed_ms", "gauge",
       NGX_HTTP_KV_AWARE_PS_SERVER, NULL, NULL, 0, 0,
-      ngx_http_kv_aware_ps(NUM, UINT, slot.ttft.observed_ms),
+      ngx_http_kv_aware_ps(LEVEL, UINT, slot.ttft.observed_ms),
       "Time to first token of the last answer learned from." },
 
     { "kv_aware_server_index_entries",
@@ -370,7 +385,7 @@ ngx_http_kv_aware_prom_family(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_prom_family_t *f, ngx_http_kv_aware_status_t *st)
 {
     u_char                                seen[KVA_MAX_SLOTS];
-    ngx_uint_t                            i, n;
+    ngx_uint_t                            i, j, n, nr, whole, load;
     ngx_http_kv_aware_status_server_t    *sv;
     ngx_http_kv_aware_status_upstream_t  *u;
 
@@ -382,14 +397,25 @@ ngx_http_kv_aware_prom_family(ngx_http_kv_aware_status_out_t *o,
         }
 
         if (f->scope < NGX_HTTP_KV_AWARE_PS_SERVER) {
-            ngx_http_kv_aware_prom_samples(o, f, u, NULL);
+            ngx_http_kv_aware_prom_samples(o, f, u, NULL, 0);
             continue;
         }
 
         ngx_memzero(seen, sizeof(seen));
 
-        for (i = 0; i < u->nservers; i++) {
+        /* a server's ranks as one series (nr of them), or each its own */
+        whole = !st->per_rank && u->listed > NGX_HTTP_KV_AWARE_PROM_RANKS;
+
+        for (i = 0; i < u->nservers; i += nr) {
             sv = &u->servers[i];
+
+            /* its rows are its ranks in order: the next server's is 0 */
+            for (nr = 1; whole && sv->ranked && i + nr < u->nservers
+                         && sv[nr].slot.rank > sv[nr - 1].slot.rank;
+                 nr++)
+            {
+                /* void */
+            }
 
             /* a server listed twice has one slot: one set of samples,
                as Prometheus refuses a series twice in a scrape */
@@ -399,13 +425,16 @@ ngx_http_kv_aware_prom_family(ngx_http_kv_aware_status_out_t *o,
 
             seen[sv->index] = 1;
 
-            if (f->scope == NGX_HTTP_KV_AWARE_PS_SERVER_LOAD
-                && !sv->slot.ev.has_load)
-            {
+            for (j = 0, load = 0; j < nr; j++) {
+                load |= sv[j].slot.ev.has_load;
+            }
+
+            if (f->scope == NGX_HTTP_KV_AWARE_PS_SERVER_LOAD && !load) {
                 continue;
             }
 
-            ngx_http_kv_aware_prom_samples(o, f, u, sv);
+            ngx_http_kv_aware_prom_samples(o, f, u, sv,
+                                           (whole && sv->ranked) ? nr : 0);
         }
     }
 }
@@ -436,7 +465,7 @@ static void
 ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_status_out_t *o,
     ngx_http_kv_aware_prom_family_t *f,
     ngx_http_kv_aware_status_upstream_t *u,
-    ngx_http_kv_aware_status_server_t *sv)
+    ngx_http_kv_aware_status_server_t *sv, ngx_uint_t nranks)
 {
     void        *base;
     u_char       rank[NGX_INT_T_LEN];
@@ -457,7 +486,7 @@ ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_status_out_t *o,
                                          sv->name.len, 0);
 
             /* each rank of a data-parallel server is a series of its own */
-            if (sv->ranked) {
+            if (sv->ranked && nranks == 0) {
                 ngx_http_kv_aware_prom_label(o, "rank", rank,
                                  ngx_sprintf(rank, "%ui", sv->slot.rank)
                                  - rank, 0);
@@ -471,27 +500,75 @@ ngx_http_kv_aware_prom_samples(ngx_http_kv_aware_status_out_t *o,
 
         ngx_http_kv_aware_status_out_str(o, "} ");
 
-        if (f->form == NGX_HTTP_KV_AWARE_PF_IS) {
-            v = (ngx_http_kv_aware_status_snapshot_value(base, f->offset,
-                                                         f->value, 0)
-                 == k);
-
-        } else {
-            v = ngx_http_kv_aware_status_snapshot_value(base, f->offset,
-                                                        f->value,
-                                                        f->label ? k : 0);
-        }
-
-        /* added and taken by other workers: a moment may read below 0 */
-        if (f->value == NGX_HTTP_KV_AWARE_SV_INT && (int64_t) v < 0) {
-            v = 0;
-        }
+        v = nranks ? ngx_http_kv_aware_prom_ranks(f, sv, nranks, k)
+                   : ngx_http_kv_aware_prom_value(f, base, k);
 
         ngx_http_kv_aware_prom_number(o, v,
                                       f->form == NGX_HTTP_KV_AWARE_PF_MILLI);
 
         ngx_http_kv_aware_status_out_str(o, "\n");
     }
+}
+
+
+/* sample k of the family, of the upstream's or a server's snapshot */
+static uint64_t
+ngx_http_kv_aware_prom_value(ngx_http_kv_aware_prom_family_t *f, void *base,
+    ngx_uint_t k)
+{
+    uint64_t  v;
+
+    if (f->form == NGX_HTTP_KV_AWARE_PF_IS) {
+        return ngx_http_kv_aware_status_snapshot_value(base, f->offset,
+                                                       f->value, 0)
+               == k;
+    }
+
+    v = ngx_http_kv_aware_status_snapshot_value(base, f->offset, f->value,
+                                                f->label ? k : 0);
+
+    /* added and taken by other workers: a moment may read below 0 */
+    if (f->value == NGX_HTTP_KV_AWARE_SV_INT && (int64_t) v < 0) {
+        v = 0;
+    }
+
+    return v;
+}
+
+
+/*
+ * Sample k of a server's nranks ranks as one: counts summed (IS: the
+ * ranks in state k), ratios and levels averaged over the ranks that have
+ * them (of an engine's load, those that reported one).
+ */
+static uint64_t
+ngx_http_kv_aware_prom_ranks(ngx_http_kv_aware_prom_family_t *f,
+    ngx_http_kv_aware_status_server_t *sv, ngx_uint_t nranks, ngx_uint_t k)
+{
+    uint64_t    sum;
+    ngx_uint_t  j, n;
+
+    sum = 0;
+    n = 0;
+
+    for (j = 0; j < nranks; j++) {
+        if (f->scope == NGX_HTTP_KV_AWARE_PS_SERVER_LOAD
+            && !sv[j].slot.ev.has_load)
+        {
+            continue;
+        }
+
+        sum += ngx_http_kv_aware_prom_value(f, &sv[j], k);
+        n++;
+    }
+
+    if (n && (f->form == NGX_HTTP_KV_AWARE_PF_MILLI
+              || f->form == NGX_HTTP_KV_AWARE_PF_LEVEL))
+    {
+        return sum / n;
+    }
+
+    return sum;
 }
 
 

@@ -60,13 +60,14 @@ ngx_http_kv_aware_ranking(ngx_http_request_t *r,
     ngx_http_kv_aware_srv_conf_t *kcf, ngx_str_t *out)
 {
     u_char                         *p;
-    double                          cost[KVA_MAX_SLOTS];
-    ngx_uint_t                      i, j, k, n, dp, order[KVA_MAX_SLOTS];
+    double                         *cost;
+    ngx_uint_t                      i, j, k, n, dp;
+    ngx_uint_t                      order[NGX_HTTP_KV_AWARE_RANKING_TOP];
     kva_why_e                       why;
     kva_clock_t                     clk;
-    kva_candidate_t                 cand[KVA_MAX_SLOTS];
+    kva_candidate_t                *cand;
     ngx_http_kv_aware_ctx_t        *ctx;
-    ngx_http_kv_aware_pick_t        picks[KVA_MAX_SLOTS];
+    ngx_http_kv_aware_pick_t       *picks;
     ngx_http_upstream_rr_peers_t   *peers;
 
     ctx = ngx_http_kv_aware_module_request_ctx(r);
@@ -91,6 +92,11 @@ ngx_http_kv_aware_ranking(ngx_http_request_t *r,
         ngx_http_upstream_rr_peers_unlock(peers);
         return NGX_DECLINED;
     }
+
+    /* members_current() saw the scratch arrays */
+    cost = kcf->scratch->cost;
+    cand = kcf->scratch->cand;
+    picks = kcf->scratch->picks;
 
     /* the servers a first try could take: not down, failed, or full */
     n = ngx_http_kv_aware_ranking_candidates(kcf, peers, 0, NULL, picks,
@@ -228,12 +234,14 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
     ngx_uint_t n, kva_clock_t *clk, kva_candidate_t *cand)
 {
-    uint32_t                   depth[KVA_MAX_SLOTS], nblocks, from, piece;
+    uint32_t                  *depth, nblocks, from, piece;
     ngx_int_t                  reqs, blocks;
     ngx_uint_t                 i, slot;
     kva_slotset_t              mask;
     ngx_http_kv_aware_slot_t  *sl;
 
+    /* by slot: the scratch holds the upstream's highest (scratch.c) */
+    depth = kcf->scratch->depth;
     nblocks = ctx->nblocks;
 
     kva_slotset_zero(&mask);
@@ -299,11 +307,12 @@ ngx_http_kv_aware_ranking_ttft_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_ctx_t *ctx, ngx_http_kv_aware_pick_t *picks,
     ngx_uint_t n, kva_candidate_t *cand)
 {
-    double                          pool, rate, rates[KVA_MAX_SLOTS];
+    double                          pool, rate, *rates;
     ngx_int_t                       queued;
     ngx_uint_t                      i, k;
     ngx_http_kv_aware_ttft_slot_t  *t;
 
+    rates = kcf->scratch->rates;
     k = 0;
 
     for (i = 0; i < n; i++) {

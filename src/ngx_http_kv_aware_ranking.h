@@ -8,21 +8,13 @@
 
 
 #include "ngx_http_kv_aware_common.h"
+#include "ngx_http_kv_aware_scratch.h"
 
 #include "kva_index.h"
 
 
 /* $kv_aware_ranking_NAME lists the best this many candidates */
 #define NGX_HTTP_KV_AWARE_RANKING_TOP  16
-
-
-/* a candidate: a server, or one data-parallel rank of it */
-typedef struct {
-    ngx_http_upstream_rr_peer_t       *peer;
-    ngx_uint_t                         number;  /* in its peer list */
-    ngx_uint_t                         slot;
-    ngx_uint_t                         rank;
-} ngx_http_kv_aware_pick_t;
 
 
 /* the prompt's keys, once a request (counted then) */

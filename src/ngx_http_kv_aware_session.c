@@ -126,8 +126,9 @@ ngx_http_kv_aware_session_pick_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_http_kv_aware_shctx_t    *sh;
     ngx_http_kv_aware_session_e   outcome;
 
-    best = kva_score_pick(&kcf->score, cand, n, ctx->nblocks,
-                          (uint32_t) ngx_random(), &ctx->why);
+    best = kva_score_costs(&kcf->score, cand, n, ctx->nblocks,
+                           (uint32_t) ngx_random(), kcf->scratch->cost,
+                           &ctx->why);
 
     ctx->session = NGX_HTTP_KV_AWARE_SESS_NONE;
 

@@ -254,8 +254,10 @@ ngx_http_kv_aware_share_message(ngx_http_kv_aware_share_channel_t *sc,
     }
 
     /* a server this upstream lacks: another instance's configuration */
+    ngx_shmtx_lock(&kcf->shpool->mutex);
     slot = ngx_http_kv_aware_zone_slot_by_name(kcf->sh, (u_char *) b.server,
                                           b.server_len, b.rank);
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
 
     if (slot == KVA_MAX_SLOTS) {
         goto done;

@@ -31,6 +31,10 @@ static ngx_int_t ngx_http_kv_aware_status_format(ngx_http_request_t *r,
     ngx_http_kv_aware_format_e format);
 static ngx_uint_t ngx_http_kv_aware_status_accepts(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_kv_aware_status_check_arg(ngx_http_request_t *r);
+static ngx_int_t ngx_http_kv_aware_status_page(ngx_http_request_t *r,
+    ngx_http_kv_aware_status_t *st);
+static void ngx_http_kv_aware_status_only(
+    ngx_http_kv_aware_status_upstream_t *u, ngx_str_t *name);
 
 
 /* kv_aware_status [json|prometheus]: a handler per format, no conf */
@@ -128,6 +132,13 @@ ngx_http_kv_aware_status_handler(ngx_http_request_t *r,
         != NGX_OK)
     {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (ngx_http_kv_aware_status_page(r, &st) != NGX_OK) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "kv_aware_status: invalid offset, limit or ranks in "
+                      "\"%V\", expected numbers and ranks=all", &r->args);
+        return NGX_HTTP_BAD_REQUEST;
     }
 
     if (rc == NGX_HTTP_KV_AWARE_FORMAT_PROMETHEUS) {
@@ -306,4 +317,116 @@ ngx_http_kv_aware_status_check_arg(ngx_http_request_t *r)
     }
 
     return 0;
+}
+
+
+/*
+ * The page's rows (a server, or a rank of one), for upstreams too large
+ * for one page (0.5 MB at 1,024 ranks): ?server=NAME keeps that
+ * server's, then ?offset=N skips N and ?limit=N keeps N at most, in
+ * every upstream.  servers_total says how many rows ?server= kept, for
+ * the next offset.  ?ranks=all: Prometheus' series per rank whatever the
+ * upstream's size (ngx_http_kv_aware_prometheus.c).  NGX_ERROR: an
+ * argument is not a number, or not "all".
+ */
+static ngx_int_t
+ngx_http_kv_aware_status_page(ngx_http_request_t *r,
+    ngx_http_kv_aware_status_t *st)
+{
+    u_char                               *dst, *src;
+    ngx_int_t                             offset, limit;
+    ngx_str_t                             v, name;
+    ngx_uint_t                            i, only;
+    ngx_http_kv_aware_status_upstream_t  *u;
+
+    offset = 0;
+    limit = NGX_MAX_INT_T_VALUE;
+    only = 0;
+    st->per_rank = 0;
+
+    if (ngx_http_arg(r, (u_char *) "offset", 6, &v) == NGX_OK) {
+        offset = ngx_atoi(v.data, v.len);
+    }
+
+    if (ngx_http_arg(r, (u_char *) "limit", 5, &v) == NGX_OK) {
+        limit = ngx_atoi(v.data, v.len);
+    }
+
+    if (offset == NGX_ERROR || limit == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_arg(r, (u_char *) "ranks", 5, &v) == NGX_OK) {
+        if (v.len != 3 || ngx_strncmp(v.data, "all", 3) != 0) {
+            return NGX_ERROR;
+        }
+
+        st->per_rank = 1;
+    }
+
+    /* a scraper may write 127.0.0.1%3A8001 */
+    if (ngx_http_arg(r, (u_char *) "server", 6, &v) == NGX_OK) {
+        name.data = ngx_pnalloc(r->pool, v.len + 1);
+        if (name.data == NULL) {
+            return NGX_ERROR;
+        }
+
+        dst = name.data;
+        src = v.data;
+        ngx_unescape_uri(&dst, &src, v.len, 0);
+        name.len = dst - name.data;
+        only = 1;
+    }
+
+    for (i = 0; i < st->nupstreams; i++) {
+        u = &st->upstreams[i];
+        u->listed = u->nservers;
+
+        if (only) {
+            ngx_http_kv_aware_status_only(u, &name);
+        }
+
+        u->servers_total = u->nservers;
+
+        if ((ngx_uint_t) offset >= u->nservers) {
+            u->nservers = 0;
+            continue;
+        }
+
+        u->servers += offset;
+        u->nservers = ngx_min(u->nservers - offset, (ngx_uint_t) limit);
+    }
+
+    return NGX_OK;
+}
+
+
+/* the rows of the server named, moved to the front */
+static void
+ngx_http_kv_aware_status_only(ngx_http_kv_aware_status_upstream_t *u,
+    ngx_str_t *name)
+{
+    ngx_uint_t                          j, k;
+    ngx_http_kv_aware_status_server_t  *sv;
+
+    for (j = 0, k = 0; j < u->nservers; j++) {
+        sv = &u->servers[j];
+
+        if (sv->name.len != name->len
+            || ngx_strncmp(sv->name.data, name->data, name->len) != 0)
+        {
+            continue;
+        }
+
+        if (k != j) {
+            u->servers[k] = *sv;
+
+            /* the name lives in the row's own copy of the slot */
+            u->servers[k].name.data = u->servers[k].slot.name;
+        }
+
+        k++;
+    }
+
+    u->nservers = k;
 }

@@ -120,6 +120,8 @@ static ngx_http_kv_aware_json_field_t  ngx_http_kv_aware_json_upstream[] = {
                              ngx_http_kv_aware_json_why_order),
     ngx_http_kv_aware_jnum(ALWAYS, "tokenized", UINT,
                            ngx_http_kv_aware_ju(routing.tokenized)),
+    ngx_http_kv_aware_jnum(ALWAYS, "servers_total", UINT,
+                           ngx_http_kv_aware_ju(servers_total)),
     ngx_http_kv_aware_jnum(ALWAYS, "fallbacks", UINT,
                            ngx_http_kv_aware_ju(routing.fallbacks)),
     ngx_http_kv_aware_jkeyed(ALWAYS, "fallback", UINT,

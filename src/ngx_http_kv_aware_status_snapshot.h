@@ -61,12 +61,17 @@ typedef struct {
 
     ngx_uint_t                      nservers;
     ngx_http_kv_aware_status_server_t  *servers;
+
+    /* the rows all told, and those ?server= kept (status.c's paging) */
+    ngx_uint_t                      listed;
+    ngx_uint_t                      servers_total;
 } ngx_http_kv_aware_status_upstream_t;
 
 
 typedef struct {
     ngx_uint_t                      nupstreams;
     ngx_http_kv_aware_status_upstream_t  *upstreams;
+    ngx_uint_t                      per_rank;     /* ?ranks=all */
 } ngx_http_kv_aware_status_t;
 
 

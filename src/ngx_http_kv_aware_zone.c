@@ -279,23 +279,97 @@ ngx_http_kv_aware_in_flight(ngx_http_kv_aware_load_t *load)
 }
 
 
-/* the slot a server's rank holds, by its name, or KVA_MAX_SLOTS */
+/* where (name, rank) starts its probe in the name table */
+static ngx_uint_t
+ngx_http_kv_aware_name_hash(u_char *name, size_t len, ngx_uint_t rank)
+{
+    uint32_t  h;
+
+    h = ngx_murmur_hash2(name, len) ^ ((uint32_t) rank * 0x9e3779b1);
+    h ^= h >> 15;
+
+    return h & (NGX_HTTP_KV_AWARE_NAME_TABLE - 1);
+}
+
+
+/*
+ * The slot a server's rank holds, by its name, or KVA_MAX_SLOTS.  The
+ * table only says where to look: each slot it names is checked against
+ * the slot itself, so that a slot reserved (its server gone) or wiped
+ * since is passed over.  At most KVA_MAX_SLOTS entries in twice as many
+ * places: a probe ends at an empty one.
+ */
 ngx_uint_t
 ngx_http_kv_aware_zone_slot_by_name(ngx_http_kv_aware_shctx_t *sh, u_char *name,
     size_t len, ngx_uint_t rank)
 {
-    ngx_uint_t  s;
+    ngx_uint_t                 i, n, s;
+    ngx_http_kv_aware_slot_t  *sl;
 
-    for (s = 0; s < KVA_MAX_SLOTS; s++) {
-        if (sh->slots[s].name_len == len && sh->slots[s].rank == rank
-            && !kva_slotset_has(&sh->members.reserved, s)
-            && ngx_memcmp(sh->slots[s].name, name, len) == 0)
-        {
+    i = ngx_http_kv_aware_name_hash(name, len, rank);
+
+    for (n = 0; n < NGX_HTTP_KV_AWARE_NAME_TABLE; n++) {
+        if (sh->members.by_name[i] == 0) {
             break;
         }
+
+        s = sh->members.by_name[i] - 1;
+        sl = &sh->slots[s];
+
+        if (sl->name_len == len && sl->rank == rank
+            && !kva_slotset_has(&sh->members.reserved, s)
+            && ngx_memcmp(sl->name, name, len) == 0)
+        {
+            return s;
+        }
+
+        i = (i + 1) & (NGX_HTTP_KV_AWARE_NAME_TABLE - 1);
     }
 
-    return s;
+    return KVA_MAX_SLOTS;
+}
+
+
+/* slot was just given its name */
+void
+ngx_http_kv_aware_zone_name_add(ngx_http_kv_aware_shctx_t *sh,
+    ngx_uint_t slot)
+{
+    ngx_uint_t                 i, n;
+    ngx_http_kv_aware_slot_t  *sl;
+
+    sl = &sh->slots[slot];
+    i = ngx_http_kv_aware_name_hash(sl->name, sl->name_len, sl->rank);
+
+    for (n = 0; n < NGX_HTTP_KV_AWARE_NAME_TABLE; n++) {
+        if (sh->members.by_name[i] == 0
+            || sh->members.by_name[i] == slot + 1)
+        {
+            sh->members.by_name[i] = (uint16_t) (slot + 1);
+            return;
+        }
+
+        i = (i + 1) & (NGX_HTTP_KV_AWARE_NAME_TABLE - 1);
+    }
+}
+
+
+/*
+ * Slots were wiped: the table again from the named ones, O(slots), only
+ * when servers leave (a reload, a resolve).
+ */
+void
+ngx_http_kv_aware_zone_names_rebuild(ngx_http_kv_aware_shctx_t *sh)
+{
+    ngx_uint_t  s;
+
+    ngx_memzero(sh->members.by_name, sizeof(sh->members.by_name));
+
+    for (s = 0; s < KVA_MAX_SLOTS; s++) {
+        if (sh->slots[s].name_len) {
+            ngx_http_kv_aware_zone_name_add(sh, s);
+        }
+    }
 }
 
 
@@ -317,8 +391,11 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
 
     /*
      * Servers (ranks) that were there before keep their slot, and what it
-     * knows; entry i of slot_of is rank i % dp of server i / dp.
+     * knows; entry i of slot_of is rank i % dp of server i / dp.  The
+     * lock: the old cycle's workers look names up meanwhile.
      */
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+
     for (i = 0; i < n; i++) {
         s = ngx_http_kv_aware_zone_slot_by_name(kcf->sh, names[i / dp].data,
                                            names[i / dp].len, i % dp);
@@ -329,6 +406,8 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
             kva_slotset_add(&kept, i);
         }
     }
+
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
 
     /*
      * Slots of servers that left: their entries would mislead newcomers.
@@ -346,6 +425,10 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
         kva_slotset_andnot(&kcf->sh->members.reserved, &stale);
         ngx_http_kv_aware_zone_forget_slots(kcf, &stale);
     }
+
+    /* the name table after a reset or the wipe above, newcomers then */
+    ngx_shmtx_lock(&kcf->shpool->mutex);
+    ngx_http_kv_aware_zone_names_rebuild(kcf->sh);
 
     /* newcomers take free slots */
     for (i = 0; i < n; i++) {
@@ -371,7 +454,10 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
         slots[s].name_len = names[i / dp].len;
         slots[s].rank = i % dp;
         ngx_memcpy(slots[s].name, names[i / dp].data, names[i / dp].len);
+        ngx_http_kv_aware_zone_name_add(kcf->sh, s);
     }
+
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
 
     return NGX_OK;
 }

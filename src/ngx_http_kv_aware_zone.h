@@ -86,8 +86,16 @@ void ngx_http_kv_aware_zone_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
     const kva_slotset_t *set);
 void ngx_http_kv_aware_zone_set_precise(ngx_http_kv_aware_shctx_t *sh,
     const kva_slotset_t *set, ngx_uint_t on);
+/*
+ * The slot of (name, rank), not reserved, or KVA_MAX_SLOTS; a slot named
+ * goes into the table, and after slots are wiped it is made again.  All
+ * three with the zone's lock held (or before any worker runs).
+ */
 ngx_uint_t ngx_http_kv_aware_zone_slot_by_name(ngx_http_kv_aware_shctx_t *sh,
     u_char *name, size_t len, ngx_uint_t rank);
+void ngx_http_kv_aware_zone_name_add(ngx_http_kv_aware_shctx_t *sh,
+    ngx_uint_t slot);
+void ngx_http_kv_aware_zone_names_rebuild(ngx_http_kv_aware_shctx_t *sh);
 
 
 /* whether the events of slot's server are in sync: its bits are the truth */

@@ -8,7 +8,14 @@
 #       [--sentinel-server X --sentinel HASH,...]
 #       RESP file of N PUBLISH commands (seq 1..N, H fresh random hashes
 #       each, one "stored" event) for `redis-cli --pipe`, then one sentinel
-#       message that stores HASHes on server X.
+#       message that stores HASHes on server X.  --ranks R: message i
+#       goes to rank i % R (each rank its own seq 1, 2, ...), the
+#       sentinel to rank 0.
+#
+#   evbench.pl gen-fresh --out F --server S1,S2,... --ranks R
+#       RESP file of a heartbeat (seq 0, no events) for every rank of
+#       every server: all of them fresh, so that routing trusts events
+#       only.
 #
 #   evbench.pl probe --port P --body F [--timeout S] [--interval MS]
 #       Sends the request body F to nginx (keep-alive) until X-KV-Matched
@@ -45,7 +52,8 @@ my %o = (channel => 'kv_aware:events', timeout => 30, interval => 1);
 GetOptionsFromArray(\@ARGV, \%o, 'out=s', 'messages=i', 'hashes=i',
     'server=s', 'sentinel-server=s', 'sentinel=s', 'port=i', 'body=s',
     'timeout=f', 'interval=f', 'redis=i', 'rate=i', 'seconds=f',
-    'channel=s', 'hasher=s', 'block-size=i', 'count=i', 'tag=s')
+    'channel=s', 'hasher=s', 'block-size=i', 'count=i', 'tag=s',
+    'ranks=i')
     or die "bad options\n";
 
 sub rand_hash { sprintf '%08x%08x', int(rand 2**32), int(rand 2**32) }
@@ -57,11 +65,12 @@ sub resp {
 }
 
 sub message {
-    my ($server, $seq, $hashes, $snapshot) = @_;
+    my ($server, $seq, $hashes, $snapshot, $rank) = @_;
     my $ev = @$hashes
         ? '[{"type":"stored","hashes":["' . join('","', @$hashes) . '"]}]'
         : '[]';
-    return qq({"v":1,"server":"$server","seq":$seq,"events":$ev)
+    my $r = defined $rank ? qq("rank":$rank,) : '';
+    return qq({"v":1,"server":"$server",$r"seq":$seq,"events":$ev)
          . ($snapshot ? qq(,"snapshot":"$snapshot"}) : '}');
 }
 
@@ -112,15 +121,28 @@ sub prompt_body {
 
 if ($mode eq 'gen-ingest') {
     open(my $fh, '>', $o{out}) or die "$o{out}: $!\n";
-    for my $seq (1 .. $o{messages}) {
+    my $ranks = $o{ranks};
+    for my $i (0 .. $o{messages} - 1) {
         my @h = map { rand_hash() } 1 .. $o{hashes};
         print {$fh} resp('PUBLISH', $o{channel},
-                         message($o{server}, $seq, \@h));
+                         $ranks ? message($o{server}, int($i / $ranks) + 1,
+                                          \@h, undef, $i % $ranks)
+                                : message($o{server}, $i + 1, \@h));
     }
     if ($o{sentinel}) {
         print {$fh} resp('PUBLISH', $o{channel},
-                         message($o{'sentinel-server'}, 2,
-                                 [split /,/, $o{sentinel}]));
+                         message($o{'sentinel-server'}, $ranks ? 1 : 2,
+                                 [split /,/, $o{sentinel}], undef,
+                                 $ranks ? 0 : undef));
+    }
+    close $fh or die "$o{out}: $!\n";
+
+} elsif ($mode eq 'gen-fresh') {
+    open(my $fh, '>', $o{out}) or die "$o{out}: $!\n";
+    for my $server (split /,/, $o{server}) {
+        print {$fh} resp('PUBLISH', $o{channel},
+                         message($server, 0, [], undef, $_))
+            for 0 .. $o{ranks} - 1;
     }
     close $fh or die "$o{out}: $!\n";
 
