@@ -300,6 +300,7 @@ $(BUILD)/bench_%: bench/bench_%.c bench/bench_util.h $(LIBKVA)
 bench: deps module $(BENCHES)
 	$(BUILD)/bench_route
 	$(BUILD)/bench_prompt
+	$(BUILD)/bench_hash_lanes
 	$(BUILD)/bench_event
 	$(BUILD)/bench_event_cost
 	bash bench/wrk.sh
