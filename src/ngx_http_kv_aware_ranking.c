@@ -232,6 +232,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_int_t                  reqs, blocks;
     ngx_uint_t                 i, slot;
     kva_slotset_t              mask;
+    kva_tier_count_t           tiers[KVA_MAX_SLOTS];
     ngx_http_kv_aware_slot_t  *sl;
 
     nblocks = ctx->nblocks;
@@ -242,6 +243,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     for (i = 0; i < n; i++) {
         kva_slotset_add(&mask, picks[i].slot);
         depth[picks[i].slot] = 0;
+        ngx_memzero(&tiers[picks[i].slot], sizeof(kva_tier_count_t));
     }
 
     /* the lookup too goes a piece per hold of the lock */
@@ -255,7 +257,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
         piece = kva_index_match_part(kcf->sh->index, ctx->hashes, from,
                                      ngx_min(nblocks, from + KVA_ADD_CHUNK),
-                                     &mask, clk, depth, ctx->found);
+                                     &mask, clk, depth, ctx->found, tiers);
     }
 
     (void) kva_index_match_done(nblocks, from, &mask, depth, ctx->found);
