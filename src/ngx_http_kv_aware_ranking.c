@@ -278,6 +278,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
         }
 
         cand[i].matched = depth[slot];
+        cand[i].slow = kva_score_slow(&kcf->score, tiers[slot].n);
         cand[i].weight = picks[i].peer->weight;
         cand[i].inflight_reqs = reqs > 0 ? reqs : 0;
         cand[i].inflight_blocks = blocks > 0 ? blocks : 0;
@@ -293,7 +294,8 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 /*
  * Each candidate's speed (its prefill rate over the pool's median, which
  * cost=ttft divides its cost by) and predicted time to first token: its
- * queue and the request's uncached blocks at its rate, the pool's rate
+ * queue and the request's uncached blocks at its rate (a block in a
+ * slower tier as its share of a miss), the pool's rate
  * for a server not learned yet (ngx_http_kv_aware_ttft.c learns them).
  */
 static void
@@ -328,6 +330,7 @@ ngx_http_kv_aware_ranking_ttft_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
         cand[i].speed = rate / pool;
         cand[i].ttft = kva_ttft_predict(queued > 0 ? queued : 0,
-                                        ctx->nblocks - cand[i].matched, rate);
+                                        ctx->nblocks - cand[i].matched
+                                        + cand[i].slow, rate);
     }
 }
