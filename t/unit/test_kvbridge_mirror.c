@@ -873,11 +873,11 @@ test_tier_moves(void)
     memcpy(keys, out.events[0].hashes, sizeof(keys));
     kva_batch_free(&out);
 
-    s.medium = "CPU";
+    s.medium = "CPU_TIER1";
     batch_start();
     pack_stored(&s);
     ok(apply(m, &out) == 0 && out.nevents == 0,
-       "offloaded to CPU: no news, GPU is faster");
+       "offloaded to CPU_TIER1 (host memory): no news, GPU is faster");
     kva_batch_free(&out);
 
     batch_start();
@@ -904,7 +904,7 @@ test_tier_moves(void)
     kva_batch_free(&out);
 
     batch_start();
-    pack_removed(e, 3, "CPU", -1);
+    pack_removed(e, 3, "CPU_TIER1", -1);
     ok(apply(m, &out) == 0
        && stored_at(&out, KVA_EVENT_TIER_DISK, keys + 2, 1),
        "the CPU copies go: the block not on GPU moves to disk");

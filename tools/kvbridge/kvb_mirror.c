@@ -1525,7 +1525,11 @@ kvb_emit(kvb_mirror_t *m, kva_ev_type_e type, unsigned tier, uint64_t key,
 }
 
 
-/* the tier of a medium: none or GPU, CPU (host memory), any other slower */
+/*
+ * The tier of a medium: none or GPU; host memory for vLLM's "CPU" and
+ * any name it begins (SGLang's HiCache under Dynamo says "CPU_TIER1");
+ * any other name (vLLM's "STORAGE", a connector's own) slower still.
+ */
 
 static uint8_t
 kvb_medium_tier(const char *medium, uint32_t len)
@@ -1534,7 +1538,7 @@ kvb_medium_tier(const char *medium, uint32_t len)
         return KVA_EVENT_TIER_GPU;
     }
 
-    if (len == 3 && strncasecmp(medium, "CPU", 3) == 0) {
+    if (len >= 3 && strncasecmp(medium, "CPU", 3) == 0) {
         return KVA_EVENT_TIER_CPU;
     }
 

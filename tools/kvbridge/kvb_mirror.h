@@ -28,7 +28,7 @@
  *     not merge a block computed twice, and sends a removal per copy):
  *     the module hears "removed" only when the last copy of the last
  *     holder goes.  A medium is a tier (kva_event.h): GPU (or none),
- *     CPU, any other name slower (disk, remote storage).  A block is at
+ *     CPU (and CPU_...), any other name slower (disk, remote storage).  A block is at
  *     its fastest holder's tier, a key at its fastest block's, and the
  *     module hears a "stored" at the key's tier whenever that changes:
  *     a GPU copy gone while a CPU one stays moves the key to CPU, a GPU
