@@ -7,7 +7,8 @@
 #     between it and the cold server; with the GPU copy gone the CPU
 #     holder wins over the cold one, its whole prompt matched;
 #   * the status page counts the entries per tier (servers[].tiers), and
-#     a store on GPU lifts them; a removal removes;
+#     a store on GPU lifts them; a removal removes; the predicted time to
+#     first token counts a block in host memory as a quarter of a miss;
 #   * a hostile medium (a 1 KB string, a number, an unknown name) is a
 #     rejected message, counted and logged; nothing is applied, nothing
 #     crashes, and a snapshot brings the server back.
@@ -111,6 +112,12 @@ subtest 'the GPU copy gone: the CPU holder beats a cold server' => sub {
         or diag show($r);
     is($r->{reason}, 'affinity', 'by affinity');
     is($r->{matched}, scalar @H, 'the whole prompt matched through it');
+
+    # nothing learned, no queue: the prior rate, 1000 blocks a second, and
+    # the copies at a quarter of a miss each: about 16 / 4 ms, not 16
+    my $ms = server_status(status($env), $CPU)->{ttft}{predicted_ms};
+    ok($ms >= 0.2 * @H && $ms <= 0.3 * @H,
+       "the predicted time to first token counts the copies ($ms ms)");
 };
 
 subtest 'a store on GPU lifts, a removal removes' => sub {
