@@ -75,6 +75,7 @@ kva_holder_add(kva_holder_t h, unsigned slot, unsigned srcs)
     unsigned  tier;
 
     tier = srcs >> 3 & 3;
+    tier = (tier > KVA_TIERS_SLOW) ? KVA_TIERS_SLOW : tier;
     srcs &= 7;
 
     if (h == 0) {

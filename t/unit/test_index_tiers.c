@@ -189,6 +189,11 @@ main(void)
     (void) match(seven, 1, slots(10, 16));
     ok(tiers[10].n[1] == 1, "inline again, a store sets its tier");
 
+    /* a tier past the last one: the slowest, the index stays sound */
+    kva_index_add(ix, seven, 1, 10, KVA_BIT_EVENT | kva_tier_srcs(3), &clk);
+    (void) match(seven, 1, slots(10, 16));
+    ok(tiers[10].n[1] == 1 && sound("tier 3"), "tier 3 is taken as disk");
+
     kva_index_del(ix, seven, 1, 10, KVA_BITS_ALL);
     kva_index_count(ix, &clk, counts);
     ok(counts[10].slow[1] == 0 && sound("cleared"),
