@@ -59,7 +59,8 @@ kva_holder_with(kva_holder_t h, unsigned srcs)
 
     h = (kva_holder_t) ((h & ~7u) | srcs);
 
-    return (srcs & KVA_BIT_EVENT) ? h : (kva_holder_t) (h & 0x3fff);
+    return (srcs & KVA_BIT_EVENT) ? h
+                                  : (kva_holder_t) (h & KVA_HOLDER_UNTIERED);
 }
 
 
@@ -83,7 +84,8 @@ kva_holder_add(kva_holder_t h, unsigned slot, unsigned srcs)
     }
 
     if (srcs & KVA_BIT_EVENT) {
-        h = (kva_holder_t) ((h & 0x3fff) | tier << 14);
+        h = (kva_holder_t) ((h & KVA_HOLDER_UNTIERED)
+                            | tier << KVA_HOLDER_TIER_SHIFT);
     }
 
     return (kva_holder_t) (h | srcs);

@@ -95,10 +95,13 @@ extern const char  *const kva_tier_slow_names[];
  */
 typedef uint16_t  kva_holder_t;
 
+#define KVA_HOLDER_TIER_SHIFT   14
+#define KVA_HOLDER_UNTIERED     0x3fff          /* all but the tier */
+
 #define kva_holder(slot, srcs)  ((kva_holder_t) ((slot) << 3 | (srcs)))
 #define kva_holder_slot(h)      ((unsigned) (h) >> 3 & 0x7ff)
 #define kva_holder_srcs(h)      ((unsigned) (h) & 7)
-#define kva_holder_tier(h)      ((unsigned) (h) >> 14)
+#define kva_holder_tier(h)      ((unsigned) (h) >> KVA_HOLDER_TIER_SHIFT)
 
 
 typedef struct {

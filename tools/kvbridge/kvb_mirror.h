@@ -28,11 +28,11 @@
  *     not merge a block computed twice, and sends a removal per copy):
  *     the module hears "removed" only when the last copy of the last
  *     holder goes.  A medium is a tier (kva_event.h): GPU (or none),
- *     CPU (and CPU_...), any other name slower (disk, remote storage).  A block is at
- *     its fastest holder's tier, a key at its fastest block's, and the
- *     module hears a "stored" at the key's tier whenever that changes:
- *     a GPU copy gone while a CPU one stays moves the key to CPU, a GPU
- *     store brings it back.
+ *     CPU (and CPU_...), any other name slower (disk, remote storage).
+ *     A block is at its fastest holder's tier, a key at its fastest
+ *     block's, and the module hears a "stored" at the key's tier
+ *     whenever that changes: a GPU copy gone while a CPU one stays moves
+ *     the key to CPU, a GPU store brings it back.
  *     An offload tier's events without tokens (vLLM without
  *     self_describing_kv_events) name a block by the engine's hash alone:
  *     they add a holder to a block the mirror holds, and are counted and
