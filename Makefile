@@ -36,6 +36,7 @@ NGX_SRCS   := $(wildcard src/ngx_http_kv_aware_*.c src/ngx_http_kv_aware_*.h)
 
 # core unit tests link the core alone; tools/*.mk add their own
 UNIT_TESTS := $(patsubst %,$(BUILD)/unit/test_%,prompt prompt_ref hash index index_wide \
+              index_tiers \
               score pd_body \
               event event_encode event_limits session cluster ttft)
 TOOLS      :=

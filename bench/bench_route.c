@@ -73,7 +73,8 @@ run_case(size_t tokens, int escapes, unsigned servers, uint32_t entries,
     kva_slotset_t      mask;
     kva_prompt_t       p;
     kva_candidate_t    cand[KVA_MAX_SLOTS];
-    kva_score_conf_t   conf = { 2.0, 32, 1.5, 0.5, KVA_COST_LOAD };
+    kva_score_conf_t   conf = { 2.0, 32, 1.5, 0.5, KVA_COST_LOAD,
+                                { 0.25, 0.5 } };
 
     body = make_body(tokens, escapes, &len);
     hashes = malloc((kva_hash_body_max(len, BLOCK_SIZE) + 1)

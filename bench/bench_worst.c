@@ -130,7 +130,8 @@ request(kva_index_t *ix, const uint64_t *h, kva_clock_t *clk)
     for (from = 0; from < BLOCKS && !kva_slotset_empty(&alive); from = n) {
         t0 = bench_now_ns();
         to = BLOCKS - from < KVA_ADD_CHUNK ? BLOCKS : from + KVA_ADD_CHUNK;
-        n = kva_index_match_part(ix, h, from, to, &alive, clk, depth, found);
+        n = kva_index_match_part(ix, h, from, to, &alive, clk, depth, found,
+                                 NULL);
         last = (bench_now_ns() - t0) / 1e3;
         longest = last > longest ? last : longest;
     }

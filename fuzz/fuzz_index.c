@@ -50,6 +50,40 @@ fz_byte(fz_in_t *in)
 }
 
 
+/*
+ * The same match in one piece, with tiers: the same depths, and no slot
+ * with more blocks in slower tiers than it matched.
+ */
+
+static void
+fz_match_tiers(kva_index_t *ix, const uint64_t *k, uint32_t n,
+    const kva_slotset_t *mask, const kva_clock_t *clk,
+    const uint32_t *want)
+{
+    unsigned          slot;
+    uint32_t          reached, depth[KVA_MAX_SLOTS];
+    kva_slotset_t     alive;
+    kva_tier_count_t  tiers[KVA_MAX_SLOTS];
+
+    memset(tiers, 0, sizeof(tiers));
+    alive = *mask;
+    reached = kva_index_match_part(ix, k, 0, n, &alive, clk, depth, NULL,
+                                   tiers);
+    (void) kva_index_match_done(n, reached, &alive, depth, NULL);
+
+    for (slot = 0; slot < 8; slot++) {
+        if (kva_slotset_has(mask, slot)
+            && (depth[slot] != want[slot]
+                || tiers[slot].n[0] + tiers[slot].n[1] > depth[slot]))
+        {
+            fprintf(stderr, "slot %u: tiers %u + %u of %u\n", slot,
+                    tiers[slot].n[0], tiers[slot].n[1], depth[slot]);
+            abort();
+        }
+    }
+}
+
+
 /* random-looking keys from counters: splitmix64's draw from state x */
 
 static uint64_t
@@ -238,7 +272,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             /* a stored event: each key then visible to a precise lookup */
             n = fz_keys(&in, tab, k);
             slot = fz_byte(&in) % 8;
-            srcs = fz_byte(&in) % 8;
+            srcs = fz_byte(&in) % 32;      /* and a tier, 3 clamped */
             evicted = (uint32_t) (ix->evictions + ix->chain_evictions);
 
             kva_index_add(ix, k, n, slot, srcs, &clk);
@@ -271,6 +305,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if ((mask >> slot & 1) && depth[slot] > before) {
                     abort();
                 }
+            }
+
+            if (!fz_damaged) {
+                fz_match_tiers(ix, k, n, fz_set(&set, mask), &clk, depth);
             }
 
             fz_check(ix, "match");

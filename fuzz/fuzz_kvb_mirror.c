@@ -9,14 +9,17 @@
  * packs it, decoded by the real decoder, and applied to the mirror; the
  * mirror's events, and paced snapshots interleaved at any point, are
  * applied to a model of one server's key set in nginx (stored adds,
- * removed deletes, cleared and a snapshot's first part empty it).
+ * or sets the key's tier, removed deletes, cleared and a snapshot's first
+ * part empty it).
  *
  * The reference is kept apart from the mirror's tables: per block, the
  * copies each (group, tier) holds; a block's key computed from its whole
  * chain of tokens.  Outside a snapshot nginx's set must equal the keys of
  * the blocks some dense group holds (adapters known by id alone
- * excepted), a stored key must be news and a removed one held; inside
- * one, nginx's set stays within them, and equals them once it ends.
+ * excepted), each at the tier of its fastest copy in a dense group (GPU,
+ * CPU, any other medium slower), a stored key must be news (new, or at a
+ * new tier) and a removed one held; inside one, nginx's set stays within
+ * them, and equals them once it ends.
  * A second mirror, of 16 blocks at most, takes the same batches: full,
  * its children orphans, it must only stay within its bound.  Any
  * disagreement aborts.
@@ -80,6 +83,7 @@ static unsigned          fz_dense[FZ_BLOCKS];
 
 /* nginx's key set for the server, by key id (h & 63) */
 static uint8_t           fz_set[FZ_BLOCKS / 2];
+static uint8_t           fz_tier[FZ_BLOCKS / 2];  /* as nginx has it */
 static size_t            fz_nset;
 static int               fz_snapshot;       /* one under way */
 static size_t            fz_cursor;
@@ -97,6 +101,7 @@ static int fz_mode(unsigned h);
 static void fz_tokens(unsigned h, uint32_t *tok);
 static void fz_reference_keys(void);
 static int fz_held(unsigned h);
+static unsigned fz_key_tier(unsigned k);
 static void fz_batch(unsigned nevents);
 static void fz_str(const char *s);
 static void fz_pack_stored(unsigned h, unsigned n, unsigned g, unsigned md,
@@ -326,6 +331,32 @@ fz_held(unsigned h)
 }
 
 
+/*
+ * A key's tier: its fastest copy's among the blocks with it, in dense
+ * groups; the media are GPU, CPU, then slower ones.
+ */
+
+static unsigned
+fz_key_tier(unsigned k)
+{
+    unsigned  h, g, md, tier;
+
+    tier = KVA_EVENT_TIER_DISK;
+
+    for (h = k; h < FZ_BLOCKS; h += FZ_BLOCKS / 2) {
+        for (g = 0; g < FZ_GROUPS; g++) {
+            for (md = 0; md < FZ_MEDIA && fz_groups[g].dense; md++) {
+                if (fz_copies[h][g][md] && (md < 2 ? md : 2) < tier) {
+                    tier = md < 2 ? md : 2;
+                }
+            }
+        }
+    }
+
+    return tier;
+}
+
+
 static void
 fz_copy(unsigned h, unsigned g, unsigned md, int delta)
 {
@@ -521,13 +552,16 @@ fz_module(const kva_batch_t *b, int live)
             k = fz_key_id(ev->hashes[j]);
 
             if (ev->type == KVA_EV_STORED) {
-                if (live && !fz_snapshot && fz_set[k]) {
+                if (live && !fz_snapshot && fz_set[k]
+                    && fz_tier[k] == ev->tier)
+                {
                     /* news that was not */
                     abort();
                 }
 
                 fz_nset += !fz_set[k];
                 fz_set[k] = 1;
+                fz_tier[k] = (uint8_t) ev->tier;
 
             } else {
                 if (live && !fz_snapshot && !fz_set[k]) {
@@ -588,6 +622,11 @@ fz_check(void)
         if (fz_held(k) || fz_held(k + FZ_BLOCKS / 2)) {
             nwant++;
 
+            if (!fz_snapshot && fz_set[k] && fz_tier[k] != fz_key_tier(k)) {
+                /* nginx has the key at a tier it is not at */
+                abort();
+            }
+
         } else if (fz_set[k]) {
             /* nginx holds a key no block the engine holds has */
             abort();
@@ -611,7 +650,8 @@ fz_check(void)
 static void
 fz_snapshot_step(unsigned max)
 {
-    size_t       n;
+    size_t       n, i;
+    uint8_t      tiers[1 << 10];
     uint64_t     part[1 << 10];
     kva_ev_t     ev;
     kva_batch_t  b;
@@ -624,7 +664,7 @@ fz_snapshot_step(unsigned max)
         fz_nset = 0;
     }
 
-    n = kvb_mirror_keys(fz_m, &fz_cursor, part, max);
+    n = kvb_mirror_keys_tiered(fz_m, &fz_cursor, part, tiers, max);
 
     memset(&b, 0, sizeof(b));
     memset(&ev, 0, sizeof(ev));
@@ -634,6 +674,11 @@ fz_snapshot_step(unsigned max)
     b.events = &ev;
     b.nevents = 1;
     fz_module(&b, 0);
+
+    /* as the bridge sends them: a stored event a tier */
+    for (i = 0; i < n; i++) {
+        fz_tier[fz_key_id(part[i])] = tiers[i];
+    }
 
     if (n < max) {
         fz_snapshot = 0;

@@ -441,7 +441,7 @@ ngx_http_kv_aware_apply_hashes(ngx_http_kv_aware_srv_conf_t *kcf,
 
             if (ev->type == KVA_EV_STORED) {
                 kva_index_add(kcf->sh->index, ev->hashes + off, n, slot,
-                              KVA_BIT_EVENT, &clk);
+                              KVA_BIT_EVENT | kva_tier_srcs(ev->tier), &clk);
 
             } else if (ev->type == KVA_EV_REMOVED) {
                 /* gone from the server: guesses about it are wrong too */

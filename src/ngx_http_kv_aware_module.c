@@ -124,6 +124,17 @@ static ngx_http_kv_aware_param_t  ngx_http_kv_aware_params[] = {
       NGX_HTTP_KV_AWARE_FIXED(1), NGX_HTTP_KV_AWARE_FIXED(100000000),
       "1000" },
 
+    /* a matched block in host memory, on disk: the share of a miss */
+    { ngx_string("cpu_cost"),
+      ngx_http_kv_aware_conf_fixed,
+      offsetof(ngx_http_kv_aware_srv_conf_t, score.tier_cost[0]),
+      NGX_HTTP_KV_AWARE_FIXED(0), NGX_HTTP_KV_AWARE_FIXED(1), "0.25" },
+
+    { ngx_string("disk_cost"),
+      ngx_http_kv_aware_conf_fixed,
+      offsetof(ngx_http_kv_aware_srv_conf_t, score.tier_cost[1]),
+      NGX_HTTP_KV_AWARE_FIXED(0), NGX_HTTP_KV_AWARE_FIXED(1), "0.5" },
+
     /* in the cost's units: blocks of work (cost=ttft: ms) */
     { ngx_string("session_margin"),
       ngx_http_kv_aware_conf_fixed,

@@ -297,6 +297,12 @@ static ngx_http_kv_aware_prom_family_t  ngx_http_kv_aware_prom_families[] = {
       ngx_http_kv_aware_ps(NUM, U64, count.entries),
       "Index entries of the server, by what put them there." },
 
+    { "kv_aware_server_index_tier_entries",
+      "gauge", NGX_HTTP_KV_AWARE_PS_SERVER, "tier",
+      kva_tier_slow_names, 0, KVA_TIERS_SLOW,
+      ngx_http_kv_aware_ps(NUM, U64, count.slow),
+      "Event entries of the server whose fastest copy is past GPU memory." },
+
     { "kv_aware_server_event_messages_total", "counter",
       NGX_HTTP_KV_AWARE_PS_SERVER_EVENTS, NULL, NULL, 0, 0,
       ngx_http_kv_aware_ps(NUM, UINT, slot.ev.messages),

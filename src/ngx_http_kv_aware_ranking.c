@@ -238,6 +238,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_int_t                  reqs, blocks;
     ngx_uint_t                 i, slot;
     kva_slotset_t              mask;
+    kva_tier_count_t           tiers[KVA_MAX_SLOTS];
     ngx_http_kv_aware_slot_t  *sl;
 
     /* by slot: the scratch holds the upstream's highest (scratch.c) */
@@ -250,6 +251,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     for (i = 0; i < n; i++) {
         kva_slotset_add(&mask, picks[i].slot);
         depth[picks[i].slot] = 0;
+        ngx_memzero(&tiers[picks[i].slot], sizeof(kva_tier_count_t));
     }
 
     /* the lookup too goes a piece per hold of the lock */
@@ -263,7 +265,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
         piece = kva_index_match_part(kcf->sh->index, ctx->hashes, from,
                                      ngx_min(nblocks, from + KVA_ADD_CHUNK),
-                                     &mask, clk, depth, ctx->found);
+                                     &mask, clk, depth, ctx->found, tiers);
     }
 
     (void) kva_index_match_done(nblocks, from, &mask, depth, ctx->found);
@@ -284,6 +286,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
         }
 
         cand[i].matched = depth[slot];
+        cand[i].slow = kva_score_slow(&kcf->score, tiers[slot].n);
         cand[i].weight = picks[i].peer->weight;
         cand[i].inflight_reqs = reqs > 0 ? reqs : 0;
         cand[i].inflight_blocks = blocks > 0 ? blocks : 0;
@@ -299,7 +302,8 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 /*
  * Each candidate's speed (its prefill rate over the pool's median, which
  * cost=ttft divides its cost by) and predicted time to first token: its
- * queue and the request's uncached blocks at its rate, the pool's rate
+ * queue and the request's uncached blocks at its rate (a block in a
+ * slower tier as its share of a miss), the pool's rate
  * for a server not learned yet (ngx_http_kv_aware_ttft.c learns them).
  */
 static void
@@ -335,6 +339,7 @@ ngx_http_kv_aware_ranking_ttft_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
         cand[i].speed = rate / pool;
         cand[i].ttft = kva_ttft_predict(queued > 0 ? queued : 0,
-                                        ctx->nblocks - cand[i].matched, rate);
+                                        ctx->nblocks - cand[i].matched
+                                        + cand[i].slow, rate);
     }
 }

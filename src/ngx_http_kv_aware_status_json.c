@@ -222,6 +222,9 @@ static ngx_http_kv_aware_json_field_t  ngx_http_kv_aware_json_server[] = {
     ngx_http_kv_aware_jkeyed(ALWAYS, "entries", U64,
                              ngx_http_kv_aware_js(count.entries),
                              kva_src_names, 0, KVA_SRC_COUNT, NULL),
+    ngx_http_kv_aware_jkeyed(ALWAYS, "tiers", U64,
+                             ngx_http_kv_aware_js(count.slow),
+                             kva_tier_slow_names, 0, KVA_TIERS_SLOW, NULL),
 
     ngx_http_kv_aware_jopen(ALWAYS, "events"),
     ngx_http_kv_aware_jnum(ALWAYS, "messages", UINT,

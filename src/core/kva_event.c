@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <jansson.h>
 
@@ -52,6 +53,9 @@ const char  *const kva_event_snap_names[] = {
 };
 
 const char  *const kva_event_type_names[] = { "stored", "removed", "cleared" };
+
+/* indexed by the tier (KVA_EVENT_TIER_*); read in any case: vLLM's "GPU" */
+const char  *const kva_event_tier_names[] = { "gpu", "cpu", "disk" };
 
 /* indexed by kva_event_rc_e */
 static const char  *kva_rc_names[] = {
@@ -84,6 +88,7 @@ static kva_event_rc_e kva_decode_events(json_t *events,
 static size_t kva_get_server(json_t *root, char *dst, size_t cap);
 static int kva_get_uint(json_t *j, uint64_t max, uint64_t *v);
 static int kva_lookup(const char *const *names, int n, json_t *j);
+static int kva_tier(json_t *j, unsigned *tier);
 
 
 static kva_event_rc_e
@@ -434,6 +439,7 @@ kva_decode_events(json_t *events, const kva_event_limits_t *lim,
 {
     int         t;
     size_t      n, i, k, total;
+    unsigned    tier;
     json_t     *ev, *j, *h;
     uint64_t   *p;
     kva_ev_t   *out;
@@ -504,6 +510,18 @@ kva_decode_events(json_t *events, const kva_event_limits_t *lim,
 
         if (out->type != KVA_EV_STORED) {
             continue;
+        }
+
+        j = json_object_get(ev, "medium");
+
+        if (j != NULL) {
+            if (kva_tier(j, &tier) != 0) {
+                return kva_errf(e, KVA_EVENT_BAD_FIELD,
+                                "events[%zu].medium: not gpu, cpu or disk",
+                                i);
+            }
+
+            out->tier = tier;
         }
 
         j = json_object_get(ev, "parent");
@@ -627,6 +645,34 @@ kva_lookup(const char *const *names, int n, json_t *j)
     for (i = 0; i < n; i++) {
         if (names[i] != NULL && strcmp(names[i], s) == 0) {
             return i;
+        }
+    }
+
+    return -1;
+}
+
+
+/* a tier's name, in any case and nothing else (no NUL inside) */
+static int
+kva_tier(json_t *j, unsigned *tier)
+{
+    size_t       len;
+    unsigned     i;
+    const char  *s;
+
+    if (!json_is_string(j)) {
+        return -1;
+    }
+
+    s = json_string_value(j);
+    len = json_string_length(j);
+
+    for (i = 0; i < KVA_EVENT_TIERS; i++) {
+        if (len == strlen(kva_event_tier_names[i])
+            && strncasecmp(s, kva_event_tier_names[i], len) == 0)
+        {
+            *tier = i;
+            return 0;
         }
     }
 

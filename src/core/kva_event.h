@@ -26,7 +26,7 @@
  * an event or to the load, and keeps jansson's recursion shallow.
  */
 #define KVA_EVENT_DEPTH_MAX    8
-/* an event: itself, type, parent, hashes, and 4 unknown fields */
+/* an event: itself, type, parent, medium, hashes, and 3 unknown fields */
 #define KVA_EVENT_VALUES_PER_EVENT  8
 /* v, server, seq, snapshot, keyspace, events, load and its 3: 11, and room */
 #define KVA_EVENT_VALUES_ENVELOPE   64
@@ -52,9 +52,21 @@ typedef enum {
 } kva_snap_e;
 
 
+/*
+ * Where a stored block's copy is ("medium"): the fastest tier the server
+ * holds it in.  The index's KVA_TIER_* (kva_index_layout.h) alike.
+ */
+#define KVA_EVENT_TIER_GPU     0
+#define KVA_EVENT_TIER_CPU     1
+#define KVA_EVENT_TIER_DISK    2
+#define KVA_EVENT_TIERS        3
+
+
 typedef struct {
     kva_ev_type_e       type;
     unsigned            has_parent:1;
+    unsigned            tier:2;         /* stored: KVA_EVENT_TIER_*, GPU
+                                           when the event says none */
     uint64_t            parent;
     uint64_t           *hashes;         /* into the batch's hash storage */
     size_t              nhashes;
@@ -172,6 +184,7 @@ const char *kva_event_strerror(kva_event_rc_e rc);
 extern const char  *const kva_event_snap_names[];
 extern const char  *const kva_event_keyspace_names[];
 extern const char  *const kva_event_type_names[];
+extern const char  *const kva_event_tier_names[];
 
 /* 16 lowercase hex digits, no NUL; and back (returns -1 if not hex) */
 void kva_hex64(uint64_t v, char out[16]);

@@ -54,7 +54,7 @@ kva_batch_equal(const kva_batch_t *a, const kva_batch_t *b)
         y = &b->events[i];
 
         if (x->type != y->type || x->nhashes != y->nhashes
-            || x->has_parent != y->has_parent
+            || x->has_parent != y->has_parent || x->tier != y->tier
             || (x->has_parent && x->parent != y->parent)
             || (x->nhashes > 0
                 && memcmp(x->hashes, y->hashes,

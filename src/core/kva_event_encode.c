@@ -151,6 +151,15 @@ kva_encode_event(const kva_ev_t *ev)
         }
     }
 
+    /* GPU goes unsaid: what every publisher before tiers meant */
+    if (ev->type == KVA_EV_STORED && ev->tier != KVA_EVENT_TIER_GPU
+        && ev->tier < KVA_EVENT_TIERS
+        && kva_set(obj, "medium", json_string(kva_event_tier_names[ev->tier]))
+           != 0)
+    {
+        goto failed;
+    }
+
     hashes = json_array();
 
     if (kva_set(obj, "hashes", hashes) != 0) {

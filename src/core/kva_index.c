@@ -307,7 +307,7 @@ kva_index_match_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     alive = *mask;
 
     reached = kva_index_match_part(ix, hashes, 0, n, &alive, clk, depth,
-                                   found);
+                                   found, NULL);
 
     return kva_index_match_done(n, reached, &alive, depth, found);
 }
@@ -316,7 +316,7 @@ kva_index_match_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
 uint32_t
 kva_index_match_part(kva_index_t *ix, const uint64_t *hashes, uint32_t from,
     uint32_t to, kva_slotset_t *alive, const kva_clock_t *clk,
-    uint32_t depth[KVA_MAX_SLOTS], uint32_t *found)
+    uint32_t depth[KVA_MAX_SLOTS], uint32_t *found, kva_tier_count_t *tiers)
 {
     uint16_t      list[KVA_INLINE];
     unsigned      n, j;
@@ -346,14 +346,14 @@ kva_index_match_part(kva_index_t *ix, const uint64_t *hashes, uint32_t from,
 
         /* a slot that misses block i cannot use any later block */
         if (n > KVA_MAX_SLOTS) {
-            n = kva_match_set(ix, e, clk, alive, list, i, depth);
+            n = kva_match_set(ix, e, clk, alive, list, i, depth, tiers);
 
             if (n == KVA_MAX_SLOTS + 1 && kva_slotset_empty(alive)) {
                 n = 0;
             }
 
         } else {
-            n = kva_match_list(ix, e, clk, list, n, i, depth);
+            n = kva_match_list(ix, e, clk, list, n, i, depth, tiers);
         }
     }
 
@@ -575,9 +575,11 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     kva_entry_t  *e, *entries;
 
     anew = 0;
-    srcs &= KVA_BITS_ALL;
 
-    if (srcs == 0 || slot >= KVA_MAX_SLOTS) {
+    /* the sources, and an event copy's tier (kva_tier_srcs()) */
+    srcs &= KVA_BITS_ALL | kva_tier_srcs(3);
+
+    if ((srcs & KVA_BITS_ALL) == 0 || slot >= KVA_MAX_SLOTS) {
         return;     /* an entry holding nothing would never be freed */
     }
 

@@ -46,7 +46,9 @@ uint32_t kva_index_match(kva_index_t *ix, const uint64_t *hashes,
 
 /*
  * Marks slot as holding every hash, for the sources in srcs (KVA_BIT_*),
- * evicting least recently used entries when full.
+ * evicting least recently used entries when full.  With KVA_BIT_EVENT,
+ * srcs may carry the tier of the copy (kva_tier_srcs(); none: GPU), which
+ * replaces the one the slot's event copy had.
  */
 void kva_index_add(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     unsigned slot, unsigned srcs, const kva_clock_t *clk);
@@ -68,12 +70,15 @@ void kva_index_add_found(kva_index_t *ix, const uint64_t *hashes,
  * match_found in pieces, for a caller that releases its lock in between:
  * *alive starts as the mask and carries the slots still matching from
  * piece to piece; blocks [from, to) are looked up while any is alive.
+ * With tiers (else NULL), tiers[slot] counts, for each slot of the mask
+ * (zeroed by the caller), its matched blocks in each tier past GPU: an
+ * event copy in host memory or on disk still continues the match.
  * Returns the block the piece stopped at.  kva_index_match_done() then
  * completes depth[] and found[] and returns the deepest match.
  */
 uint32_t kva_index_match_part(kva_index_t *ix, const uint64_t *hashes,
     uint32_t from, uint32_t to, kva_slotset_t *alive, const kva_clock_t *clk,
-    uint32_t depth[KVA_MAX_SLOTS], uint32_t *found);
+    uint32_t depth[KVA_MAX_SLOTS], uint32_t *found, kva_tier_count_t *tiers);
 uint32_t kva_index_match_done(uint32_t n, uint32_t reached,
     const kva_slotset_t *alive, uint32_t depth[KVA_MAX_SLOTS],
     uint32_t *found);

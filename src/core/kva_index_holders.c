@@ -193,7 +193,8 @@ kva_entry_narrow(kva_index_t *ix, kva_entry_t *e, kva_wide_t *w)
 
 
 /*
- * Adds srcs to what slot holds of entry idx.  Returns 1 when slot's
+ * Adds srcs to what slot holds of entry idx (an event copy's tier with
+ * them: kva_holder_add(); a wide record keeps none).  Returns 1 when slot's
  * learned bit is new (the budget counts it), 0 when not, -1 when the slot
  * could not be added (the wide pool has no record at all).
  */
@@ -219,7 +220,7 @@ kva_entry_set(kva_index_t *ix, uint32_t idx, unsigned slot, unsigned srcs)
             if (e->h[i] && kva_holder_slot(e->h[i]) == slot) {
                 anew = (srcs & KVA_BIT_LEARNED)
                        && !(kva_holder_srcs(e->h[i]) & KVA_BIT_LEARNED);
-                e->h[i] |= (kva_holder_t) srcs;
+                e->h[i] = kva_holder_add(e->h[i], slot, srcs);
                 return anew;
             }
 
@@ -229,7 +230,7 @@ kva_entry_set(kva_index_t *ix, uint32_t idx, unsigned slot, unsigned srcs)
         }
 
         if (empty < KVA_INLINE) {
-            e->h[empty] = kva_holder(slot, srcs);
+            e->h[empty] = kva_holder_add(0, slot, srcs);
             return (srcs & KVA_BIT_LEARNED) != 0;
         }
 
@@ -305,7 +306,7 @@ kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk)
             srcs &= ~KVA_BIT_SPEC;
         }
 
-        e->h[i] = srcs ? kva_holder(kva_holder_slot(e->h[i]), srcs) : 0;
+        e->h[i] = kva_holder_with(e->h[i], srcs);
     }
 }
 
@@ -339,8 +340,7 @@ kva_entry_clear(kva_index_t *ix, kva_entry_t *e, const kva_slotset_t *set,
         for (i = 0; i < KVA_INLINE; i++) {
             if (e->h[i] && kva_slotset_has(set, kva_holder_slot(e->h[i]))) {
                 left = kva_holder_srcs(e->h[i]) & ~srcs;
-                e->h[i] = left ? kva_holder(kva_holder_slot(e->h[i]), left)
-                               : 0;
+                e->h[i] = kva_holder_with(e->h[i], left);
             }
         }
     }

@@ -46,6 +46,52 @@ kva_wide_of(const kva_index_t *ix, const kva_entry_t *e)
 }
 
 
+/*
+ * Holder h with its sources now srcs (0: the place empties); its tier
+ * stays while its event bit does, and goes with it.
+ */
+static inline kva_holder_t
+kva_holder_with(kva_holder_t h, unsigned srcs)
+{
+    if (srcs == 0) {
+        return 0;
+    }
+
+    h = (kva_holder_t) ((h & ~7u) | srcs);
+
+    return (srcs & KVA_BIT_EVENT) ? h
+                                  : (kva_holder_t) (h & KVA_HOLDER_UNTIERED);
+}
+
+
+/*
+ * Holder h (0: a new one of slot) given srcs, whose bits past the sources
+ * are the tier of an event copy (kva_tier_srcs()): an event sets the tier,
+ * whatever it was, so that a store on GPU lifts a block an offload tier
+ * held, and the bridge's store at a slower tier lowers it.
+ */
+static inline kva_holder_t
+kva_holder_add(kva_holder_t h, unsigned slot, unsigned srcs)
+{
+    unsigned  tier;
+
+    tier = srcs >> 3 & 3;
+    tier = (tier > KVA_TIERS_SLOW) ? KVA_TIERS_SLOW : tier;
+    srcs &= 7;
+
+    if (h == 0) {
+        h = kva_holder(slot, 0);
+    }
+
+    if (srcs & KVA_BIT_EVENT) {
+        h = (kva_holder_t) ((h & KVA_HOLDER_UNTIERED)
+                            | tier << KVA_HOLDER_TIER_SHIFT);
+    }
+
+    return (kva_holder_t) (h | srcs);
+}
+
+
 /* an empty holder is 0, so an entry holding nothing is zero past next */
 static inline int
 kva_entry_empty(const kva_entry_t *e)
@@ -175,7 +221,7 @@ kva_entry_touch(const kva_index_t *ix, kva_entry_t *e, unsigned slot,
                 hs &= ~KVA_BIT_SPEC;
             }
 
-            e->h[i] = hs ? kva_holder(s, hs) : 0;
+            e->h[i] = kva_holder_with(e->h[i], hs);
 
             if (hs && s == slot) {
                 mine = i;
@@ -190,12 +236,12 @@ kva_entry_touch(const kva_index_t *ix, kva_entry_t *e, unsigned slot,
     if (mine < KVA_INLINE) {
         anew = (srcs & KVA_BIT_LEARNED)
                && !(kva_holder_srcs(e->h[mine]) & KVA_BIT_LEARNED);
-        e->h[mine] |= (kva_holder_t) srcs;
+        e->h[mine] = kva_holder_add(e->h[mine], slot, srcs);
         return anew;
     }
 
     if (empty < KVA_INLINE) {
-        e->h[empty] = kva_holder(slot, srcs);
+        e->h[empty] = kva_holder_add(0, slot, srcs);
         return (srcs & KVA_BIT_LEARNED) != 0;
     }
 
@@ -216,6 +262,24 @@ void kva_wide_free(kva_index_t *ix, uint32_t r);
 
 
 /*
+ * A matched block of slot held by h: counted in tiers (NULL: not asked)
+ * when only its event copy counts and that is in a slower tier.
+ */
+static inline void
+kva_match_tier(kva_tier_count_t *tiers, kva_holder_t h, unsigned fresh,
+    unsigned slot)
+{
+    unsigned  t;
+
+    t = kva_holder_tier(h);
+
+    if (tiers && t && fresh == KVA_BIT_EVENT && t <= KVA_TIERS_SLOW) {
+        tiers[slot].n[t - 1]++;
+    }
+}
+
+
+/*
  * The slots of live that hold block i (entry e, NULL: nobody) stay, as a
  * list when e is inline (at most KVA_INLINE of them), else as the set;
  * each other one leaves with depth i.  Returns how many are listed, or
@@ -225,9 +289,9 @@ void kva_wide_free(kva_index_t *ix, uint32_t r);
 static inline unsigned
 kva_match_set(kva_index_t *ix, const kva_entry_t *e, const kva_clock_t *clk,
     kva_slotset_t *live, uint16_t *list, uint32_t i,
-    uint32_t depth[KVA_MAX_SLOTS])
+    uint32_t depth[KVA_MAX_SLOTS], kva_tier_count_t *tiers)
 {
-    unsigned      k, n, slot, wi;
+    unsigned      k, n, slot, wi, fresh;
     uint32_t      age;
     uint64_t      gone, keep;
     kva_wide_t   *w;
@@ -261,11 +325,16 @@ kva_match_set(kva_index_t *ix, const kva_entry_t *e, const kva_clock_t *clk,
         for (k = 0; k < KVA_INLINE; k++) {
             slot = kva_holder_slot(e->h[k]);
 
-            if (e->h[k] && kva_slotset_has(live, slot)
-                && kva_holder_fresh(ix, e->h[k], age, e->stamp, clk))
-            {
+            if (e->h[k] == 0 || !kva_slotset_has(live, slot)) {
+                continue;
+            }
+
+            fresh = kva_holder_fresh(ix, e->h[k], age, e->stamp, clk);
+
+            if (fresh) {
                 list[n++] = (uint16_t) slot;
                 kva_slotset_del(live, slot);
+                kva_match_tier(tiers, e->h[k], fresh, slot);
             }
         }
     }
@@ -284,9 +353,10 @@ kva_match_set(kva_index_t *ix, const kva_entry_t *e, const kva_clock_t *clk,
 /* the same for the n slots of list: returns how many stay */
 static inline unsigned
 kva_match_list(kva_index_t *ix, const kva_entry_t *e, const kva_clock_t *clk,
-    uint16_t *list, unsigned n, uint32_t i, uint32_t depth[KVA_MAX_SLOTS])
+    uint16_t *list, unsigned n, uint32_t i, uint32_t depth[KVA_MAX_SLOTS],
+    kva_tier_count_t *tiers)
 {
-    unsigned      j, k, kept, slot;
+    unsigned      j, k, kept, slot, fresh;
     uint32_t      age;
     kva_wide_t   *w;
 
@@ -307,8 +377,10 @@ kva_match_list(kva_index_t *ix, const kva_entry_t *e, const kva_clock_t *clk,
         } else {
             for (k = 0; k < KVA_INLINE; k++) {
                 if (e->h[k] && kva_holder_slot(e->h[k]) == slot) {
-                    k = kva_holder_fresh(ix, e->h[k], age, e->stamp, clk)
-                        ? k : KVA_INLINE;
+                    fresh = kva_holder_fresh(ix, e->h[k], age, e->stamp,
+                                             clk);
+                    kva_match_tier(tiers, e->h[k], fresh, slot);
+                    k = fresh ? k : KVA_INLINE;
                     break;
                 }
             }

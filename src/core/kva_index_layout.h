@@ -18,9 +18,9 @@
 
 #define KVA_NIL             0xffffffffu
 
-/* a holder keeps its slot in 13 bits */
-#if (KVA_MAX_SLOTS > 8192)
-#error "KVA_MAX_SLOTS is over the 13 bits of a holder's slot"
+/* a holder keeps its slot in 11 bits, the 2 above for its tier */
+#if (KVA_MAX_SLOTS > 2048)
+#error "KVA_MAX_SLOTS is over the 11 bits of a holder's slot"
 #endif
 
 #define KVA_INLINE          6
@@ -67,13 +67,41 @@ typedef enum {
 
 extern const char  *const kva_src_names[];
 
+/* the tiers past GPU, kva_slot_count_t.slow[] in this order */
+extern const char  *const kva_tier_slow_names[];
 
-/* a holder: slot << 3 | its sources (KVA_BIT_*); 0: an empty place */
+
+/*
+ * Where a server keeps its copy of a block, as its events say: GPU memory,
+ * host memory (an offload tier, a copy over PCIe away), or disk and
+ * remote storage.  Learned and speculative guesses are GPU: a request
+ * routed there computed the block there.
+ */
+#define KVA_TIER_GPU        0
+#define KVA_TIER_CPU        1
+#define KVA_TIER_DISK       2
+#define KVA_TIERS           3
+#define KVA_TIERS_SLOW      (KVA_TIERS - 1)
+
+/* an add's srcs with the tier of its event copy: KVA_BIT_EVENT | this */
+#define kva_tier_srcs(tier)     ((unsigned) (tier) << 3)
+
+
+/*
+ * A holder: tier << 14 | slot << 3 | its sources (KVA_BIT_*); 0: an empty
+ * place.  The tier is that of the event copy (0 without KVA_BIT_EVENT).
+ * Wide records keep no tier: a block held by more than KVA_INLINE servers
+ * counts as in GPU memory on all of them (docs/design.md).
+ */
 typedef uint16_t  kva_holder_t;
 
+#define KVA_HOLDER_TIER_SHIFT   14
+#define KVA_HOLDER_UNTIERED     0x3fff          /* all but the tier */
+
 #define kva_holder(slot, srcs)  ((kva_holder_t) ((slot) << 3 | (srcs)))
-#define kva_holder_slot(h)      ((unsigned) (h) >> 3)
+#define kva_holder_slot(h)      ((unsigned) (h) >> 3 & 0x7ff)
 #define kva_holder_srcs(h)      ((unsigned) (h) & 7)
+#define kva_holder_tier(h)      ((unsigned) (h) >> KVA_HOLDER_TIER_SHIFT)
 
 
 typedef struct {
@@ -176,7 +204,15 @@ typedef struct {
 
 typedef struct {
     uint64_t            entries[3];     /* per source, fresh or not */
+    uint64_t            slow[KVA_TIERS_SLOW];   /* event entries per tier
+                                                   past GPU, inline ones */
 } kva_slot_count_t;
+
+
+/* per candidate: the matched blocks held in each tier past GPU */
+typedef struct {
+    uint32_t            n[KVA_TIERS_SLOW];
+} kva_tier_count_t;
 
 
 /* whether slot's budget still allows a learned bit last touched at stamp */

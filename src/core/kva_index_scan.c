@@ -21,6 +21,8 @@ const char  *const kva_src_names[] = {
     KVA_SRCS(KVA_LIST_NAME)
 };
 
+const char  *const kva_tier_slow_names[] = { "cpu", "disk" };
+
 
 void
 kva_index_count(kva_index_t *ix, const kva_clock_t *clk,
@@ -36,7 +38,7 @@ uint32_t
 kva_index_count_range(kva_index_t *ix, const kva_clock_t *clk,
     uint32_t from, uint32_t to, kva_slot_count_t counts[KVA_MAX_SLOTS])
 {
-    unsigned      k, wi, slot, src, srcs;
+    unsigned      k, wi, slot, src, srcs, tier;
     uint32_t      idx, age;
     uint64_t      bits;
     kva_wide_t   *w;
@@ -75,6 +77,14 @@ kva_index_count_range(kva_index_t *ix, const kva_clock_t *clk,
 
                 for (src = 0; src < KVA_SRC_COUNT; src++) {
                     counts[slot].entries[src] += srcs >> src & 1;
+                }
+
+                tier = kva_holder_tier(e->h[k]);
+
+                if ((srcs & KVA_BIT_EVENT) && tier
+                    && tier <= KVA_TIERS_SLOW)
+                {
+                    counts[slot].slow[tier - 1]++;
                 }
             }
 
@@ -265,8 +275,12 @@ kva_check_holders(const kva_index_t *ix, uint32_t idx)
             continue;
         }
 
+        /* a tier is the event copy's: none without it, and 3 is none */
         if (kva_holder_slot(e->h[i]) >= KVA_MAX_SLOTS
-            || kva_holder_srcs(e->h[i]) == 0)
+            || kva_holder_srcs(e->h[i]) == 0
+            || kva_holder_tier(e->h[i]) > KVA_TIERS_SLOW
+            || (kva_holder_tier(e->h[i])
+                && !(kva_holder_srcs(e->h[i]) & KVA_BIT_EVENT)))
         {
             return -1;
         }

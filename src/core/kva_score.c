@@ -10,6 +10,7 @@
 
 
 static double kva_load(const kva_candidate_t *c, double mean_weight);
+static double kva_misses(const kva_candidate_t *c, uint32_t nblocks);
 static void kva_in_time(const kva_score_conf_t *conf,
     const kva_candidate_t *c, unsigned n, double *cost);
 static unsigned kva_pick_min(const double *cost, const kva_candidate_t *c,
@@ -20,6 +21,18 @@ static double kva_fill_kept(const kva_fill_t *f, uint64_t now, uint64_t tau);
 const char  *const kva_why_names[] = {
     KVA_WHYS(KVA_LIST_NAME)
 };
+
+
+/* blocks to compute, a block in a slower tier as its share of one */
+static double
+kva_misses(const kva_candidate_t *c, uint32_t nblocks)
+{
+    double  slow;
+
+    slow = c->slow < c->matched ? c->slow : c->matched;
+
+    return (double) (nblocks - c->matched) + (slow > 0.0 ? slow : 0.0);
+}
 
 
 static double
@@ -98,6 +111,13 @@ kva_pick_min(const double *cost, const kva_candidate_t *c, unsigned n,
 }
 
 
+double
+kva_score_slow(const kva_score_conf_t *conf, const uint32_t slow[2])
+{
+    return conf->tier_cost[0] * slow[0] + conf->tier_cost[1] * slow[1];
+}
+
+
 unsigned
 kva_score_pick(const kva_score_conf_t *conf, const kva_candidate_t *c,
     unsigned n, uint32_t nblocks, uint32_t rnd, kva_why_e *why)
@@ -153,7 +173,7 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
     }
 
     for (i = 0; i < n; i++) {
-        cost[i] = conf->overlap_weight * (nblocks - c[i].matched)
+        cost[i] = conf->overlap_weight * kva_misses(&c[i], nblocks)
                   + kva_load(&c[i], mean_weight);
     }
 
@@ -218,7 +238,7 @@ kva_score_overloaded(const kva_score_conf_t *conf, const kva_candidate_t *c,
     mine = 0.0;
 
     for (i = 0; i < n; i++) {
-        cost = conf->overlap_weight * (nblocks - c[i].matched)
+        cost = conf->overlap_weight * kva_misses(&c[i], nblocks)
                + kva_load(&c[i], mean_weight);
 
         if (conf->cost == KVA_COST_TTFT && c[i].speed > 0.0) {

@@ -23,11 +23,16 @@ typedef struct {
     double              affinity_min;     /* share of the prompt a match
                                              must cover; 0: any match */
     unsigned            cost;             /* KVA_COST_* */
+    double              tier_cost[2];     /* a block in host memory, on
+                                             disk: the share of a miss */
 } kva_score_conf_t;
 
 
 typedef struct {
     uint32_t            matched;          /* leading prompt blocks held */
+    double              slow;             /* of those, the ones in slower
+                                             tiers, as misses
+                                             (kva_score_slow()) */
     uint32_t            weight;           /* nginx server weight, >= 1 */
     uint64_t            inflight_reqs;
     uint64_t            inflight_blocks;  /* blocks they had to compute */
@@ -71,7 +76,15 @@ extern const char  *const kva_why_names[];
 
 
 /*
- * cost(c) = overlap_weight * (nblocks - matched) + load(c), where load is
+ * The misses that a candidate's matched blocks in slower tiers are worth:
+ * each costs tier_cost of a miss (a copy back into GPU memory instead of
+ * a prefill; docs/design.md), slow[0] in host memory, slow[1] on disk.
+ */
+double kva_score_slow(const kva_score_conf_t *conf, const uint32_t slow[2]);
+
+/*
+ * cost(c) = overlap_weight * (nblocks - matched + slow) + load(c), where
+ * slow is the matched blocks in slower tiers, as misses; load is
  * the in-flight requests plus the blocks they had to compute, scaled by
  * the server's share of the total weight.  Lowest cost wins; among equals
  * the server that was routed the fewest requests, then rnd decides.
@@ -115,10 +128,10 @@ unsigned kva_score_costs(const kva_score_conf_t *conf,
  * against the others: the gate's test holds for it (more than imbalance
  * requests in flight over the least busy candidate and more than
  * imbalance_ratio times as many), or its cost, overlap_weight * blocks to
- * recompute + load (with KVA_COST_TTFT: over its speed), exceeds the
- * least one's by more than margin.  That cost whatever the mode of the
- * choice: placing by capacity weighs what a server stored lately, which
- * a session's own server has the most of.
+ * recompute (slow ones as misses) + load (with KVA_COST_TTFT: over its
+ * speed), exceeds the least one's by more than margin.  That cost
+ * whatever the mode of the choice: placing by capacity weighs what a
+ * server stored lately, which a session's own server has the most of.
  */
 int kva_score_overloaded(const kva_score_conf_t *conf,
     const kva_candidate_t *c, unsigned n, uint32_t nblocks, unsigned bound,

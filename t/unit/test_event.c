@@ -411,10 +411,73 @@ test_strerror(void)
 }
 
 
+/*
+ * "medium": a stored block's tier, any case; anything else is refused.
+ * A removal's medium means nothing (the server no longer holds the block).
+ */
+static void
+test_tiers(void)
+{
+    char            err[128], msg[2048];
+    size_t          i;
+    kva_batch_t     b, back;
+    kva_event_rc_e  rc;
+    char           *enc;
+    size_t          len;
+
+    rc = dec("{" HDR ",\"events\":["
+             "{\"type\":\"stored\",\"hashes\":[\"0000000000000001\"]},"
+             "{\"type\":\"stored\",\"medium\":\"CPU\","
+             "\"hashes\":[\"0000000000000002\"]},"
+             "{\"type\":\"stored\",\"medium\":\"disk\","
+             "\"hashes\":[\"0000000000000003\"]},"
+             "{\"type\":\"stored\",\"medium\":\"Gpu\","
+             "\"hashes\":[\"0000000000000004\"]},"
+             "{\"type\":\"removed\",\"medium\":\"cpu\","
+             "\"hashes\":[\"0000000000000002\"]}]}", NULL, &b, err);
+    ok(rc == KVA_EVENT_OK && b.nevents == 5 && b.events[0].tier == 0
+       && b.events[1].tier == KVA_EVENT_TIER_CPU
+       && b.events[2].tier == KVA_EVENT_TIER_DISK && b.events[3].tier == 0,
+       "medium: none and Gpu are GPU, CPU and disk their tiers");
+
+    enc = (rc == KVA_EVENT_OK) ? kva_event_encode(&b, &len) : NULL;
+    ok(enc != NULL && strstr(enc, "\"medium\":\"cpu\"") != NULL
+       && strstr(enc, "\"medium\":\"gpu\"") == NULL,
+       "encoded: a slower tier said, GPU left unsaid");
+
+    if (enc != NULL) {
+        rc = dec(enc, NULL, &back, err);
+        ok(rc == KVA_EVENT_OK && kva_batch_equal(&b, &back),
+           "and decoded back alike");
+        kva_batch_free(&back);
+        free(enc);
+    }
+
+    kva_batch_free(&b);
+
+    expect("{" HDR ",\"events\":[{\"type\":\"stored\",\"medium\":1,"
+           "\"hashes\":[]}]}", KVA_EVENT_BAD_FIELD, "medium a number");
+    expect("{" HDR ",\"events\":[{\"type\":\"stored\","
+           "\"medium\":\"STORAGE\",\"hashes\":[]}]}",
+           KVA_EVENT_BAD_FIELD, "medium an unknown name");
+    expect("{" HDR ",\"events\":[{\"type\":\"stored\","
+           "\"medium\":\"gpu\\u0000x\",\"hashes\":[]}]}",
+           KVA_EVENT_MALFORMED, "medium with a NUL inside");
+
+    i = (size_t) snprintf(msg, sizeof(msg), "{" HDR ",\"events\":[{"
+                          "\"type\":\"stored\",\"medium\":\"");
+    memset(msg + i, 'c', 1024);
+    i += 1024;
+    (void) snprintf(msg + i, sizeof(msg) - i, "\",\"hashes\":[]}]}");
+    expect(msg, KVA_EVENT_BAD_FIELD, "medium a 1 KB string");
+}
+
+
 int
 main(void)
 {
     test_hex();
+    test_tiers();
     test_fields();
     test_snapshots();
     test_errors();

@@ -35,17 +35,24 @@ str(const char *s)
 }
 
 
-/* a batch of one event, by name as vLLM 0.26 sends it */
+/* a batch of n events, by name as vLLM 0.26 sends it: pack them next */
 
 static void
-batch_start(void)
+batch_start_n(unsigned n)
 {
     msgpack_sbuffer_clear(&sb);
     msgpack_pack_map(&pk, 2);
     str("ts");
     msgpack_pack_double(&pk, 1.0);
     str("events");
-    msgpack_pack_array(&pk, 1);
+    msgpack_pack_array(&pk, n);
+}
+
+
+static void
+batch_start(void)
+{
+    batch_start_n(1);
 }
 
 
@@ -370,8 +377,10 @@ test_tiers_and_groups(void)
 
     batch_start();
     pack_removed(e, 1, "GPU", -1);
-    ok(apply(m, &out) == 0 && out.nevents == 0 && kvb_mirror_size(m) == 1,
-       "evicted from GPU, still in CPU memory: still held");
+    ok(apply(m, &out) == 0 && out.nevents == 1
+       && out.events[0].type == KVA_EV_STORED
+       && out.events[0].tier == KVA_EVENT_TIER_CPU && kvb_mirror_size(m) == 1,
+       "evicted from GPU, still in CPU memory: held, at the CPU tier");
     kva_batch_free(&out);
 
     /* a sliding-window group of a hybrid model, same engine hash */
@@ -821,6 +830,120 @@ test_dense_kinds(void)
 }
 
 
+/* one stored event at tier holding exactly keys[0 .. n) */
+static int
+stored_at(const kva_batch_t *out, unsigned tier, const uint64_t *keys,
+    unsigned n)
+{
+    return out->nevents == 1 && out->events[0].type == KVA_EV_STORED
+           && out->events[0].tier == tier && out->events[0].nhashes == n
+           && memcmp(out->events[0].hashes, keys, n * sizeof(uint64_t)) == 0;
+}
+
+
+/*
+ * Issue 21: tiers.  A key goes to nginx at its fastest copy's tier, again
+ * whenever that changes: a GPU copy gone while a CPU one stays moves it
+ * to CPU, a GPU store lifts it, any other medium is slower still, and it
+ * is removed with its last copy in any tier.  A snapshot says the tiers.
+ */
+
+static void
+test_tier_moves(void)
+{
+    int            good;
+    size_t         cursor, n, i;
+    uint8_t        tiers[8];
+    uint64_t       keys[3], snap[8];
+    kva_batch_t    out;
+    kvb_mirror_t  *m;
+    uint64_t       e[3] = { 301, 302, 303 };
+    stored_t       s;
+
+    m = kvb_mirror_create("llama", 1000);
+    memset(&s, 0, sizeof(s));
+    s.engine = e;
+    s.n = 3;
+    s.group = -1;
+
+    batch_start();
+    pack_stored(&s);
+    ok(apply(m, &out) == 0 && out.nevents == 1 && out.events[0].nhashes == 3
+       && out.events[0].tier == KVA_EVENT_TIER_GPU, "stored on GPU");
+    memcpy(keys, out.events[0].hashes, sizeof(keys));
+    kva_batch_free(&out);
+
+    s.medium = "CPU_TIER1";
+    batch_start();
+    pack_stored(&s);
+    ok(apply(m, &out) == 0 && out.nevents == 0,
+       "offloaded to CPU_TIER1 (host memory): no news, GPU is faster");
+    kva_batch_free(&out);
+
+    batch_start();
+    pack_removed(e, 3, "GPU", -1);
+    ok(apply(m, &out) == 0 && stored_at(&out, KVA_EVENT_TIER_CPU, keys, 3)
+       && kvb_mirror_size(m) == 3,
+       "the GPU copies go: one stored event at the CPU tier, not removed");
+    kva_batch_free(&out);
+
+    s.medium = NULL;
+    s.n = 2;
+    batch_start();
+    pack_stored(&s);
+    ok(apply(m, &out) == 0 && stored_at(&out, KVA_EVENT_TIER_GPU, keys, 2),
+       "stored on GPU again: the two lifted");
+    kva_batch_free(&out);
+
+    s.medium = "LocalDisk";
+    s.n = 3;
+    batch_start();
+    pack_stored(&s);
+    ok(apply(m, &out) == 0 && out.nevents == 0,
+       "a third tier below: no news");
+    kva_batch_free(&out);
+
+    batch_start();
+    pack_removed(e, 3, "CPU_TIER1", -1);
+    ok(apply(m, &out) == 0
+       && stored_at(&out, KVA_EVENT_TIER_DISK, keys + 2, 1),
+       "the CPU copies go: the block not on GPU moves to disk");
+    kva_batch_free(&out);
+
+    cursor = 0;
+    good = 1;
+    n = kvb_mirror_keys_tiered(m, &cursor, snap, tiers, 8);
+    for (i = 0; i < n; i++) {
+        good &= tiers[i] == (snap[i] == keys[2] ? KVA_EVENT_TIER_DISK
+                                                : KVA_EVENT_TIER_GPU);
+    }
+
+    ok(n == 3 && good, "a snapshot says each key's tier");
+
+    batch_start();
+    pack_removed(e + 2, 1, "LocalDisk", -1);
+    ok(apply(m, &out) == 0 && removed_one(&out, keys[2])
+       && kvb_mirror_size(m) == 2, "its last copy goes: removed");
+    kva_batch_free(&out);
+
+    /* a GPU removal and a lift in one batch: in order, one event each */
+    batch_start_n(2);
+    pack_removed(e, 1, "GPU", -1);
+    s.medium = NULL;
+    s.n = 1;
+    pack_stored(&s);
+    ok(apply(m, &out) == 0 && out.nevents == 2
+       && out.events[0].tier == KVA_EVENT_TIER_DISK
+       && out.events[1].tier == KVA_EVENT_TIER_GPU
+       && out.events[1].hashes[0] == keys[0]
+       && kvb_mirror_stats(m)->retiered == 8,
+       "down then up in one batch: two events, in order");
+    kva_batch_free(&out);
+
+    kvb_mirror_destroy(m);
+}
+
+
 /*
  * Issue 18, 13: an offload tier's BlockStored without tokens (vLLM's
  * offloading connector without self_describing_kv_events) names a block
@@ -872,8 +995,9 @@ test_offload_untokened(void)
 
     batch_start();
     pack_removed(e, 1, "GPU", 0);
-    ok(apply(m, &out) == 0 && out.nevents == 0 && kvb_mirror_size(m) == 1,
-       "evicted from the GPU: the CPU copy holds it");
+    ok(apply(m, &out) == 0 && stored_key(&out) == key
+       && out.events[0].tier == KVA_EVENT_TIER_CPU && kvb_mirror_size(m) == 1,
+       "evicted from the GPU: the CPU copy holds it, at its tier");
     kva_batch_free(&out);
 
     batch_start();
@@ -1189,6 +1313,7 @@ main(void)
     test_token_key_is_text_chain();
     test_chain_and_removal();
     test_tiers_and_groups();
+    test_tier_moves();
     test_lora_and_extra();
     test_clear_and_bounds();
     test_churn();

@@ -12,6 +12,7 @@ static void test_capacity(void);
 static void test_fill(void);
 static void test_overloaded(void);
 static void test_speed(void);
+static void test_tiers(void);
 
 
 int
@@ -20,7 +21,8 @@ main(void)
     unsigned          i, best, counts[4];
     kva_why_e         why;
     kva_candidate_t   c[4];
-    kva_score_conf_t  conf = { 2.0, 4, 1.5, 0.0, KVA_COST_LOAD };
+    kva_score_conf_t  conf = { 2.0, 4, 1.5, 0.0, KVA_COST_LOAD,
+                                 { 0.25, 0.5 } };
 
     memset(c, 0, sizeof(c));
 
@@ -99,6 +101,7 @@ main(void)
 
     test_overloaded();
     test_speed();
+    test_tiers();
 
     return done_testing();
 }
@@ -115,7 +118,8 @@ test_capacity(void)
     unsigned          i, best, counts[4];
     kva_why_e         why;
     kva_candidate_t   c[4];
-    kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5, KVA_COST_LOAD };
+    kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5, KVA_COST_LOAD,
+                                 { 0.25, 0.5 } };
 
     memset(c, 0, sizeof(c));
 
@@ -241,7 +245,8 @@ test_overloaded(void)
 {
     unsigned          i;
     kva_candidate_t   c[3];
-    kva_score_conf_t  conf = { 16.0, 4, 1.5, 0.5, KVA_COST_LOAD };
+    kva_score_conf_t  conf = { 16.0, 4, 1.5, 0.5, KVA_COST_LOAD,
+                                 { 0.25, 0.5 } };
 
     memset(c, 0, sizeof(c));
 
@@ -283,6 +288,63 @@ test_overloaded(void)
 }
 
 
+/*
+ * Tiers: a prompt held in host memory costs a copy, a share of a miss:
+ * less than a cold server's prefill, more than a GPU holder's nothing.
+ */
+static void
+test_tiers(void)
+{
+    unsigned          i, best, cost;
+    uint32_t          cpu[2] = { 40, 0 }, disk[2] = { 0, 40 };
+    kva_why_e         why;
+    kva_candidate_t   c[3];
+    kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5, KVA_COST_LOAD,
+                                 { 0.25, 0.5 } };
+
+    ok(kva_score_slow(&conf, cpu) == 10.0 && kva_score_slow(&conf, disk)
+       == 20.0, "40 blocks in host memory are 10 misses, on disk 20");
+
+    for (cost = KVA_COST_LOAD; cost <= KVA_COST_TTFT; cost++) {
+        conf.cost = cost;
+        memset(c, 0, sizeof(c));
+
+        for (i = 0; i < 3; i++) {
+            c[i].weight = 1;
+            c[i].speed = 1.0;
+        }
+
+        /* 0: the prompt in GPU memory, 1: in host memory, 2: cold */
+        c[0].matched = 40;
+        c[1].matched = 40;
+        c[1].slow = kva_score_slow(&conf, cpu);
+
+        best = kva_score_pick(&conf, c, 3, 40, 0, &why);
+        ok(best == 0, "cost=%s: the GPU holder wins at equal load",
+           cost ? "ttft" : "load");
+
+        best = kva_score_pick(&conf, c + 1, 2, 40, 0, &why);
+        ok(best == 0 && why == KVA_WHY_AFFINITY,
+           "cost=%s: the host-memory holder beats a cold server",
+           cost ? "ttft" : "load");
+
+        /* 10 misses' worth: a load of 11 more makes the GPU one dearer */
+        c[0].inflight_blocks = 11 * 16;
+        best = kva_score_pick(&conf, c, 3, 40, 0, &why);
+        ok(best == 1, "cost=%s: a busy GPU holder yields to the copy",
+           cost ? "ttft" : "load");
+
+        /* a bogus count past the match: never more than the match */
+        c[0].inflight_blocks = 0;
+        c[1].slow = 1e9;
+        c[2].inflight_reqs = 1;
+        best = kva_score_pick(&conf, c + 1, 2, 40, 0, &why);
+        ok(best == 0, "cost=%s: slow past the match costs a cold prefill",
+           cost ? "ttft" : "load");
+    }
+}
+
+
 /* cost=ttft: each cost over the server's speed, its rate over the pool's */
 static void
 test_speed(void)
@@ -290,7 +352,8 @@ test_speed(void)
     unsigned          i, best;
     kva_why_e         why;
     kva_candidate_t   c[3];
-    kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5, KVA_COST_LOAD };
+    kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5, KVA_COST_LOAD,
+                                 { 0.25, 0.5 } };
 
     memset(c, 0, sizeof(c));
 

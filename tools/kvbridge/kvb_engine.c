@@ -88,6 +88,7 @@ struct kvb_engine_s {
     size_t                  cursor;
     uint64_t                next_slice;     /* ms */
     uint64_t               *keys;           /* one part's */
+    uint8_t                *tiers;          /* and their tiers */
 
     uint64_t                now;
     uint64_t                replays_seen;   /* ok + failed, logged */
@@ -109,6 +110,7 @@ static void kvb_engine_publish(kvb_engine_t *e, kva_batch_t *b);
 static void kvb_engine_send(kvb_engine_t *e, kva_batch_t *m);
 static uint64_t kvb_engine_origin(void);
 static void kvb_engine_slice(kvb_engine_t *e);
+static size_t kvb_engine_by_tier(kvb_engine_t *e, size_t n, kva_ev_t *ev);
 static void kvb_engine_snapshot(kvb_engine_t *e);
 static void kvb_engine_forget(kvb_engine_t *e, const char *detail);
 static void kvb_engine_credit(kvb_engine_t *e);
@@ -141,6 +143,7 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
     e->model = strdup(conf->model);
     e->topic = strdup(conf->topic ? conf->topic : "");
     e->keys = malloc(lim->max_hashes * sizeof(uint64_t));
+    e->tiers = malloc(lim->max_hashes);
     e->mirror = kvb_mirror_create(conf->model, lim->max_blocks);
 
     h.batch = kvb_engine_on_batch;
@@ -163,7 +166,8 @@ kvb_engine_create(void *zctx, const kvb_engine_conf_t *conf,
 
     if (e->name == NULL || e->label == NULL || e->model == NULL
         || e->topic == NULL
-        || e->keys == NULL || e->mirror == NULL || e->stream == NULL)
+        || e->keys == NULL || e->tiers == NULL || e->mirror == NULL
+        || e->stream == NULL)
     {
         snprintf(err, errlen, "out of memory");
         kvb_engine_destroy(e);
@@ -341,6 +345,7 @@ kvb_engine_destroy(kvb_engine_t *e)
     kvb_stream_destroy(e->stream);
     kvb_mirror_destroy(e->mirror);
     free(e->keys);
+    free(e->tiers);
     free(e->topic);
     free(e->model);
     free(e->label);
@@ -960,12 +965,64 @@ kvb_engine_credit(kvb_engine_t *e)
 
 /* parts of the snapshot while the bucket has credit; then a wait */
 
+/*
+ * A part's n keys as stored events, one a tier (KVA_EVENT_TIERS at most):
+ * the keys ordered by tier in place, a three-way partition.  Returns how
+ * many events.
+ */
+
+static size_t
+kvb_engine_by_tier(kvb_engine_t *e, size_t n, kva_ev_t *ev)
+{
+    size_t    lo, mid, hi, i, nev;
+    uint8_t   t;
+    uint64_t  k;
+
+#define kvb_swap(a, b)                                                        \
+    k = e->keys[a]; e->keys[a] = e->keys[b]; e->keys[b] = k;                  \
+    t = e->tiers[a]; e->tiers[a] = e->tiers[b]; e->tiers[b] = t
+
+    lo = 0;
+    mid = 0;
+    hi = n;
+
+    while (mid < hi) {
+        if (e->tiers[mid] == KVA_EVENT_TIER_GPU) {
+            kvb_swap(lo, mid);
+            lo++;
+            mid++;
+
+        } else if (e->tiers[mid] == KVA_EVENT_TIER_CPU) {
+            mid++;
+
+        } else {
+            hi--;
+            kvb_swap(mid, hi);
+        }
+    }
+
+#undef kvb_swap
+
+    nev = 0;
+
+    for (i = 0; i < n; i += ev[nev++].nhashes) {
+        memset(&ev[nev], 0, sizeof(kva_ev_t));
+        ev[nev].type = KVA_EV_STORED;
+        ev[nev].tier = e->tiers[i];
+        ev[nev].hashes = e->keys + i;
+        ev[nev].nhashes = (i < lo) ? lo - i : (i < mid) ? mid - i : n - i;
+    }
+
+    return nev;
+}
+
+
 static void
 kvb_engine_slice(kvb_engine_t *e)
 {
     size_t       n, parts;
     int64_t      rate;
-    kva_ev_t     ev;
+    kva_ev_t     ev[KVA_EVENT_TIERS];
     kva_batch_t  m;
 
     kvb_engine_credit(e);
@@ -974,18 +1031,14 @@ kvb_engine_slice(kvb_engine_t *e)
          parts < KVB_SLICE_PARTS && e->snapshotting && e->credit >= 0;
          parts++)
     {
-        n = kvb_mirror_keys(e->mirror, &e->cursor, e->keys,
-                            e->lim.max_hashes);
+        n = kvb_mirror_keys_tiered(e->mirror, &e->cursor, e->keys,
+                                   e->tiers, e->lim.max_hashes);
 
         memset(&m, 0, sizeof(m));
-        memset(&ev, 0, sizeof(ev));
 
         if (n) {
-            ev.type = KVA_EV_STORED;
-            ev.hashes = e->keys;
-            ev.nhashes = n;
-            m.events = &ev;
-            m.nevents = 1;
+            m.nevents = kvb_engine_by_tier(e, n, ev);
+            m.events = ev;
         }
 
         /* fewer than a part's worth: the mirror is walked to its end */

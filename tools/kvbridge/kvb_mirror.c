@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 
 #include <msgpack.h>
@@ -73,6 +74,7 @@ typedef struct {
 typedef struct {
     int64_t                 group;
     uint32_t                len;
+    uint8_t                 tier;   /* KVA_EVENT_TIER_*, of its medium */
     char                    medium[KVB_MEDIUM_MAX];
 } kvb_holder_t;
 
@@ -83,9 +85,15 @@ typedef struct {
 } kvb_group_t;
 
 
+/*
+ * A key's tier is that of its fastest block, a block's that of its
+ * fastest holder: the blocks with this key in GPU and in host memory are
+ * counted, the rest are slower.
+ */
 typedef struct {
     uint64_t                key;
     uint64_t                refs;   /* blocks with this key */
+    uint32_t                fast[2];    /* of them in GPU, host memory */
 } kvb_key_t;
 
 
@@ -93,6 +101,7 @@ typedef struct {
 typedef struct {
     kva_ev_type_e           type;
     unsigned                has_parent:1;
+    unsigned                tier:2;     /* stored: KVA_EVENT_TIER_* */
     uint64_t                parent;
     size_t                  off;
     size_t                  n;
@@ -166,11 +175,19 @@ static kvb_slot_t *kvb_insert(kvb_mirror_t *m, uint64_t engine);
 static void kvb_delete(kvb_mirror_t *m, kvb_slot_t *s);
 static int kvb_resize(kvb_mirror_t *m, unsigned bits);
 static int kvb_hold_add(kvb_mirror_t *m, kvb_slot_t *s, unsigned holder);
+static int kvb_hold_add_tiered(kvb_mirror_t *m, kvb_slot_t *s,
+    unsigned holder);
 static int kvb_hold_del(kvb_mirror_t *m, kvb_slot_t *s, unsigned holder);
 static void kvb_hold_free_all(kvb_mirror_t *m, kvb_slot_t *s);
 
-static int kvb_key_ref(kvb_mirror_t *m, uint64_t key);
-static int kvb_key_unref(kvb_mirror_t *m, uint64_t key);
+static uint8_t kvb_medium_tier(const char *medium, uint32_t len);
+static unsigned kvb_block_tier(const kvb_mirror_t *m, const kvb_slot_t *s);
+static unsigned kvb_key_tier(const kvb_key_t *k);
+static void kvb_key_retier(kvb_mirror_t *m, uint64_t key, unsigned from,
+    unsigned to);
+
+static int kvb_key_ref(kvb_mirror_t *m, uint64_t key, unsigned tier);
+static int kvb_key_unref(kvb_mirror_t *m, uint64_t key, unsigned tier);
 static uint32_t *kvb_key_slot(const kvb_mirror_t *m, uint64_t key);
 static uint32_t *kvb_key_slot_of(const kvb_mirror_t *m, size_t pos);
 static void kvb_key_swap(kvb_mirror_t *m, size_t a, size_t b);
@@ -178,9 +195,10 @@ static void kvb_key_drop_last(kvb_mirror_t *m);
 static int kvb_key_resize(kvb_mirror_t *m, unsigned bits);
 
 static int kvb_grow(void **p, size_t *cap, size_t need, size_t size);
+static void kvb_emit(kvb_mirror_t *m, kva_ev_type_e type, unsigned tier,
+    uint64_t key, int has_parent, uint64_t parent);
 static void kvb_change(kvb_mirror_t *m, kva_ev_type_e type, int has_parent,
     uint64_t parent);
-static void kvb_change_hash(kvb_mirror_t *m, uint64_t key);
 
 
 kvb_mirror_t *
@@ -249,9 +267,9 @@ kvb_mirror_apply(kvb_mirror_t *m, const kvb_batch_t *in, kva_batch_t *out)
     m->ch.nhashes = 0;
 
     /*
-     * An engine event makes one change at most, with its hashes at most:
-     * room for them all up front, so that a removal never stops half way
-     * for memory.
+     * An engine hash makes one change's hash at most (a key new, gone, or
+     * moved to another tier), and each may open a change: room for them
+     * all up front, so that a removal never stops half way for memory.
      */
 
     need = 0;
@@ -260,7 +278,7 @@ kvb_mirror_apply(kvb_mirror_t *m, const kvb_batch_t *in, kva_batch_t *out)
         need += in->events[i].nhashes;
     }
 
-    if (kvb_grow((void **) &m->ch.ev, &m->ch.ev_cap, in->nevents + 1,
+    if (kvb_grow((void **) &m->ch.ev, &m->ch.ev_cap, in->nevents + need + 1,
                  sizeof(kvb_change_t)) != 0
         || kvb_grow((void **) &m->ch.hashes, &m->ch.hashes_cap, need + 1,
                     sizeof(uint64_t)) != 0)
@@ -327,6 +345,7 @@ kvb_mirror_apply(kvb_mirror_t *m, const kvb_batch_t *in, kva_batch_t *out)
         memset(&out->events[i], 0, sizeof(kva_ev_t));
         out->events[i].type = m->ch.ev[i].type;
         out->events[i].has_parent = m->ch.ev[i].has_parent;
+        out->events[i].tier = m->ch.ev[i].tier;
         out->events[i].parent = m->ch.ev[i].parent;
         out->events[i].nhashes = m->ch.ev[i].n;
         out->events[i].hashes = m->ch.ev[i].n
@@ -410,6 +429,14 @@ kvb_mirror_nkeys(const kvb_mirror_t *m)
 size_t
 kvb_mirror_keys(kvb_mirror_t *m, size_t *cursor, uint64_t *out, size_t max)
 {
+    return kvb_mirror_keys_tiered(m, cursor, out, NULL, max);
+}
+
+
+size_t
+kvb_mirror_keys_tiered(kvb_mirror_t *m, size_t *cursor, uint64_t *out,
+    uint8_t *tiers, size_t max)
+{
     size_t  n;
 
     if (*cursor == 0) {
@@ -426,6 +453,10 @@ kvb_mirror_keys(kvb_mirror_t *m, size_t *cursor, uint64_t *out, size_t max)
     *cursor = m->snap_id;
 
     for (n = 0; n < max && m->snap_pos < m->nkeys; n++) {
+        if (tiers) {
+            tiers[n] = (uint8_t) kvb_key_tier(&m->keyv[m->snap_pos]);
+        }
+
         out[n] = m->keyv[m->snap_pos++].key;
     }
 
@@ -499,7 +530,7 @@ kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev)
             continue;
         }
 
-        if (kvb_hold_add(m, s, (unsigned) holder) != 0) {
+        if (kvb_hold_add_tiered(m, s, (unsigned) holder) != 0) {
             return -1;
         }
     }
@@ -513,9 +544,10 @@ kvb_stored(kvb_mirror_t *m, const kvb_ev_t *ev)
 static int
 kvb_stored_hashes(kvb_mirror_t *m, const kvb_ev_t *ev, unsigned holder)
 {
-    int          has_parent, opened, hidden, rc;
+    int          has_parent, hidden, rc;
     char         buf[48];
     size_t       i, n;
+    unsigned     tier;
     uint64_t     seed, engine;
     kvb_slot_t  *s;
 
@@ -579,8 +611,6 @@ kvb_stored_hashes(kvb_mirror_t *m, const kvb_ev_t *ev, unsigned holder)
     n = kva_token_blocks(seed, m->ids, ev->ntokens, ev->block_size,
                          m->extra, m->keys, ev->nhashes);
 
-    opened = 0;
-
     for (i = 0; i < n; i++) {
         (void) kvb_engine_hash(&ev->hashes[i], &engine);
 
@@ -588,7 +618,7 @@ kvb_stored_hashes(kvb_mirror_t *m, const kvb_ev_t *ev, unsigned holder)
 
         if (s != NULL) {
             /* another copy, or another holder, of a block held */
-            if (kvb_hold_add(m, s, holder) != 0) {
+            if (kvb_hold_add_tiered(m, s, holder) != 0) {
                 return -1;
             }
 
@@ -615,27 +645,28 @@ kvb_stored_hashes(kvb_mirror_t *m, const kvb_ev_t *ev, unsigned holder)
             continue;
         }
 
-        rc = kvb_key_ref(m, m->keys[i]);
+        tier = m->holders[holder].tier;
+        rc = kvb_key_ref(m, m->keys[i], tier);
 
         if (rc < 0) {
             kvb_delete(m, s);
             return -1;
         }
 
-        if (rc == 0) {
-            /* nginx has the key from another block */
+        if (rc != 1) {
+            /* nginx has the key from another block: at its tier, or ours */
             m->st.shared_keys++;
+
+            if (rc == 2) {
+                kvb_emit(m, KVA_EV_STORED, tier, m->keys[i], 0, 0);
+            }
+
             continue;
         }
 
-        if (!opened) {
-            /* one stored event: the keys new to the module */
-            kvb_change(m, KVA_EV_STORED, has_parent || i > 0,
-                       i == 0 ? seed : m->keys[i - 1]);
-            opened = 1;
-        }
-
-        kvb_change_hash(m, m->keys[i]);
+        /* one stored event, as a rule: the keys new to the module */
+        kvb_emit(m, KVA_EV_STORED, tier, m->keys[i], has_parent || i > 0,
+                 i == 0 ? seed : m->keys[i - 1]);
         m->st.stored++;
     }
 
@@ -646,8 +677,9 @@ kvb_stored_hashes(kvb_mirror_t *m, const kvb_ev_t *ev, unsigned holder)
 static void
 kvb_removed(kvb_mirror_t *m, const kvb_ev_t *ev)
 {
-    int           holder, opened;
+    int           holder, rc;
     uint32_t      i;
+    unsigned      tier, after;
     uint64_t      engine;
     kvb_slot_t   *s;
     kvb_group_t  *g;
@@ -665,8 +697,6 @@ kvb_removed(kvb_mirror_t *m, const kvb_ev_t *ev)
         return;
     }
 
-    opened = 0;
-
     for (i = 0; i < ev->nhashes; i++) {
         (void) kvb_engine_hash(&ev->hashes[i], &engine);
 
@@ -675,19 +705,35 @@ kvb_removed(kvb_mirror_t *m, const kvb_ev_t *ev)
             continue;
         }
 
+        tier = kvb_block_tier(m, s);
+
         if (kvb_hold_del(m, s, (unsigned) holder) != 0) {
-            /* another copy, tier or group still holds it */
+            /*
+             * another copy, tier or group still holds it: if its GPU copy
+             * went and a slower one stays, nginx hears the slower tier
+             */
+            after = kvb_block_tier(m, s);
+
+            if (after != tier && !(s->flags & KVB_SLOT_HIDDEN)) {
+                kvb_key_retier(m, s->key, tier, after);
+            }
+
             continue;
         }
 
-        if (!(s->flags & KVB_SLOT_HIDDEN) && kvb_key_unref(m, s->key)) {
-            if (!opened) {
-                kvb_change(m, KVA_EV_REMOVED, 0, 0);
-                opened = 1;
-            }
+        if (!(s->flags & KVB_SLOT_HIDDEN)) {
+            rc = kvb_key_unref(m, s->key, tier);
 
-            kvb_change_hash(m, s->key);
-            m->st.removed++;
+            if (rc == 1) {
+                kvb_emit(m, KVA_EV_REMOVED, 0, s->key, 0, 0);
+                m->st.removed++;
+
+            } else if (rc == 2) {
+                /* the key's fastest block went, another stays */
+                kvb_emit(m, KVA_EV_STORED, kvb_key_tier(
+                             &m->keyv[*kvb_key_slot(m, s->key) - 1]),
+                         s->key, 0, 0);
+            }
         }
 
         kvb_delete(m, s);
@@ -830,6 +876,7 @@ kvb_holder(kvb_mirror_t *m, const kvb_ev_t *ev, int create)
     h = &m->holders[m->nholders];
     h->group = group;
     h->len = len;
+    h->tier = kvb_medium_tier(medium, len);
     memcpy(h->medium, medium, len);
 
     return (int) m->nholders++;
@@ -1027,6 +1074,29 @@ kvb_delete(kvb_mirror_t *m, kvb_slot_t *s)
 }
 
 
+/* hold_add, and nginx told when the holder is faster than the others */
+
+static int
+kvb_hold_add_tiered(kvb_mirror_t *m, kvb_slot_t *s, unsigned holder)
+{
+    unsigned  tier, after;
+
+    tier = kvb_block_tier(m, s);
+
+    if (kvb_hold_add(m, s, holder) != 0) {
+        return -1;
+    }
+
+    after = kvb_block_tier(m, s);
+
+    if (after != tier && !(s->flags & KVB_SLOT_HIDDEN)) {
+        kvb_key_retier(m, s->key, tier, after);
+    }
+
+    return 0;
+}
+
+
 /* one more copy of the block for the holder */
 
 static int
@@ -1148,19 +1218,32 @@ kvb_hold_free_all(kvb_mirror_t *m, kvb_slot_t *s)
 }
 
 
-/* 1 if the key is new to nginx, 0 if another block has it, -1: memory */
+/*
+ * A block of the key at tier: 1 if the key is new to nginx, 0 if another
+ * block has it, 2 if so but this block is faster (the key is now at tier),
+ * -1: no memory.
+ */
 
 static int
-kvb_key_ref(kvb_mirror_t *m, uint64_t key)
+kvb_key_ref(kvb_mirror_t *m, uint64_t key, unsigned tier)
 {
-    size_t     i;
-    uint32_t  *k;
+    size_t      i;
+    uint32_t   *k;
+    unsigned    before;
+    kvb_key_t  *kv;
 
     k = kvb_key_slot(m, key);
 
     if (k != NULL) {
-        m->keyv[*k - 1].refs++;
-        return 0;
+        kv = &m->keyv[*k - 1];
+        before = kvb_key_tier(kv);
+        kv->refs++;
+
+        if (tier < 2) {
+            kv->fast[tier]++;
+        }
+
+        return kvb_key_tier(kv) != before ? 2 : 0;
     }
 
     if (m->nkeys == UINT32_MAX - 1
@@ -1178,6 +1261,8 @@ kvb_key_ref(kvb_mirror_t *m, uint64_t key)
 
     m->keyv[m->nkeys].key = key;
     m->keyv[m->nkeys].refs = 1;
+    m->keyv[m->nkeys].fast[0] = (tier == 0);
+    m->keyv[m->nkeys].fast[1] = (tier == 1);
 
     i = (size_t) ((key * m->secret) >> m->kshift);
 
@@ -1197,13 +1282,19 @@ kvb_key_ref(kvb_mirror_t *m, uint64_t key)
 }
 
 
-/* 1 if no block has the key any more (nginx must hear it), else 0 */
+/*
+ * A block of the key at tier went: 1 if no block has the key any more
+ * (nginx must hear it), 2 if the key's tier changed (the block was its
+ * fastest), else 0.
+ */
 
 static int
-kvb_key_unref(kvb_mirror_t *m, uint64_t key)
+kvb_key_unref(kvb_mirror_t *m, uint64_t key, unsigned tier)
 {
-    size_t     pos;
-    uint32_t  *k;
+    size_t      pos;
+    uint32_t   *k;
+    unsigned    before;
+    kvb_key_t  *kv;
 
     k = kvb_key_slot(m, key);
 
@@ -1212,9 +1303,15 @@ kvb_key_unref(kvb_mirror_t *m, uint64_t key)
     }
 
     pos = *k - 1;
+    kv = &m->keyv[pos];
+    before = kvb_key_tier(kv);
 
-    if (--m->keyv[pos].refs) {
-        return 0;
+    if (tier < 2 && kv->fast[tier]) {
+        kv->fast[tier]--;
+    }
+
+    if (--kv->refs) {
+        return kvb_key_tier(kv) != before ? 2 : 0;
     }
 
     /*
@@ -1396,15 +1493,117 @@ kvb_change(kvb_mirror_t *m, kva_ev_type_e type, int has_parent,
     ev = &m->ch.ev[m->ch.nev++];
     ev->type = type;
     ev->has_parent = has_parent ? 1 : 0;
+    ev->tier = 0;
     ev->parent = parent;
     ev->off = m->ch.nhashes;
     ev->n = 0;
 }
 
 
+/*
+ * A key to tell nginx: into the last change when it says the same (type
+ * and tier), else into a new one, with the parent given (informational).
+ */
+
 static void
-kvb_change_hash(kvb_mirror_t *m, uint64_t key)
+kvb_emit(kvb_mirror_t *m, kva_ev_type_e type, unsigned tier, uint64_t key,
+    int has_parent, uint64_t parent)
 {
+    kvb_change_t  *last;
+
+    last = m->ch.nev ? &m->ch.ev[m->ch.nev - 1] : NULL;
+
+    if (last == NULL || last->type != type
+        || (type == KVA_EV_STORED && last->tier != tier))
+    {
+        kvb_change(m, type, has_parent, parent);
+        m->ch.ev[m->ch.nev - 1].tier = (type == KVA_EV_STORED) ? tier : 0;
+    }
+
     m->ch.hashes[m->ch.nhashes++] = key;
     m->ch.ev[m->ch.nev - 1].n++;
+}
+
+
+/*
+ * The tier of a medium: none or GPU; host memory for vLLM's "CPU" and
+ * any name it begins (SGLang's HiCache under Dynamo says "CPU_TIER1");
+ * any other name (vLLM's "STORAGE", a connector's own) slower still.
+ */
+
+static uint8_t
+kvb_medium_tier(const char *medium, uint32_t len)
+{
+    if (len == 0 || (len == 3 && strncasecmp(medium, "GPU", 3) == 0)) {
+        return KVA_EVENT_TIER_GPU;
+    }
+
+    if (len >= 3 && strncasecmp(medium, "CPU", 3) == 0) {
+        return KVA_EVENT_TIER_CPU;
+    }
+
+    return KVA_EVENT_TIER_DISK;
+}
+
+
+/* a block's tier: its fastest holder's */
+
+static unsigned
+kvb_block_tier(const kvb_mirror_t *m, const kvb_slot_t *s)
+{
+    uint32_t  r;
+    unsigned  tier, t;
+
+    tier = m->holders[s->holder].tier;
+
+    for (r = s->more; r && tier; r = m->pool[r - 1].next) {
+        t = m->holders[m->pool[r - 1].holder].tier;
+        tier = t < tier ? t : tier;
+    }
+
+    return tier;
+}
+
+
+static unsigned
+kvb_key_tier(const kvb_key_t *k)
+{
+    return k->fast[0] ? KVA_EVENT_TIER_GPU
+                      : k->fast[1] ? KVA_EVENT_TIER_CPU : KVA_EVENT_TIER_DISK;
+}
+
+
+/*
+ * A block of key moved from one tier to another: when that moves the key
+ * (its fastest block's tier), nginx hears a stored event at the new one.
+ */
+
+static void
+kvb_key_retier(kvb_mirror_t *m, uint64_t key, unsigned from, unsigned to)
+{
+    uint32_t   *k;
+    unsigned    before;
+    kvb_key_t  *kv;
+
+    k = kvb_key_slot(m, key);
+
+    if (k == NULL) {
+        return;
+    }
+
+    kv = &m->keyv[*k - 1];
+    before = kvb_key_tier(kv);
+
+    if (from < 2 && kv->fast[from]) {
+        kv->fast[from]--;
+    }
+
+    if (to < 2) {
+        kv->fast[to]++;
+    }
+
+    if (kvb_key_tier(kv) != before) {
+        kvb_emit(m, KVA_EV_STORED, kvb_key_tier(kv), key, 0, 0);
+        m->st.retiered++;
+    }
 }

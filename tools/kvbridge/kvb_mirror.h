@@ -22,11 +22,17 @@
  *     never say) a group is taken as dense.
  *
  *   - every tier.  A block offloaded to CPU memory or storage costs a
- *     copy, not a prefill, to reuse: it still counts.  A holder is one
- *     (group, medium) pair, each told apart by its whole name, and a
- *     holder may hold several copies of one block (vLLM does not merge
- *     a block computed twice, and sends a removal per copy): the module
- *     hears "removed" only when the last copy of the last holder goes.
+ *     copy, not a prefill, to reuse: it still counts, at its tier.  A
+ *     holder is one (group, medium) pair, each told apart by its whole
+ *     name, and a holder may hold several copies of one block (vLLM does
+ *     not merge a block computed twice, and sends a removal per copy):
+ *     the module hears "removed" only when the last copy of the last
+ *     holder goes.  A medium is a tier (kva_event.h): GPU (or none),
+ *     CPU (and CPU_...), any other name slower (disk, remote storage).
+ *     A block is at its fastest holder's tier, a key at its fastest
+ *     block's, and the module hears a "stored" at the key's tier
+ *     whenever that changes: a GPU copy gone while a CPU one stays moves
+ *     the key to CPU, a GPU store brings it back.
  *     An offload tier's events without tokens (vLLM without
  *     self_describing_kv_events) name a block by the engine's hash alone:
  *     they add a holder to a block the mirror holds, and are counted and
@@ -82,13 +88,14 @@ typedef struct {
     uint64_t                lora_unnamed;   /* held, not published */
     uint64_t                copies;     /* a block a holder already held */
     uint64_t                shared_keys;    /* a key another block has */
+    uint64_t                retiered;   /* keys sent again at a new tier */
 } kvb_mirror_stats_t;
 
 
 /*
  * model: the name the engine serves its base model under, as requests
  * carry it in "model".  max_blocks bounds the memory: a block's entry is
- * 24 bytes in a table at most half full, its key 16 bytes in an array and
+ * 24 bytes in a table at most half full, its key 24 bytes in an array and
  * 4 in an index at most half full, a second holder 8 bytes.
  */
 kvb_mirror_t *kvb_mirror_create(const char *model, size_t max_blocks);
@@ -118,6 +125,10 @@ size_t kvb_mirror_size(const kvb_mirror_t *m);
  */
 size_t kvb_mirror_keys(kvb_mirror_t *m, size_t *cursor, uint64_t *out,
     size_t max);
+
+/* the same, with each key's tier (KVA_EVENT_TIER_*) into tiers */
+size_t kvb_mirror_keys_tiered(kvb_mirror_t *m, size_t *cursor, uint64_t *out,
+    uint8_t *tiers, size_t max);
 
 /* distinct keys published, what a snapshot holds */
 size_t kvb_mirror_nkeys(const kvb_mirror_t *m);
