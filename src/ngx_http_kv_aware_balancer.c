@@ -574,9 +574,8 @@ ngx_http_kv_aware_choose(ngx_http_kv_aware_peer_data_t *kp,
     matched = cand[best].matched;
 
     ngx_http_kv_aware_balancer_learn_locked(kcf, ctx, slot, matched, &clk);
-    ngx_http_kv_aware_ttft_charge_locked(kcf, ctx, slot, nblocks - matched
-                                         + (uint32_t) (cand[best].slow + 0.5),
-                                         cand[best].ttft);
+    ngx_http_kv_aware_ttft_charge_locked(kcf, ctx, slot, &cand[best],
+                                         nblocks);
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);
 

@@ -82,14 +82,17 @@ ngx_http_kv_aware_ttft_conf_cost(ngx_conf_t *cf,
 
 void
 ngx_http_kv_aware_ttft_charge_locked(ngx_http_kv_aware_srv_conf_t *kcf,
-    ngx_http_kv_aware_ctx_t *ctx, ngx_uint_t slot, uint32_t own,
-    double predicted)
+    ngx_http_kv_aware_ctx_t *ctx, ngx_uint_t slot, const kva_candidate_t *c,
+    uint32_t nblocks)
 {
-    double                          work;
+    double                          work, predicted;
+    uint32_t                        own;
     ngx_int_t                       queued;
     ngx_http_kv_aware_ttft_slot_t  *t;
 
     t = &kcf->sh->slots[slot].ttft;
+    own = nblocks - c->matched + (uint32_t) (c->slow + 0.5);
+    predicted = c->ttft;
 
     queued = (ngx_int_t) ngx_atomic_fetch_add(&t->queued, own);
 
