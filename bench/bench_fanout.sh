@@ -165,6 +165,10 @@ for i in $(seq 0 $(( NGX - 1 ))); do
 done
 wstat=("${workers[@]/#//proc/}"); wstat=("${wstat[@]/%//stat}")
 now() { date +%s.%N; }
+# Redis links the nginx lost (a subscriber that read nothing for its
+# timeout reconnects, and what was published meanwhile is lost to it)
+lost() { cat "$prefix"/nginx-*/logs/error.log | grep -c 'subscriber lost' ||
+         true; }
 # messages applied by each nginx, one a line
 applied() {
     for p in "${nports[@]}"; do
@@ -186,29 +190,32 @@ echo "$NGX nginx (1 worker each) on one redis-server, $SERVERS servers x" \
      "$(( (SERVERS - 1) * DP )) caches stream, $EVH hashes a message," \
      "$K probes a stage; $(nproc) cores, load average $load0 at the start"
 echo
-echo "| offered msg/s | delivered msg/s (per nginx min-max) | Redis CPU | nginx workers' CPU (sum) | publish-to-visible p50 / p99 (worst nginx) | p99 all | probes agreeing / on the published cache |"
-echo "|---:|---|---:|---:|---|---:|---|"
+echo "| offered msg/s | sent | delivered msg/s (per nginx min-max) | Redis CPU | nginx workers' CPU (sum) | links lost | publish-to-visible p50 / p99 (worst nginx) | p99 all | probes agreeing / on the published cache |"
+echo "|---:|---:|---|---:|---:|---:|---|---:|---|"
 } | tee "$prefix/result.md"
 
 for rate in "${rates[@]}"; do
     $fan stream --redis "$rport" --first "$first" \
         --servers $(( SERVERS - 1 )) --ranks $DP --rate "$rate" \
         --hashes $EVH --seconds $(( STAGE + 120 )) \
-        > "$prefix/stream-$rate.out" 2>&1 &
+        --seq-file "$prefix/stream.seq" > "$prefix/stream-$rate.out" 2>&1 &
     spid=$!
     sleep 2
     kill -0 "$spid" 2>/dev/null || { cat "$prefix/stream-$rate.out" >&2
                                      exit 1; }
-    a0=$(applied); r0=$(ticks "/proc/$rpid/stat")
+    l0=$(lost); a0=$(applied); r0=$(ticks "/proc/$rpid/stat")
     w0=$(ticks "${wstat[@]}"); t0=$(now)
     $fan probe --redis "$rport" --nginx "$nlist" --server "$probe_server" \
         --ranks $DP --hasher "$prefix/kva_hashes" --count $K \
-        --tag "r$rate" > "$prefix/probe-$rate.out"
+        --tag "r$rate" --seq-file "$prefix/probe.seq" \
+        > "$prefix/probe-$rate.out" 2> "$prefix/probe-$rate.err" || true
     while perl -e 'exit(($ARGV[1] - $ARGV[0]) < $ARGV[2] ? 0 : 1)' \
           "$t0" "$(now)" "$STAGE"; do sleep 0.5; done
-    a1=$(applied); r1=$(ticks "/proc/$rpid/stat")
+    l1=$(lost); a1=$(applied); r1=$(ticks "/proc/$rpid/stat")
     w1=$(ticks "${wstat[@]}"); t1=$(now)
     kill "$spid"; wait "$spid" 2>/dev/null || true; spid=
+    read -r n secs < "$prefix/stream-$rate.out"
+    sent=$(echo "$n / $secs" | bc -l)
 
     f=$prefix/probe-$rate.out
     dt=$(perl -e 'print $ARGV[1] - $ARGV[0]' "$t0" "$t1")
@@ -232,10 +239,11 @@ for rate in "${rates[@]}"; do
             "$f" | pct 99)
     agree=$(awk -v n="$NGX" '{ a += $(n + 1); r += $(n + 2) }
                              END { printf "%d / %d of %d", a, r, NR }' "$f")
-    printf '| %d | %s | %.1f%% | %.1f%% | %.2f / %.2f ms | %.2f ms | %s |\n' \
-        "$rate" "$del" \
+    [ -s "$f" ] || { sed -n 1p "$prefix/probe-$rate.err" >&2; continue; }
+    printf '| %d | %.0f | %s | %.1f%% | %.1f%% | %d | %.2f / %.2f ms | %.2f ms | %s |\n' \
+        "$rate" "$sent" "$del" \
         "$(echo "($r1 - $r0) / $hz / $dt * 100" | bc -l)" \
-        "$(echo "($w1 - $w0) / $hz / $dt * 100" | bc -l)" \
+        "$(echo "($w1 - $w0) / $hz / $dt * 100" | bc -l)" $(( l1 - l0 )) \
         "$worst50" "$worst99" "$all99" "$agree" | tee -a "$prefix/result.md"
 done
 

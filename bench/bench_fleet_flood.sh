@@ -11,8 +11,9 @@
 #
 #   - batches and block hashes (stored + removed) the bridge took per
 #     second (its metrics page), against the rate offered;
-#   - the bridge's CPU (share of one core, /proc), RSS, and the
-#     publisher's CPU (to tell which of the two was the limit);
+#   - the bridge's CPU (share of one core, /proc), RSS, its loop turns a
+#     second, the messages it dropped because Redis was behind, and the
+#     publisher's CPU (to tell which was the limit);
 #   - publish-to-visible p50 / p99 through the bridge, Redis and nginx.
 #
 # The ladder stops after the first stage where the bridge took under 90%
@@ -161,7 +162,8 @@ settle() {
 }
 M="kvbridge_engine_batches_total kvbridge_engine_mirror_stored_total
    kvbridge_engine_mirror_removed_total kvbridge_redis_published_total
-   kvbridge_engine_gaps_total kvbridge_loop_turn_seconds_count"
+   kvbridge_engine_gaps_total kvbridge_loop_turn_seconds_count
+   kvbridge_redis_dropped_total"
 # what the publisher sent so far (it answers SIGUSR1 with "BATCHES SECS")
 sent() {
     local n
@@ -182,8 +184,8 @@ echo "one kvbridge, $(( SERVERS * DP )) engines ($SERVERS servers x" \
      "removed a batch), 1 probing ($K probes a stage); $(nproc) cores," \
      "load average $load0 at the start"
 echo
-echo "| offered batches/s | sent | taken | hashes/s | published msg/s | loop turns/s | bridge CPU | publisher CPU | RSS | gaps | publish-to-visible p50 / p99 |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+echo "| offered batches/s | sent | taken | hashes/s | published msg/s | loop turns/s | bridge CPU | publisher CPU | RSS | gaps | dropped msg | publish-to-visible p50 / p99 |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 } | tee "$prefix/result.md"
 
 for rate in "${rates[@]}"; do
@@ -195,7 +197,7 @@ for rate in "${rates[@]}"; do
     sleep 4                           # its packing, its 1 s to connect
     kill -0 "$fpid" 2>/dev/null || { cat "$prefix/pub-$rate.out" >&2
                                      exit 1; }
-    read -r b0 s0 d0 p0 g0 l0 < <(metrics $M)
+    read -r b0 s0 d0 p0 g0 l0 x0 < <(metrics $M)
     n0=$(sent); c0=$(ticks "$bpid"); f0=$(ticks "$fpid"); t0=$(now)
     perl "$root/bench/events/bridgebench.pl" latency \
         --zmq $(( zmq + DP * (SERVERS - 1) )) --port "$port" \
@@ -203,7 +205,7 @@ for rate in "${rates[@]}"; do
         2> "$prefix/lat-$rate.err" || true
     while perl -e 'exit(($ARGV[1] - $ARGV[0]) < $ARGV[2] ? 0 : 1)' \
           "$t0" "$(now)" "$STAGE"; do sleep 0.5; done
-    read -r b1 s1 d1 p1 g1 l1 < <(metrics $M)
+    read -r b1 s1 d1 p1 g1 l1 x1 < <(metrics $M)
     n1=$(sent); c1=$(ticks "$bpid"); f1=$(ticks "$fpid"); t1=$(now)
     mem=$(rss "$bpid")
     kill "$fpid"; wait "$fpid" 2>/dev/null || true; fpid=
@@ -221,14 +223,14 @@ for rate in "${rates[@]}"; do
         lat="none visible: $(head -c 80 "$prefix/lat-$rate.err")"
     fi
     p99=$(awk '{ print $1 * 1000 }' "$prefix/lat-$rate.out" | pct 99)
-    printf '| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f%% | %.1f%% | %d MB | %d | %s |\n' \
+    printf '| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f%% | %.1f%% | %d MB | %d | %d | %s |\n' \
         "$rate" "$sent" "$taken" \
         "$(echo "($s1 - $s0 + $d1 - $d0) / $dt" | bc -l)" \
         "$(echo "($p1 - $p0) / $dt" | bc -l)" \
         "$(echo "($l1 - $l0) / $dt" | bc -l)" \
         "$(echo "($c1 - $c0) / $hz / $dt * 100" | bc -l)" \
         "$(echo "($f1 - $f0) / $hz / $dt * 100" | bc -l)" \
-        "$mem" $(( g1 - g0 )) "$lat" | tee -a "$prefix/result.md"
+        "$mem" $(( g1 - g0 )) $(( x1 - x0 )) "$lat" | tee -a "$prefix/result.md"
     settle
     if perl -e 'exit($ARGV[1] < 0.9 * $ARGV[0] || ($ARGV[2] || 1e9) > 500
                      ? 0 : 1)' "$sent" "$taken" "${p99:-}"; then

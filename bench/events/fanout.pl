@@ -6,15 +6,18 @@
 #
 #   fanout.pl stream --redis P --first PORT --servers N --ranks R
 #       --rate M --hashes H --seconds D
-#       The caches 127.0.0.1:PORT .. PORT+N-1, ranks 0 .. R-1 each: first
-#       a snapshot "full" of each (fresh, whatever came before), then M
+#       --seq-file F
+#       The caches 127.0.0.1:PORT .. PORT+N-1, ranks 0 .. R-1 each: M
 #       messages a second in all (one "stored" event of H fresh hashes
-#       each), the caches in turn, each with its own seq, paced in 1 ms
-#       slices, for D seconds.  Prints "SENT SECONDS".
+#       each), the caches in turn, paced in 1 ms slices, for D seconds.
+#       Each cache's seq goes on from F (and is written back there at
+#       the end): a jump would be a gap to nginx; the first run starts
+#       with an empty snapshot "full" of each.  Prints "SENT
+#       SECONDS" at the end or on SIGTERM.
 #
 #   fanout.pl probe --redis P --nginx PORT,PORT,... --server S --ranks R
-#       --hasher BIN --block-size B --count K
-#       K times: a prompt nobody holds, checked unmatched in every nginx;
+#       --hasher BIN --block-size B --count K --seq-file F
+#       Seqs as stream's.  K times: a prompt nobody holds, checked unmatched in every nginx;
 #       a "stored" event of its block hashes on server S, rank K mod R;
 #       then the prompt sent to every nginx at once, again to those that
 #       did not match it yet, until all did.  One line a probe: the
@@ -41,7 +44,8 @@ my %o = (channel => 'kv_aware:events', ranks => 1, hashes => 8,
          'block-size' => 256, count => 100);
 GetOptionsFromArray(\@ARGV, \%o, 'redis=i', 'first=i', 'servers=i',
     'ranks=i', 'rate=i', 'hashes=i', 'seconds=f', 'nginx=s', 'server=s',
-    'hasher=s', 'block-size=i', 'count=i', 'channel=s', 'tag=s')
+    'hasher=s', 'block-size=i', 'count=i', 'channel=s', 'tag=s',
+    'seq-file=s')
     or die "bad options\n";
 
 sub resp {
@@ -57,6 +61,38 @@ sub message {
         : '[]';
     return qq({"v":1,"server":"$server","rank":$rank,"seq":$seq,)
          . qq("events":$ev) . ($snapshot ? qq(,"snapshot":"$snapshot"}) : '}');
+}
+
+# each cache's last seq, "SERVER RANK SEQ" a line; a first run starts
+# every cache with an empty snapshot: nginx trusts a server's events from
+# its first snapshot on (a first seq of its own would be a gap), and
+# clearing is cheap while the index is empty, where later a clear scans
+# the index under a budget of nginx's own
+sub load_seqs {
+    my ($caches, $buf) = @_;
+    my %seq;
+    if ($o{'seq-file'} && open(my $fh, '<', $o{'seq-file'})) {
+        while (<$fh>) {
+            my ($s, $r, $n) = split;
+            $seq{"$s $r"} = $n;
+        }
+    }
+    my $seq0 = int(time * 1000);
+    for my $c (@$caches) {
+        next if defined $seq{"@$c"};
+        $seq{"@$c"} = $seq0;
+        $$buf .= resp('PUBLISH', $o{channel},
+                      message(@$c, $seq0, [], 'full'));
+    }
+    return \%seq;
+}
+
+sub save_seqs {
+    my ($seq) = @_;
+    return unless $o{'seq-file'};
+    open(my $fh, '>', $o{'seq-file'}) or die "$o{'seq-file'}: $!\n";
+    print {$fh} "$_ $seq->{$_}\n" for sort keys %$seq;
+    close $fh;
 }
 
 sub connect_tcp {
@@ -152,20 +188,15 @@ if ($mode eq 'stream') {
     for my $p ($o{first} .. $o{first} + $o{servers} - 1) {
         push @caches, ["127.0.0.1:$p", $_] for 0 .. $o{ranks} - 1;
     }
-    my %seq;
-    my $seq0 = int(time * 1000);
     my $buf = '';
-    for my $c (@caches) {
-        $seq{"@$c"} = $seq0;
-        $buf .= resp('PUBLISH', $o{channel},
-                     message(@$c, $seq0, [], 'full'));
-    }
-    write_all($s, $buf);
+    my $seq = load_seqs(\@caches, \$buf);
+    write_all($s, $buf) if length $buf;
     # hashes: a counter from a random start, 16 hex digits, never repeated
     my $h = int(rand(2**30)) * 2**30;
     my $t0 = time;
     my $end = $t0 + $o{seconds};
     my ($sent, $i) = (0, 0);
+    $SIG{TERM} = $SIG{INT} = sub { $end = 0 };
     while ((my $now = time) < $end) {
         my $due = int(($now - $t0) * $o{rate});
         $buf = '';
@@ -173,13 +204,14 @@ if ($mode eq 'stream') {
             my $c = $caches[$i++ % @caches];
             my @h = map { sprintf '%016x', $h++ } 1 .. $o{hashes};
             $buf .= resp('PUBLISH', $o{channel},
-                         message(@$c, ++$seq{"@$c"}, \@h));
+                         message(@$c, ++$seq->{"@$c"}, \@h));
             $sent++;
         }
         write_all($s, $buf) if length $buf;
         drain($s);
         sleep 0.001;
     }
+    save_seqs($seq);
     printf "%d %.3f\n", $sent, time - $t0;
 
 } elsif ($mode eq 'probe') {
@@ -188,13 +220,10 @@ if ($mode eq 'stream') {
     my @h = map { connect_tcp($_) } @ports;
     my $tag = $o{tag} // "p$$";
     my ($port) = $o{server} =~ /:(\d+)$/ or die "--server HOST:PORT\n";
-    # each rank its own seq
-    my @seq = (int(time * 1000)) x $o{ranks};
     my $buf = '';
-    $buf .= resp('PUBLISH', $o{channel},
-                 message($o{server}, $_, $seq[$_], [], 'full'))
-        for 0 .. $o{ranks} - 1;
-    write_all($r, $buf);
+    my $seq = load_seqs([map { [$o{server}, $_] } 0 .. $o{ranks} - 1],
+                        \$buf);
+    write_all($r, $buf) if length $buf;
     my @probes;
     for my $i (1 .. $o{count}) {
         my $body = prompt_body("$tag-$i", 4 * $o{'block-size'});
@@ -210,7 +239,8 @@ if ($mode eq 'stream') {
         $_->[1] == 0 or die "probe prompt matched before it was published\n"
             for post_all(\@h, $body);
         my $msg = resp('PUBLISH', $o{channel},
-                       message($o{server}, $rank, ++$seq[$rank], $hashes));
+                       message($o{server}, $rank, ++$seq->{"$o{server} $rank"},
+                               $hashes));
         my $t0 = time;
         write_all($r, $msg);
         my @left = (0 .. $#h);
@@ -229,6 +259,7 @@ if ($mode eq 'stream') {
             }
             @left = @still;
         }
+        print STDERR "where @where want $port/$rank\n" if $ENV{FANOUT_DEBUG};
         my $agree = (grep { $_ eq $where[0] } @where) == @where ? 1 : 0;
         my $right = $agree && $where[0] eq "$port/$rank" ? 1 : 0;
         print join(' ', (map { sprintf '%.6f', $_ } @dt), $agree, $right),
@@ -236,6 +267,7 @@ if ($mode eq 'stream') {
         drain($r);
         sleep 0.002 + rand(0.008);
     }
+    save_seqs($seq);
 
 } elsif ($mode eq 'spread') {
     my @h = map { connect_tcp($_) } split /,/, $o{nginx};
