@@ -8,8 +8,12 @@
 #
 #   - Redis' CPU (utime + stime from /proc over the stage, share of one
 #     core) and the 8 nginx workers' CPU, summed;
-#   - messages applied per second by each nginx (its status page's
-#     events.messages), and their sum: what Redis delivered;
+#   - messages applied by the 8 nginx (their status pages'
+#     events.messages, from before the stream starts until they stop
+#     moving after it ends) per second of the stream: what Redis
+#     delivered; and the least share of the stream one nginx applied
+#     (a probe's messages count too: a little over 100% when none was
+#     lost);
 #   - publish-to-visible in each nginx: K times the probe publishes the
 #     blocks of a prompt nobody holds and sends that prompt to all 8 nginx
 #     at once, again to those that did not route it to a holder yet
@@ -178,6 +182,7 @@ applied() {
             print "$e->{messages} $r\n"'
     done
 }
+max() { perl -e 'print $ARGV[0] > $ARGV[1] ? $ARGV[0] : $ARGV[1]' "$@"; }
 pct() {    # pct P < numbers  (nearest rank)
     sort -g | awk -v p="$1" '{ a[NR] = $1 } END {
         i = int(NR * p / 100 + 0.999999); if (i < 1) i = 1; print a[i] }'; }
@@ -190,11 +195,12 @@ echo "$NGX nginx (1 worker each) on one redis-server, $SERVERS servers x" \
      "$(( (SERVERS - 1) * DP )) caches stream, $EVH hashes a message," \
      "$K probes a stage; $(nproc) cores, load average $load0 at the start"
 echo
-echo "| offered msg/s | sent | delivered msg/s (per nginx min-max) | Redis CPU | nginx workers' CPU (sum) | links lost | publish-to-visible p50 / p99 (worst nginx) | p99 all | probes agreeing / on the published cache |"
+echo "| offered msg/s | sent | delivered msg/s, least share of the sent one nginx applied | Redis CPU | nginx workers' CPU (sum) | links lost | publish-to-visible p50 / p99 (worst nginx) | p99 all | probes agreeing / on the published cache |"
 echo "|---:|---:|---|---:|---:|---:|---|---:|---|"
 } | tee "$prefix/result.md"
 
 for rate in "${rates[@]}"; do
+    s0=$(applied)
     $fan stream --redis "$rport" --first "$first" \
         --servers $(( SERVERS - 1 )) --ranks $DP --rate "$rate" \
         --hashes $EVH --seconds $(( STAGE + 120 )) \
@@ -203,7 +209,7 @@ for rate in "${rates[@]}"; do
     sleep 2
     kill -0 "$spid" 2>/dev/null || { cat "$prefix/stream-$rate.out" >&2
                                      exit 1; }
-    l0=$(lost); a0=$(applied); r0=$(ticks "/proc/$rpid/stat")
+    l0=$(lost); r0=$(ticks "/proc/$rpid/stat")
     w0=$(ticks "${wstat[@]}"); t0=$(now)
     $fan probe --redis "$rport" --nginx "$nlist" --server "$probe_server" \
         --ranks $DP --hasher "$prefix/kva_hashes" --count $K \
@@ -211,40 +217,52 @@ for rate in "${rates[@]}"; do
         > "$prefix/probe-$rate.out" 2> "$prefix/probe-$rate.err" || true
     while perl -e 'exit(($ARGV[1] - $ARGV[0]) < $ARGV[2] ? 0 : 1)' \
           "$t0" "$(now)" "$STAGE"; do sleep 0.5; done
-    l1=$(lost); a1=$(applied); r1=$(ticks "/proc/$rpid/stat")
+    l1=$(lost); r1=$(ticks "/proc/$rpid/stat")
     w1=$(ticks "${wstat[@]}"); t1=$(now)
     kill "$spid"; wait "$spid" 2>/dev/null || true; spid=
     read -r n secs < "$prefix/stream-$rate.out"
     sent=$(echo "$n / $secs" | bc -l)
+    # what each nginx applied of the whole stream, once it caught up
+    s1=$(applied)
+    for _ in $(seq 30); do
+        sleep 1; s2=$(applied)
+        [ "$s2" = "$s1" ] && break
+        s1=$s2
+    done
 
     f=$prefix/probe-$rate.out
     dt=$(perl -e 'print $ARGV[1] - $ARGV[0]' "$t0" "$t1")
-    del=$(paste -d' ' <(echo "$a0") <(echo "$a1") | awk -v d="$dt" '
-        { r = ($3 - $1) / d; s += r; if (NR == 1 || r < lo) lo = r
-          if (r > hi) hi = r; rej += $4 - $2 }
-        END { printf "%.0f (%.0f-%.0f)%s", s, lo, hi,
+    del=$(paste -d' ' <(echo "$s0") <(echo "$s1") | awk -v d="$secs" \
+              -v n="$n" '
+        { m = $3 - $1; s += m; if (NR == 1 || m < lo) lo = m
+          rej += $4 - $2 }
+        END { printf "%.0f, %.1f%%%s", s / d, 100 * lo / n,
               rej ? sprintf(", %d rejected", rej) : "" }')
-    worst50=0; worst99=0
-    for c in $(seq 1 "$NGX"); do
-        p50=$(awk -v c=$c '{ print $c * 1000 }' "$f" | pct 50)
-        p99=$(awk -v c=$c '{ print $c * 1000 }' "$f" | pct 99)
-        echo "$rate nginx-$(( c - 1 )) p50 $p50 ms p99 $p99 ms" \
-            >> "$prefix/per-nginx.txt"
-        worst50=$(perl -e 'print $ARGV[0] > $ARGV[1] ? $ARGV[0] : $ARGV[1]' \
-                  "$p50" "$worst50")
-        worst99=$(perl -e 'print $ARGV[0] > $ARGV[1] ? $ARGV[0] : $ARGV[1]' \
-                  "$p99" "$worst99")
-    done
-    all99=$(awk -v n="$NGX" '{ for (c = 1; c <= n; c++) print $c * 1000 }' \
-            "$f" | pct 99)
-    agree=$(awk -v n="$NGX" '{ a += $(n + 1); r += $(n + 2) }
-                             END { printf "%d / %d of %d", a, r, NR }' "$f")
-    [ -s "$f" ] || { sed -n 1p "$prefix/probe-$rate.err" >&2; continue; }
-    printf '| %d | %.0f | %s | %.1f%% | %.1f%% | %d | %.2f / %.2f ms | %.2f ms | %s |\n' \
+    lat="probe failed: $(sed -n 1p "$prefix/probe-$rate.err") | |"
+    agree="-"
+    if [ -s "$f" ]; then
+        worst50=0; worst99=0
+        for c in $(seq 1 "$NGX"); do
+            p50=$(awk -v c=$c '{ print $c * 1000 }' "$f" | pct 50)
+            p99=$(awk -v c=$c '{ print $c * 1000 }' "$f" | pct 99)
+            echo "$rate nginx-$(( c - 1 )) p50 $p50 ms p99 $p99 ms" \
+                >> "$prefix/per-nginx.txt"
+            worst50=$(max "$p50" "$worst50")
+            worst99=$(max "$p99" "$worst99")
+        done
+        all99=$(awk -v n="$NGX" '
+                    { for (c = 1; c <= n; c++) print $c * 1000 }' "$f" | pct 99)
+        lat=$(printf '%.2f / %.2f ms | %.2f ms' "$worst50" "$worst99" "$all99")
+        agree=$(awk -v n="$NGX" '{ a += $(n + 1); r += $(n + 2) }
+                         END { printf "%d / %d of %d", a, r, NR }' "$f")
+        [ -s "$prefix/probe-$rate.err" ] &&
+            agree="$agree (then: $(sed -n 1p "$prefix/probe-$rate.err"))"
+    fi
+    printf '| %d | %.0f | %s | %.1f%% | %.1f%% | %d | %s | %s |\n' \
         "$rate" "$sent" "$del" \
         "$(echo "($r1 - $r0) / $hz / $dt * 100" | bc -l)" \
         "$(echo "($w1 - $w0) / $hz / $dt * 100" | bc -l)" $(( l1 - l0 )) \
-        "$worst50" "$worst99" "$all99" "$agree" | tee -a "$prefix/result.md"
+        "$lat" "$agree" | tee -a "$prefix/result.md"
 done
 
 spread=$($fan spread --nginx "$nlist" --count $K --tag spread)

@@ -194,9 +194,15 @@ for rate in "${rates[@]}"; do
         --blocks "$BLOCKS" --seconds $(( STAGE + 120 )) \
         > "$prefix/pub-$rate.out" 2>&1 &
     fpid=$!
-    sleep 4                           # its packing, its 1 s to connect
-    kill -0 "$fpid" 2>/dev/null || { cat "$prefix/pub-$rate.out" >&2
-                                     exit 1; }
+    for _ in $(seq 600); do           # its packing, its 1 s to connect
+        grep -q ready "$prefix/pub-$rate.out" && break
+        kill -0 "$fpid" 2>/dev/null || break
+        sleep 0.1
+    done
+    grep -q ready "$prefix/pub-$rate.out" || {
+        echo "the publisher did not start:" >&2
+        cat "$prefix/pub-$rate.out" >&2; exit 1; }
+    sleep 1
     read -r b0 s0 d0 p0 g0 l0 x0 < <(metrics $M)
     n0=$(sent); c0=$(ticks "$bpid"); f0=$(ticks "$fpid"); t0=$(now)
     perl "$root/bench/events/bridgebench.pl" latency \

@@ -5,8 +5,7 @@
 # loopback only; every loop is bounded in time.
 #
 #   fanout.pl stream --redis P --first PORT --servers N --ranks R
-#       --rate M --hashes H --seconds D
-#       --seq-file F
+#       --rate M --hashes H --seconds D --seq-file F
 #       The caches 127.0.0.1:PORT .. PORT+N-1, ranks 0 .. R-1 each: M
 #       messages a second in all (one "stored" event of H fresh hashes
 #       each), the caches in turn, paced in 1 ms slices, for D seconds.
@@ -17,8 +16,8 @@
 #
 #   fanout.pl probe --redis P --nginx PORT,PORT,... --server S --ranks R
 #       --hasher BIN --block-size B --count K --seq-file F
-#       Seqs as stream's.  K times: a prompt nobody holds, checked unmatched in every nginx;
-#       a "stored" event of its block hashes on server S, rank K mod R;
+#       Seqs as stream's.  K times: a prompt nobody holds, checked
+#       unmatched in every nginx; a "stored" event of its block hashes on server S, rank K mod R;
 #       then the prompt sent to every nginx at once, again to those that
 #       did not match it yet, until all did.  One line a probe: the
 #       seconds from the publish to each nginx's first matching answer,
@@ -259,7 +258,6 @@ if ($mode eq 'stream') {
             }
             @left = @still;
         }
-        print STDERR "where @where want $port/$rank\n" if $ENV{FANOUT_DEBUG};
         my $agree = (grep { $_ eq $where[0] } @where) == @where ? 1 : 0;
         my $right = $agree && $where[0] eq "$port/$rank" ? 1 : 0;
         print join(' ', (map { sprintf '%.6f', $_ } @dt), $agree, $right),

@@ -14,8 +14,9 @@
 #       for the bridge to connect, B batches a second in all, the engines
 #       in turn, each batch H blocks stored and the H stored 16 batches
 #       before removed (an engine step that fills and frees), paced in
-#       1 ms slices, for T seconds.  Prints "BATCHES SECONDS" (sent so
-#       far, since the first) on SIGUSR1, and at the end or on SIGTERM.
+#       1 ms slices, for T seconds.  Prints "ready" when it starts
+#       sending, then "BATCHES SECONDS" (sent so far, since the first) on
+#       SIGUSR1, and at the end or on SIGTERM.
 
 use strict;
 use warnings;
@@ -32,6 +33,11 @@ GetOptions(\%o, 'zmq=i', 'servers=i', 'ranks=i', 'skip=s', 'rate=i',
            'blocks=i', 'block=i', 'seconds=f')
     or die "bad options\n";
 defined $o{$_} or die "--$_ is required\n" for qw(zmq servers rate);
+
+# answered from the start: SIGUSR1's default would end the process
+my ($sent, $t0) = (0, 0);
+$| = 1;
+$SIG{USR1} = sub { printf "%d %.3f\n", $sent, $t0 ? time - $t0 : 0 };
 
 my %skip = map { $_ => 1 } grep { length } split /,/, $o{skip};
 my $mp = Data::MessagePack->new->prefer_integer(1);
@@ -83,16 +89,14 @@ sub removed {
              medium => 'GPU' };
 }
 
-my ($sent, $t0) = (0, 0);
 my $done = sub {
     printf "%d %.3f\n", $sent, $t0 ? time - $t0 : 0;
     exit 0;
 };
 $SIG{TERM} = $SIG{INT} = $done;
-$| = 1;
-$SIG{USR1} = sub { printf "%d %.3f\n", $sent, $t0 ? time - $t0 : 0 };
 
 sleep 1;                            # the bridge's SUB sockets connect
+print "ready\n";
 $t0 = time;
 my $end = $t0 + $o{seconds};
 my $i = 0;
