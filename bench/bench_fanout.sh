@@ -68,6 +68,12 @@ done
 perl -MJSON::PP -e 1 2>/dev/null || { echo "perl's JSON::PP is missing" >&2
                                       exit 1; }
 
+# one run at a time: a second would remove the first one's pid files
+# and leave its processes running
+mkdir -p "$root/build"
+exec 9> "$prefix.lock"
+flock -n 9 || { echo "another run holds $prefix.lock" >&2; exit 1; }
+
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 rm -rf "$prefix"
 mkdir -p "$prefix"

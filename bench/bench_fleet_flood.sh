@@ -63,6 +63,12 @@ perl -MZMQ::FFI -MData::MessagePack -e 1 2>/dev/null || {
          "apt-get install libzmq-ffi-perl libdata-messagepack-perl" >&2
     exit 1; }
 
+# one run at a time: a second would remove the first one's pid files
+# and leave its processes running
+mkdir -p "$root/build"
+exec 9> "$prefix.lock"
+flock -n 9 || { echo "another run holds $prefix.lock" >&2; exit 1; }
+
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 rm -rf "$prefix"
 "$launch" prefix "$prefix" >/dev/null
