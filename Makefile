@@ -308,11 +308,15 @@ bench: deps module $(BENCHES)
 
 # the Redis event path: hashes applied per second, publish-to-visible
 # latency, routing latency under an event stream (about a minute); then
-# kvbridge: its cost on one core, publish-to-visible through it
+# kvbridge: its cost on one core, publish-to-visible through it; one bridge
+# for 256 engines (kvsim, then synthetic engines until it saturates); 8
+# nginx on one Redis channel
 bench-events: deps module tools $(KVA_HASHES) $(BUILD)/bench_bridge
 	bash bench/bench_events.sh
 	bash bench/bench_bridge.sh
 	bash bench/bench_fleet.sh
+	bash bench/bench_fleet_flood.sh
+	bash bench/bench_fanout.sh
 
 # worst-case lock holds: floods of colliding keys, the largest messages
 bench-worst: $(BUILD)/bench_worst

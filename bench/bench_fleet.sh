@@ -9,8 +9,9 @@
 #
 #   bash bench/bench_fleet.sh [QPS[:SECONDS] ...]    (default 20:30 60:30)
 #
-# Publish-to-visible through nginx needs an upstream of 256 caches (the
-# module's limit is 64 until issue 22 section 1): not measured here.
+# Where the bridge saturates, and publish-to-visible through nginx at 256
+# caches, are bench/bench_fleet_flood.sh's (synthetic engines: here kvsim
+# gives way first).
 # Everything runs on 127.0.0.1 under build/bench-fleet/ and stops on exit.
 set -euo pipefail
 
