@@ -238,11 +238,12 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_int_t                  reqs, blocks;
     ngx_uint_t                 i, slot;
     kva_slotset_t              mask;
-    kva_tier_count_t           tiers[KVA_MAX_SLOTS];
+    kva_tier_count_t          *tiers;
     ngx_http_kv_aware_slot_t  *sl;
 
     /* by slot: the scratch holds the upstream's highest (scratch.c) */
     depth = kcf->scratch->depth;
+    tiers = kcf->scratch->tiers;
     nblocks = ctx->nblocks;
 
     kva_slotset_zero(&mask);

@@ -107,9 +107,10 @@ ngx_http_kv_aware_scratch_make(ngx_pool_t *pool,
     s->cost = ngx_palloc(pool, s->ncand * sizeof(double));
     s->rates = ngx_palloc(pool, s->ncand * sizeof(double));
     s->depth = ngx_palloc(pool, s->nslots * sizeof(uint32_t));
+    s->tiers = ngx_palloc(pool, s->nslots * sizeof(kva_tier_count_t));
 
     if (s->picks == NULL || s->cand == NULL || s->cost == NULL
-        || s->rates == NULL || s->depth == NULL)
+        || s->rates == NULL || s->depth == NULL || s->tiers == NULL)
     {
         return NULL;
     }

@@ -15,6 +15,7 @@
 
 
 #include "ngx_http_kv_aware_common.h"
+#include "kva_index.h"
 
 
 struct ngx_http_kv_aware_scratch_s {
@@ -24,8 +25,9 @@ struct ngx_http_kv_aware_scratch_s {
     double                         *cost;
     double                         *rates;
 
-    ngx_uint_t                      nslots;   /* depth[] by slot, < nslots */
+    ngx_uint_t                      nslots;   /* by slot, < nslots: */
     uint32_t                       *depth;
+    kva_tier_count_t               *tiers;    /* matched in slower tiers */
 };
 
 
