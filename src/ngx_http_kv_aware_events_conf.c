@@ -289,7 +289,7 @@ ngx_http_kv_aware_events_redis(ngx_conf_t *cf, ngx_http_kv_aware_param_t *p,
     size_t                           len;
     ngx_url_t                        u;
     ngx_uint_t                       i, k;
-    ngx_http_kv_aware_redis_addr_t  *seeds, *seed;
+    ngx_http_kv_aware_redis_addr_t   addr, *seeds;
 
     seeds = ecf->link.seeds;
 
@@ -322,30 +322,31 @@ ngx_http_kv_aware_events_redis(ngx_conf_t *cf, ngx_http_kv_aware_param_t *p,
      */
     ecf->link.nredis++;
 
+    /* an address given twice is one seed: only new ones count to 8 */
     for (i = 0; i < u.naddrs; i++) {
-        if (ecf->link.nseeds == NGX_HTTP_KV_AWARE_SEEDS) {
-            ecf->link.seeds_over = 1;
-            break;
-        }
-
-        seed = &seeds[ecf->link.nseeds];
-
         len = ngx_sock_ntop(u.addrs[i].sockaddr, u.addrs[i].socklen,
-                            seed->ip, NGX_SOCKADDR_STRLEN, 0);
-        seed->ip[len] = '\0';
-        seed->port = ngx_inet_get_port(u.addrs[i].sockaddr);
+                            addr.ip, NGX_SOCKADDR_STRLEN, 0);
+        addr.ip[len] = '\0';
+        addr.port = ngx_inet_get_port(u.addrs[i].sockaddr);
 
         for (k = 0; k < ecf->link.nseeds; k++) {
-            if (seeds[k].port == seed->port
-                && ngx_strcmp(seeds[k].ip, seed->ip) == 0)
+            if (seeds[k].port == addr.port
+                && ngx_strcmp(seeds[k].ip, addr.ip) == 0)
             {
                 break;
             }
         }
 
-        if (k == ecf->link.nseeds) {
-            ecf->link.nseeds++;
+        if (k < ecf->link.nseeds) {
+            continue;
         }
+
+        if (ecf->link.nseeds == NGX_HTTP_KV_AWARE_SEEDS) {
+            ecf->link.seeds_over = 1;
+            break;
+        }
+
+        seeds[ecf->link.nseeds++] = addr;
     }
 
     if (ecf->link.port == 0) {

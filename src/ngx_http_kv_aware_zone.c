@@ -407,12 +407,12 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
         }
     }
 
-    ngx_shmtx_unlock(&kcf->shpool->mutex);
-
     /*
      * Slots of servers that left: their entries would mislead newcomers.
      * Where servers come and go at run time, those resolved are not in
      * the configuration: the workers' first look at the lists decides.
+     * Still locked: a name the old workers compare must not be wiped
+     * under them.
      */
     for (s = 0; s < KVA_MAX_SLOTS && !kcf->dynamic; s++) {
         if (slots[s].name_len && !kva_slotset_has(&used, s)) {
@@ -420,6 +420,8 @@ ngx_http_kv_aware_assign_slots(ngx_http_kv_aware_srv_conf_t *kcf)
             ngx_memzero(&slots[s], sizeof(ngx_http_kv_aware_slot_t));
         }
     }
+
+    ngx_shmtx_unlock(&kcf->shpool->mutex);
 
     if (!kva_slotset_empty(&stale)) {
         kva_slotset_andnot(&kcf->sh->members.reserved, &stale);

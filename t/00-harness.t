@@ -8,7 +8,12 @@ use Digest::MD5 qw(md5_hex);
 use IO::Select;
 use IO::Socket::INET;
 use Test::More;
-use Time::HiRes qw(time);
+use File::Path qw(make_path);
+use File::Spec;
+use POSIX ();
+use Time::HiRes qw(time sleep);
+
+use KvAware::Launch ();
 
 use Test::KvAware qw(run_blocks log_matches);
 use Test::KvAware::Chat qw(chunked);
@@ -236,6 +241,64 @@ EOT
        'qr// pattern');
     ok(exists $b[1]{sec}{must_die}, 'flag section');
     is($b[1]{sec}{config}, 'location / {}', 'last section trimmed');
+};
+
+# Tests run side by side: a reservation whose owner is gone is taken over
+# by exactly one of the processes that want its port, and a port handed
+# back is not removed later from under whoever took it since.
+subtest 'port reservations' => sub {
+    my $dir = File::Spec->tmpdir . "/kv-aware-ports-$<";
+    my $port = 1000 + $$ % 20000;       # below 1024+: never drawn
+    my $file = "$dir/$port";
+    my $dead = fork // die;
+    exit 0 if !$dead;
+    waitpid $dead, 0;
+
+    my $double = 0;
+    for my $round (1 .. 40) {
+        make_path($dir);
+        open my $fh, '>', $file or die "$file: $!";
+        print {$fh} "$dead\n";
+        close $fh;
+        pipe my $r, my $w or die;
+        pipe my $hold, my $release or die;
+        my $go = time + 0.05;
+        my @kids;
+        for (1 .. 6) {
+            my $pid = fork // die;
+            if (!$pid) {
+                close $r;
+                close $release;
+                local $KvAware::Launch::PORT_OWNER = $$;
+                sleep 0.001 while time < $go;
+                my $got = KvAware::Launch::reserve_port($port);
+                syswrite $w, $got ? 'y' : 'n';
+                sysread $hold, my $eof, 1;  # alive until all have tried
+                POSIX::_exit(0);
+            }
+            push @kids, $pid;
+        }
+        close $w;
+        close $hold;
+        my $out = '';
+        while (length $out < @kids) {
+            sysread $r, $out, 16, length $out or last;
+        }
+        close $release;
+        waitpid $_, 0 for @kids;
+        $double++ if ($out =~ tr/y//) != 1;
+    }
+    unlink $file;
+    is($double, 0, 'one taker a round, of 6 at once, in 40 rounds');
+
+    # a run free_run() hands back (a port of it taken) is not removed
+    # at this process's exit from under whoever reserves it next
+    my $base = KvAware::Launch::free_run(3);
+    ok(-e "$dir/$base", 'free_run reserves its ports');
+    KvAware::Launch::release_port($base);
+    ok(!-e "$dir/$base"
+       && !grep({ $_ eq "$dir/$base" } @KvAware::Launch::RESERVED),
+       'a port handed back is forgotten');
 };
 
 run_blocks(no_module => 1);

@@ -104,7 +104,11 @@ subtest 'the status page in pages' => sub {
     ($r, $st) = page('offset=5000');
     is(scalar @{ $st->{servers} }, 0, 'past the end: no rows');
 
-    for my $bad ('limit=ten', 'offset=-1', 'ranks=some') {
+    ($r, $st) = page('offset=1020&limit=99999999999');
+    is(scalar @{ $st->{servers} }, 4, 'a huge limit: the rows there are');
+
+    for my $bad ('limit=ten', 'offset=-1', 'ranks=some', 'offset=',
+                 'limit=99999999999999999999', 'offset=%31') {
         ($r) = page($bad);
         is($r->{status}, 400, "$bad: 400");
     }

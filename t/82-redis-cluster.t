@@ -108,6 +108,22 @@ for ([ 'cluster=on', qr/needs a channel= with a hash tag/ ],
     like($err, $re, 'and says why');
 }
 
+# eight seeds at most: an address given twice is one of them
+{
+    my $more = join ' ', map { "redis=127.0.0.1:$_" } 1 .. 7;
+    $env->conf(http_config => upstream("$more redis=127.0.0.1:7 "
+                                       . "cluster=on channel=$CH"),
+               config => $LOCATIONS);
+    my ($ok, $err) = $env->test_config;
+    ok($ok, 'nginx -t takes 8 seeds, one of them twice') or diag $err;
+    $env->conf(http_config => upstream("$more redis=127.0.0.1:8 "
+                                       . "cluster=on channel=$CH"),
+               config => $LOCATIONS);
+    ($ok, $err) = $env->test_config;
+    ok(!$ok, 'nginx -t refuses 9 seeds');
+    like($err, qr/more than 8 addresses in redis=/, 'and says why');
+}
+
 # --- a Redis that is no cluster ----------------------------------------------
 
 my ($plain) = KvAware::Launch::free_ports(1);

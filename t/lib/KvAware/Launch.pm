@@ -50,7 +50,7 @@ use File::Spec;
 use File::Temp ();
 use IO::Select;
 use IO::Socket::INET;
-use Fcntl qw(O_WRONLY O_CREAT O_EXCL);
+use Fcntl qw(O_WRONLY O_CREAT O_EXCL LOCK_EX);
 use POSIX qw(WNOHANG);
 use Scalar::Util qw(refaddr weaken);
 use Time::HiRes qw(time sleep);
@@ -583,12 +583,19 @@ sub run_cmd {
 # over.  kva-launch draws for the script that runs it (KVA_PORT_OWNER).
 our $PORT_OWNER = $ENV{KVA_PORT_OWNER} || $$;
 my $PORT_DIR = File::Spec->tmpdir . "/kv-aware-ports-$<";
-my @RESERVED;                   # files this process made, removed at END
+our @RESERVED;                  # files this process made, removed at END
 
+# The check of a reservation and its takeover under one lock on the
+# directory: two processes that both found the owner gone would each
+# remove the file (the second the one the first had just made) and each
+# make its own, both then holding the port.
 sub reserve_port {
     my ($port) = @_;
     make_path($PORT_DIR, { mode => 0700 }) unless -d $PORT_DIR;
     my $file = "$PORT_DIR/$port";
+    sysopen(my $lock, "$PORT_DIR/.lock", O_WRONLY | O_CREAT, 0600)
+        or croak "$PORT_DIR/.lock: $!";
+    flock($lock, LOCK_EX) or croak "flock $PORT_DIR/.lock: $!";
     for (1 .. 2) {
         if (sysopen(my $fh, $file, O_WRONLY | O_CREAT | O_EXCL, 0600)) {
             print {$fh} "$PORT_OWNER\n";
@@ -603,6 +610,15 @@ sub reserve_port {
         unlink $file;                        # its owner is gone
     }
     return 0;
+}
+
+# A port reserved and not used after all: free for others, and not
+# removed at END from under whoever reserves it next
+sub release_port {
+    my ($port) = @_;
+    my $file = "$PORT_DIR/$port";
+    @RESERVED = grep { $_ ne $file } @RESERVED;
+    unlink $file;
 }
 
 END {
@@ -647,7 +663,7 @@ sub free_run {
         close $_ for @socks;
         my @got = grep { reserve_port($_) } $base .. $base + $n - 1;
         if (@got < $n) {
-            unlink "$PORT_DIR/$_" for @got;
+            release_port($_) for @got;
             next;
         }
         return $base;
