@@ -6,9 +6,8 @@
 # before and after a CLUSTER FAILOVER of the slot's master: the bridge
 # and nginx follow the slot, nginx asks a resync, the bridge's mirror
 # answers it.  The bridge's first seed is down: it goes on to the second.
-# kvbridge refuses a channel without a hash tag, and --redis twice
-# without --redis-cluster; between two nodes that each name the other
-# the owner, it backs off.
+# kvbridge refuses a channel without a hash tag; between two nodes that
+# each name the other the owner, it backs off.
 
 use strict;
 use warnings;
@@ -52,12 +51,6 @@ my ($rc, $out) = $l->run_cmd([KvAware::Launch::kvbridge_binary(),
 isnt($rc, 0, 'kvbridge --redis-cluster refuses the default channel');
 like($out, qr/--redis-cluster needs a --channel with a hash tag/,
      'and says why');
-
-($rc, $out) = $l->run_cmd([KvAware::Launch::kvbridge_binary(),
-    '--redis', "127.0.0.1:$seed", '--redis', "127.0.0.1:$seed",
-    '--channel', $CH, @engines]);
-isnt($rc, 0, 'kvbridge refuses --redis twice without --redis-cluster');
-like($out, qr/several seeds are for --redis-cluster/, 'and says why');
 
 # the first seed a port nobody listens on: the second one is asked
 my ($dead) = KvAware::Launch::free_ports(1);

@@ -515,7 +515,7 @@ test_topics(void)
 }
 
 
-/* --redis more than once: a cluster's seeds, refused without it */
+/* --redis more than once: a cluster's seeds; without it, the last */
 static void
 test_seeds(void)
 {
@@ -530,17 +530,21 @@ test_seeds(void)
     const char  *cluster[] = { "kvbridge", "--engine",
         "10.0.0.1:8000 model=m events=tcp://10.0.0.1:5557",
         "--redis-cluster", "--channel", "{k}:e",
-        "--redis", "10.0.0.5:7000", "--redis", "10.0.0.6:7001", NULL };
+        "--redis", "10.0.0.5:7000", "--redis", "10.0.0.6:7001",
+        "--redis", "10.0.0.5:7000", NULL };
 
     ok(conf(&c, one) == 0 && c.nredis == 1
        && streq(c.redis_host, "10.0.0.5") && c.redis_port == 7000,
        "one --redis replaces the default (%s)", err);
-    ok(conf(&c, two) != 0 && strstr(err, "several seeds") != NULL,
-       "--redis twice without --redis-cluster: refused (%s)", err);
+    ok(conf(&c, two) == 0 && c.nredis == 1
+       && streq(c.redis_host, "10.0.0.6") && c.redis_port == 7001,
+       "--redis twice without --redis-cluster: the last one, as a "
+       "command line's over a config file's (%s)", err);
     ok(conf(&c, cluster) == 0 && c.nredis == 2
        && streq(c.redis_host, "10.0.0.5") && c.redis_port == 7000
        && streq(c.redis_hosts[1], "10.0.0.6") && c.redis_ports[1] == 7001,
-       "with --redis-cluster: two seeds, the first as host:port (%s)",
+       "with --redis-cluster: two seeds (one given twice), the first as "
+       "host:port (%s)",
        err);
 }
 

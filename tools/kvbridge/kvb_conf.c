@@ -325,10 +325,20 @@ kvb_conf_check(kvb_conf_t *c, char *err, size_t errlen)
         return -1;
     }
 
-    if (c->nredis > 1 && !c->redis_cluster) {
-        snprintf(err, errlen, "--redis more than once: several seeds are "
-                 "for --redis-cluster");
-        return -1;
+    /*
+     * A Redis Cluster's seeds, tried in turn from the first; one Redis
+     * otherwise, the last given (the command line over a config file)
+     */
+    if (c->nredis) {
+        i = c->redis_cluster ? 0 : c->nredis - 1;
+        c->redis_host = (char *) c->redis_hosts[i];
+        c->redis_port = c->redis_ports[i];
+
+        if (!c->redis_cluster) {
+            c->redis_hosts[0] = c->redis_hosts[i];
+            c->redis_ports[0] = c->redis_ports[i];
+            c->nredis = 1;
+        }
     }
 
     for (i = 0; i < c->nengines; i++) {
@@ -532,16 +542,21 @@ kvb_arg_set(kvb_conf_t *c, const kvb_arg_t *a, const char *v, char *err,
             return -1;
         }
 
+        /* the same seed twice (a config file and the command line) */
+        for (i = 0; i < c->nredis; i++) {
+            if (c->redis_ports[i] == (int) n
+                && strcmp(c->redis_hosts[i], host) == 0)
+            {
+                free(host);
+                return 0;
+            }
+        }
+
         if (c->nredis == KVB_REDIS_SEEDS) {
             free(host);
             snprintf(err, errlen, "--redis: at most %d seeds",
                      KVB_REDIS_SEEDS);
             return -1;
-        }
-
-        if (c->nredis == 0) {
-            c->redis_host = host;
-            c->redis_port = (int) n;
         }
 
         c->redis_hosts[c->nredis] = host;
