@@ -121,11 +121,15 @@ is(two(), $N, 'the warning stays at once a server');
 
 # --- the bridge followed stops: the other takes over ---------------------
 
-my ($followed) = grep { followed($origin{$_}) == $N } qw(a b);
-ok($followed, 'one bridge followed for both servers: '
-              . ($followed // 'none'));
-$followed //= 'b';
+# Mostly one bridge is followed for both servers, but on a loaded
+# machine a bridge silent past the heartbeat hands a server to the other
+# (CI once): the one followed for more servers is stopped, and every
+# server must end up with the other.
+my %by = map { ($_ => followed($origin{$_})) } qw(a b);
+my ($followed) = sort { $by{$b} <=> $by{$a} || $a cmp $b } qw(a b);
 my $standby = $followed eq 'a' ? 'b' : 'a';
+is($by{a} + $by{b}, $N, "each server follows one bridge ($by{a} a, "
+                        . "$by{b} b)");
 my %held0 = map { ($_ => held($_)) } 0 .. $N - 1;
 my $t0 = time;
 $l->stop("kvbridge-$followed");
