@@ -1,7 +1,8 @@
 # kv_aware_status under load: the page counts every index entry, a chunk
 # per hold of the zone lock, so that however often it is asked for,
 # routing never waits for more than a chunk.  On a full index, a client
-# polling status back to back does not delay requests noticeably.
+# polling status back to back delays only the requests of the worker
+# making a page.
 
 use strict;
 use warnings;
@@ -76,14 +77,23 @@ kill 'TERM', $kid;
 waitpid($kid, 0);
 
 is(scalar @load, 40, '40 requests routed to b2 while status is polled');
-my ($b50, $l50, $lmax) = map { $_ * 1000 } $base[20], $load[20], $load[-1];
+my ($b50, $l33, $l50, $lmax) = map { $_ * 1000 }
+    $base[20], $load[13], $load[20], $load[-1];
 note(sprintf 'one status page %.1f ms; requests: median %.1f ms alone, '
-     . '%.1f ms (max %.1f) under status', $status_ms, $b50, $l50, $lmax);
-# 25 ms over the median alone, or half of it on a machine so loaded that
-# the median alone is tens of ms (under a load of 6 to 9 on 2 cores it
-# was 88 ms, and 120 ms beside the status client: noise, not a lock)
+     . '%.1f ms (first third %.1f, max %.1f) under status', $status_ms,
+     $b50, $l50, $l33, $lmax);
+# A page is made whole by the worker that serves it, the zone's lock
+# given up between chunks: a request that worker takes meanwhile waits
+# for the page, one on the other worker waits a chunk at most.  The
+# client polls back to back, so one worker or the other is always busy
+# and about half the requests wait (under ASan a page is 60 to 120 ms,
+# and the median, at that boundary, went from 18 to 44 ms run to run).
+# With the lock held for a whole page every request would wait: so the
+# first third must not.  25 ms over the median alone, or half of it on
+# a machine so loaded that the median alone is tens of ms (under a load
+# of 6 to 9 on 2 cores it was 88 ms: noise, not a lock).
 my $bound = $b50 * 1.5 > $b50 + 25 ? $b50 * 1.5 : $b50 + 25;
-cmp_ok($l50, '<', $bound, 'the median request is not delayed');
+cmp_ok($l33, '<', $bound, 'a third of the requests are not delayed');
 cmp_ok($lmax, '<', 250, 'nor is the slowest');
 
 $env->stop_nginx;
