@@ -170,7 +170,6 @@ typedef struct {
     /* the work a try was charged with until its answer begins (ttft.c) */
     ngx_http_kv_aware_srv_conf_t   *ttft_kcf;     /* NULL: none charged */
     ngx_uint_t                      ttft_slot;
-    uint32_t                        ttft_ahead;   /* queued there before */
     uint32_t                        ttft_own;     /* its uncached blocks */
     double                          ttft_rate;    /* predicted by, a s */
     unsigned                        ttft_body:1;  /* its first bytes due */

@@ -302,7 +302,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
 /*
  * Each candidate's speed (its prefill rate over the pool's median, which
- * cost=ttft divides its cost by) and predicted time to first token: its
+ * cost=ttft divides its cost by; kva_ttft_speed()) and predicted time to first token: its
  * queue and the request's uncached blocks at its rate (a block in a
  * slower tier as its share of a miss), the pool's rate
  * for a server not learned yet (ngx_http_kv_aware_ttft.c learns them).
@@ -338,7 +338,7 @@ ngx_http_kv_aware_ranking_ttft_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
         rate = kva_ttft_rate(&t->est, pool);
 
-        cand[i].speed = rate / pool;
+        cand[i].speed = kva_ttft_speed(rate, pool);
         cand[i].ttft = kva_ttft_predict(queued > 0 ? queued : 0,
                                         ctx->nblocks - cand[i].matched
                                         + cand[i].slow, rate);

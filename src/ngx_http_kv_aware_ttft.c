@@ -4,9 +4,10 @@
  * Each server (rank) prefills at its own rate.  When a try is routed, the
  * uncached blocks it brings are added to the server's queue (blocks
  * routed there whose answer has not begun); when the answer's first
- * bytes pass the body filter, they leave it, and the time they took since
- * the try began teaches the server's rate: (the blocks queued before it +
- * its own) / the time, as kva_ttft_learn() averages it.  Not the header's
+ * bytes pass the body filter, they leave it, and the time since the
+ * server's previous first bytes (or since the try began, if later)
+ * teaches the server's rate: the answer's own blocks over that time, as
+ * kva_ttft_answer() averages it.  Not the header's
  * time: vLLM and SGLang stream through Starlette's StreamingResponse, and
  * uvicorn writes its headers before the first chunk exists, so their
  * header comes before the prefill (kvsim --early-headers does the same).
@@ -98,7 +99,6 @@ ngx_http_kv_aware_ttft_charge_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
     ctx->ttft_kcf = kcf;
     ctx->ttft_slot = slot;
-    ctx->ttft_ahead = queued > 0 ? (uint32_t) queued : 0;
     ctx->ttft_own = own;
 
     /* the rate it was predicted by: a first sample is clipped to it */
@@ -170,8 +170,9 @@ ngx_http_kv_aware_ttft_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 /*
  * The header: an answer that can teach waits for its first bytes, any
  * other leaves the queue now.  An error comes at once and a whole answer
- * after its decode: neither is a time to first token.  Nor is an answer
- * without work to time.
+ * after its decode: neither is a time to first token.  An answer without
+ * work of its own still waits: its first bytes end the time the next
+ * answer's work is measured from.
  */
 static void
 ngx_http_kv_aware_ttft_qualify(ngx_http_request_t *r,
@@ -189,8 +190,7 @@ ngx_http_kv_aware_ttft_qualify(ngx_http_request_t *r,
     status = u ? u->headers_in.status_n : 0;
 
     if (u == NULL || status < 200 || status > 299
-        || !ngx_http_kv_aware_ttft_streamed(u)
-        || ctx->ttft_ahead + ctx->ttft_own == 0)
+        || !ngx_http_kv_aware_ttft_streamed(u))
     {
         (void) ngx_atomic_fetch_add(&t->ignored, 1);
 
@@ -205,12 +205,17 @@ ngx_http_kv_aware_ttft_qualify(ngx_http_request_t *r,
 }
 
 
-/* the answer's first bytes: its blocks leave the queue, its time teaches */
+/*
+ * The answer's first bytes: its blocks leave the queue, and the time since
+ * the server's previous first bytes (or since the try began, if later)
+ * teaches its rate (kva_ttft_answer()).
+ */
 static void
 ngx_http_kv_aware_ttft_observe(ngx_http_request_t *r,
     ngx_http_kv_aware_ctx_t *ctx)
 {
-    ngx_msec_t                      ms;
+    ngx_int_t                       learned;
+    ngx_msec_t                      start;
     ngx_http_upstream_t            *u;
     ngx_http_kv_aware_srv_conf_t   *kcf;
     ngx_http_kv_aware_ttft_slot_t  *t;
@@ -219,29 +224,30 @@ ngx_http_kv_aware_ttft_observe(ngx_http_request_t *r,
     t = &kcf->sh->slots[ctx->ttft_slot].ttft;
     u = r->upstream;
 
-    ms = (u != NULL) ? ngx_current_msec - u->start_time : 0;
-
-    if (ms == 0) {
-        /* an answer in the same millisecond times nothing */
-        (void) ngx_atomic_fetch_add(&t->ignored, 1);
-        ngx_http_kv_aware_ttft_release(ctx);
-        return;
-    }
+    start = (u != NULL) ? u->start_time : ngx_current_msec;
 
     ngx_shmtx_lock(&kcf->shpool->mutex);
 
-    (void) kva_ttft_learn(&t->est, ctx->ttft_ahead + ctx->ttft_own,
-                          (double) ms, ctx->ttft_rate);
+    learned = kva_ttft_answer(&t->est, ctx->ttft_own, start,
+                              ngx_current_msec, ctx->ttft_rate);
 
-    t->rate = (ngx_uint_t) (t->est.rate + 0.5);
-    t->observed_ms = ms;
+    if (learned) {
+        t->rate = (ngx_uint_t) (t->est.rate + 0.5);
+    }
+
+    t->observed_ms = ngx_current_msec - start;
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);
 
+    if (!learned) {
+        /* no work of its own, or in the same millisecond as another */
+        (void) ngx_atomic_fetch_add(&t->ignored, 1);
+    }
+
     ngx_log_debug4(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "kv_aware: ttft: slot %ui, %uD blocks in %M ms, "
-                   "rate %ui a s", ctx->ttft_slot,
-                   ctx->ttft_ahead + ctx->ttft_own, ms, t->rate);
+                   "kv_aware: ttft: slot %ui, %uD blocks, %M ms since the "
+                   "try began, rate %ui a s", ctx->ttft_slot, ctx->ttft_own,
+                   ngx_current_msec - start, t->rate);
 
     ngx_http_kv_aware_ttft_release(ctx);
 }

@@ -2,6 +2,13 @@
  * kv_aware core: the prefill rate of a server and its time to first
  * token.
  *
+ * What an answer's time measures: a server prefills the prompts it has
+ * in order, so between two first tokens it computed the second's
+ * uncached blocks (kva_ttft_answer()).  Over a busy spell the intervals
+ * add up to the spell and the blocks to its work, whatever order the
+ * engine batched them in, so the averages below see the server's rate
+ * under the load it had, decodes sharing its steps included.
+ *
  * Why moving averages of work and time, and their ratio: one answer's
  * rate is noisy (a step shared with decodes, a prompt that arrived as
  * another's prefill ended) and now and then absurd (a pause, a prompt
@@ -180,6 +187,26 @@ kva_ttft_select(double *rate, unsigned n, unsigned k)
 }
 
 
+int
+kva_ttft_answer(kva_ttft_t *t, double work, uint64_t start, uint64_t now,
+    double ref)
+{
+    uint64_t  from;
+
+    from = t->last > start ? t->last : start;
+
+    if (now > t->last) {
+        t->last = now;
+    }
+
+    if (now <= from) {
+        return 0;
+    }
+
+    return kva_ttft_learn(t, work, (double) (now - from), ref);
+}
+
+
 /* whether a server's own rate is trusted, and so counts in the pool's */
 int
 kva_ttft_learned(const kva_ttft_t *t)
@@ -196,6 +223,21 @@ kva_ttft_rate(const kva_ttft_t *t, double pool)
     }
 
     return pool;
+}
+
+
+double
+kva_ttft_speed(double rate, double pool)
+{
+    double  s;
+
+    if (!(rate > 0.0) || !(pool > 0.0)) {
+        return 1.0;
+    }
+
+    s = rate / pool;
+
+    return (s < KVA_TTFT_BAND && s > 1.0 / KVA_TTFT_BAND) ? 1.0 : s;
 }
 
 

@@ -19,6 +19,12 @@
 /* a sample is clipped to within this factor of the rate it updates */
 #define KVA_TTFT_CLIP           4.0
 
+/*
+ * a rate within this factor of the pool's is taken as the pool's
+ * (kva_ttft_speed())
+ */
+#define KVA_TTFT_BAND           1.25
+
 /* the weight of a new sample in the moving average */
 #define KVA_TTFT_ALPHA          0.125
 
@@ -32,6 +38,8 @@ typedef struct {
     double              ms;               /* and the time they took */
     double              rate;             /* work / ms, blocks a second */
     uint64_t            samples;
+    uint64_t            last;             /* ms, the last answer's first
+                                             token (kva_ttft_answer()) */
 } kva_ttft_t;
 
 
@@ -47,6 +55,23 @@ typedef struct {
  */
 int kva_ttft_learn(kva_ttft_t *t, double work, double ms, double ref);
 
+/*
+ * An answer's first token at now, ms, its try begun at start: its own
+ * uncached blocks, work, took the time since the server's previous first
+ * token, or since the try began if the server answered nothing after it
+ * began (it was idle until then).  Learns that with kva_ttft_learn() and
+ * returns what it does; the answer moves t->last in any case.  An answer
+ * in the same millisecond as the one before (a batch finishing in one
+ * step) has no time of its own and teaches nothing.
+ *
+ * Why not the blocks queued before the answer over the time since its try
+ * began: the queue counts whole the prompts the server is already part
+ * way through, so a busy server looked faster the more it was given, and
+ * cost=ttft then gave it more still (docs/design.md).
+ */
+int kva_ttft_answer(kva_ttft_t *t, double work, uint64_t start,
+    uint64_t now, double ref);
+
 /* whether t's own rate is trusted: KVA_TTFT_MIN_SAMPLES samples or more */
 int kva_ttft_learned(const kva_ttft_t *t);
 
@@ -56,6 +81,16 @@ int kva_ttft_learned(const kva_ttft_t *t);
  * configured one; 0: KVA_TTFT_RATE_DEFAULT).
  */
 double kva_ttft_pool(double *rate, unsigned n, double prior);
+
+/*
+ * A server's speed, what cost=ttft divides its cost by: its rate over the
+ * pool's, 1 within KVA_TTFT_BAND of it.  Why the band: servers alike
+ * learn rates that differ by about that much (the work nginx thinks an
+ * answer had is what its index thought missing), and a cost that took
+ * every such difference at its word would send more to whichever looked
+ * fastest, each time it did.  A server at half speed is well outside.
+ */
+double kva_ttft_speed(double rate, double pool);
 
 /* the rate a server is predicted by: its own, or the pool's */
 double kva_ttft_rate(const kva_ttft_t *t, double pool);

@@ -64,12 +64,78 @@ pool_agrees(void)
 }
 
 
+/*
+ * A server computing 0.5 blocks a ms in order, prompts of 10 and 30
+ * blocks arriving every 50 ms: busy 80% of the time, a queue behind most
+ * answers.  Timing each answer from its arrival with the blocks queued
+ * ahead of it counted (the estimate before kva_ttft_answer()) takes the
+ * prompts it is part way through as whole, and says about 1.5x.
+ */
+static int
+fifo_rate(void)
+{
+    int         i;
+    double      busy_until, arrive, finish, work;
+    kva_ttft_t  t = { 0, 0, 0, 0, 0 };
+
+    busy_until = 0;
+
+    for (i = 0; i < 400; i++) {
+        arrive = 1000.0 + 50.0 * i;
+        work = (i & 1) ? 30.0 : 10.0;
+        finish = (arrive > busy_until ? arrive : busy_until) + work / 0.5;
+        busy_until = finish;
+
+        (void) kva_ttft_answer(&t, work, (uint64_t) arrive,
+                               (uint64_t) finish, 1000);
+    }
+
+    printf("# learned %g blocks a second, the server's 500\n", t.rate);
+
+    return near(t.rate, 500.0, 0.03);
+}
+
+
+static int
+answer_edges(void)
+{
+    kva_ttft_t  t = { 0, 0, 0, 0, 0 };
+
+    /* idle: from the try's start */
+    if (kva_ttft_answer(&t, 10, 100, 120, 1000) != 1
+        || t.last != 120 || !near(t.rate, 500.0, 0.001))
+    {
+        return 0;
+    }
+
+    /* begun before the last answer: from that answer */
+    if (kva_ttft_answer(&t, 10, 110, 140, 1000) != 1 || t.last != 140
+        || !near(t.rate, 500.0, 0.001))
+    {
+        return 0;
+    }
+
+    /* the same millisecond: nothing learned, and the clock stays */
+    if (kva_ttft_answer(&t, 10, 130, 140, 1000) != 0 || t.samples != 2) {
+        return 0;
+    }
+
+    /* no work: nothing learned, but the next is timed from it */
+    if (kva_ttft_answer(&t, 0, 130, 150, 1000) != 0 || t.last != 150) {
+        return 0;
+    }
+
+    /* a clock behind the last answer (another worker's) moves nothing */
+    return kva_ttft_answer(&t, 10, 100, 149, 1000) == 0 && t.last == 150;
+}
+
+
 int
 main(void)
 {
     int         i;
     double      rates[5];
-    kva_ttft_t  t = { 0, 0, 0, 0 };
+    kva_ttft_t  t = { 0, 0, 0, 0, 0 };
 
     ok(!kva_ttft_learned(&t), "nothing learned at first");
     ok(kva_ttft_rate(&t, 700.0) == 700.0, "so the pool's rate predicts");
@@ -128,6 +194,16 @@ main(void)
     }
 
     ok(t.rate > 500, "answers weigh by their work (%g)", t.rate);
+
+    ok(kva_ttft_speed(1200, 1000) == 1.0 && kva_ttft_speed(850, 1000) == 1.0,
+       "a rate within a quarter of the pool's is the pool's speed");
+    ok(kva_ttft_speed(500, 1000) == 0.5 && kva_ttft_speed(2000, 1000) == 2.0,
+       "half and double are what they are");
+    ok(kva_ttft_speed(0, 1000) == 1.0 && kva_ttft_speed(NAN, 0) == 1.0,
+       "no rate or no pool: the pool's speed");
+
+    ok(fifo_rate(), "a busy server is learned at its rate, not faster");
+    ok(answer_edges(), "an answer's time starts at the previous answer");
 
     ok(kva_ttft_pool(rates, 0, 0) == KVA_TTFT_RATE_DEFAULT,
        "an empty pool: the default prior");
