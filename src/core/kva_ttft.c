@@ -18,10 +18,15 @@
  * mostly the server's fixed latency (a step, the first decode), and an
  * average of per-answer rates would take a server that holds most
  * prompts (many such answers) for a slow one.  Clipping each answer's
- * rate to a factor of 4 of the current rate bounds what it moves: one
- * of the usual work by under 40%, and the averages forget geometrically
- * (half the weight in 5.2 answers), so a server that slows down is
- * followed within tens of answers.
+ * rate to a factor of 4 of the current rate bounds what it moves.  The
+ * averages are plain means of the first 32 answers (no weight left on
+ * the first one, as an average from it would keep), then forget
+ * geometrically, half the weight in 22 answers: a server's speed is its
+ * hardware's and changes seldom, while one answer's interval varies with
+ * what the server batched and how much nginx's index was wrong about;
+ * with half the weight in 5 answers, servers alike learned rates 3x
+ * apart under load.  A server that slows down is followed within about
+ * a hundred answers.
  */
 
 #include "kva_ttft.h"
@@ -53,7 +58,7 @@ kva_ttft_clip(double v, double ref)
 int
 kva_ttft_learn(kva_ttft_t *t, double work, double ms, double ref)
 {
-    double  v;
+    double  v, alpha;
 
     /* NaN fails these too */
     if (!(work > 0.0) || !(ms > 0.0)) {
@@ -74,8 +79,11 @@ kva_ttft_learn(kva_ttft_t *t, double work, double ms, double ref)
     v = kva_ttft_clip(v, t->rate);
     ms = work * 1000.0 / v;
 
-    t->work += KVA_TTFT_ALPHA * (work - t->work);
-    t->ms += KVA_TTFT_ALPHA * (ms - t->ms);
+    alpha = (double) (t->samples + 1) * KVA_TTFT_ALPHA < 1.0
+            ? 1.0 / (double) (t->samples + 1) : KVA_TTFT_ALPHA;
+
+    t->work += alpha * (work - t->work);
+    t->ms += alpha * (ms - t->ms);
     t->rate = t->work * 1000.0 / t->ms;
     t->samples++;
 

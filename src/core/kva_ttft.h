@@ -25,8 +25,11 @@
  */
 #define KVA_TTFT_BAND           1.25
 
-/* the weight of a new sample in the moving average */
-#define KVA_TTFT_ALPHA          0.125
+/*
+ * the weight of a new sample in the moving average, once there are
+ * 1 / KVA_TTFT_ALPHA of them (before: the plain mean of those seen)
+ */
+#define KVA_TTFT_ALPHA          (1.0 / 32)
 
 
 /*
@@ -49,7 +52,9 @@ typedef struct {
  * token.  The rate of the sample, work / ms, is clipped to within
  * KVA_TTFT_CLIP of the rate it updates (the server's own once it has
  * one, else ref, the pool's), its time made the clipped rate's; work
- * and time are each averaged in with weight KVA_TTFT_ALPHA, and the rate
+ * and time are each averaged in with weight KVA_TTFT_ALPHA (the plain
+ * mean of the samples while there are fewer than 1 / KVA_TTFT_ALPHA),
+ * and the rate
  * is their ratio (the first sample is taken as it is, clipped).  Returns
  * 0 and learns nothing from a sample without work or time.
  */

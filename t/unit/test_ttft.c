@@ -152,7 +152,7 @@ main(void)
        "a first sample is clipped to 4x the prior (%g)", t.rate);
 
     /* a server at 250 blocks a second: the average follows */
-    for (i = 0; i < 60; i++) {
+    for (i = 0; i < 200; i++) {
         (void) kva_ttft_learn(&t, 25, 100, 1000);
     }
 
@@ -165,14 +165,14 @@ main(void)
     ok(t.rate <= 250.0 * 1.4, "a fast outlier moves it little (%g)",
        t.rate);
 
-    for (i = 0; i < 60; i++) {
+    for (i = 0; i < 200; i++) {
         (void) kva_ttft_learn(&t, 25, 100, 1000);
     }
 
     (void) kva_ttft_learn(&t, 25, 100000, 0);
     ok(t.rate >= 250.0 * 0.7, "a slow one too (%g)", t.rate);
 
-    for (i = 0; i < 60; i++) {
+    for (i = 0; i < 200; i++) {
         (void) kva_ttft_learn(&t, 25, 100, 1000);
     }
 
