@@ -6,8 +6,8 @@
  * routed there whose answer has not begun); when the answer's first
  * bytes pass the body filter, they leave it, and the time since the
  * server's previous first bytes (or since the try began, if later)
- * teaches the server's rate: the answer's own blocks over that time, as
- * kva_ttft_answer() averages it.  Not the header's
+ * teaches the server's rate: the blocks of the answers of one step over
+ * that time, as kva_ttft_answer() averages it.  Not the header's
  * time: vLLM and SGLang stream through Starlette's StreamingResponse, and
  * uvicorn writes its headers before the first chunk exists, so their
  * header comes before the prefill (kvsim --early-headers does the same).
@@ -206,9 +206,9 @@ ngx_http_kv_aware_ttft_qualify(ngx_http_request_t *r,
 
 
 /*
- * The answer's first bytes: its blocks leave the queue, and the time since
- * the server's previous first bytes (or since the try began, if later)
- * teaches its rate (kva_ttft_answer()).
+ * The answer's first bytes: its blocks leave the queue, and with the
+ * other answers of the server's step they teach its rate, when the next
+ * step answers (kva_ttft_answer()).
  */
 static void
 ngx_http_kv_aware_ttft_observe(ngx_http_request_t *r,
@@ -238,11 +238,6 @@ ngx_http_kv_aware_ttft_observe(ngx_http_request_t *r,
     t->observed_ms = ngx_current_msec - start;
 
     ngx_shmtx_unlock(&kcf->shpool->mutex);
-
-    if (!learned) {
-        /* no work of its own, or in the same millisecond as another */
-        (void) ngx_atomic_fetch_add(&t->ignored, 1);
-    }
 
     ngx_log_debug4(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "kv_aware: ttft: slot %ui, %uD blocks, %M ms since the "

@@ -410,6 +410,15 @@ write_conf() {
         status="location = /kv_aware/status { kv_aware_status; }" ;;
     esac
     [ "$(id -u)" = 0 ] && user="user root;"
+    # BENCH_ACCESS_LOG=1: each request's server, reason, matched blocks
+    # and times, to see why a session left its server; costs a write a
+    # request, so not in published runs
+    local access="access_log off;"
+    case $policy in
+    kv_aware*)
+        [ "${BENCH_ACCESS_LOG:-0}" = 1 ] && access="log_format kva '\$msec \$http_x_session_affinity \$upstream_addr \$kv_aware_reason \$kv_aware_matched/\$kv_aware_blocks \$upstream_response_time \$request_time';
+    access_log $prefix/logs/access.log kva;" ;;
+    esac
     for k in $(seq 0 $(( SERVERS - 1 ))); do
         servers+="        server 127.0.0.1:$(( KV_BASE + k ));"$'\n'
     done
@@ -428,7 +437,7 @@ events {
 }
 
 http {
-    access_log off;
+    $access
     client_body_temp_path $prefix/tmp/body;
     proxy_temp_path $prefix/tmp/proxy;
     fastcgi_temp_path $prefix/tmp/fastcgi;

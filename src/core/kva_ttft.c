@@ -4,10 +4,13 @@
  *
  * What an answer's time measures: a server prefills the prompts it has
  * in order, so between two first tokens it computed the second's
- * uncached blocks (kva_ttft_answer()).  Over a busy spell the intervals
- * add up to the spell and the blocks to its work, whatever order the
- * engine batched them in, so the averages below see the server's rate
- * under the load it had, decodes sharing its steps included.
+ * uncached blocks (kva_ttft_answer()).  An engine prefills several
+ * prompts in one step, and their first tokens come together: the
+ * answers of one step are one sample, their blocks summed over the time
+ * since the answers before them.  Over a busy spell the intervals add up
+ * to the spell and the blocks to its work, whatever the engine batched,
+ * so the averages below see the server's rate under the load it had,
+ * decodes sharing its steps included.
  *
  * Why moving averages of work and time, and their ratio: one answer's
  * rate is noisy (a step shared with decodes, a prompt that arrived as
@@ -29,10 +32,14 @@
  * a hundred answers.
  */
 
+#include <math.h>
+
 #include "kva_ttft.h"
 
 
 static double kva_ttft_clip(double v, double ref);
+static int kva_ttft_sample(kva_ttft_t *t, double work, double ms, double ref,
+    double *alpha, double *room);
 static double kva_ttft_select(double *rate, unsigned n, unsigned k);
 
 
@@ -58,7 +65,22 @@ kva_ttft_clip(double v, double ref)
 int
 kva_ttft_learn(kva_ttft_t *t, double work, double ms, double ref)
 {
-    double  v, alpha;
+    double  alpha, room;
+
+    return kva_ttft_sample(t, work, ms, ref, &alpha, &room);
+}
+
+
+/*
+ * One sample into the averages; *alpha is the weight it got (1: the
+ * first), *room the work it may still be given at its time before its
+ * rate passes the clip (kva_ttft_answer() adds the rest of a step's).
+ */
+static int
+kva_ttft_sample(kva_ttft_t *t, double work, double ms, double ref,
+    double *alpha, double *room)
+{
+    double  v, lim;
 
     /* NaN fails these too */
     if (!(work > 0.0) || !(ms > 0.0)) {
@@ -68,22 +90,27 @@ kva_ttft_learn(kva_ttft_t *t, double work, double ms, double ref)
     v = work * 1000.0 / ms;
 
     if (t->samples == 0 || !(t->rate > 0.0) || !(t->ms > 0.0)) {
+        lim = ref > 0.0 ? ref * KVA_TTFT_CLIP : 0.0;
         v = kva_ttft_clip(v, ref);
         t->work = work;
         t->ms = work * 1000.0 / v;
         t->rate = v;
         t->samples = 1;
+        *alpha = 1.0;
+        *room = lim > 0.0 ? lim * t->ms / 1000.0 - work : HUGE_VAL;
         return 1;
     }
 
+    lim = t->rate * KVA_TTFT_CLIP;
     v = kva_ttft_clip(v, t->rate);
     ms = work * 1000.0 / v;
 
-    alpha = (double) (t->samples + 1) * KVA_TTFT_ALPHA < 1.0
-            ? 1.0 / (double) (t->samples + 1) : KVA_TTFT_ALPHA;
+    *alpha = (double) (t->samples + 1) * KVA_TTFT_ALPHA < 1.0
+             ? 1.0 / (double) (t->samples + 1) : KVA_TTFT_ALPHA;
+    *room = lim * ms / 1000.0 - work;
 
-    t->work += alpha * (work - t->work);
-    t->ms += alpha * (ms - t->ms);
+    t->work += *alpha * (work - t->work);
+    t->ms += *alpha * (ms - t->ms);
     t->rate = t->work * 1000.0 / t->ms;
     t->samples++;
 
@@ -199,19 +226,56 @@ int
 kva_ttft_answer(kva_ttft_t *t, double work, uint64_t start, uint64_t now,
     double ref)
 {
-    uint64_t  from;
+    double  add;
 
-    from = t->last > start ? t->last : start;
+    if (!(work > 0.0)) {
+        work = 0.0;
+    }
 
-    if (now > t->last) {
+    /* a clock behind the last answer's (another worker's): as the last */
+    if (now < t->last) {
+        now = t->last;
+    }
+
+    if (t->group && start <= t->last
+        && now - t->group_first <= KVA_TTFT_BATCH_MS)
+    {
+        /* of the group's step: its blocks join the group's sample */
+        t->last = now;
+
+        if (t->group_alpha > 0.0) {
+            add = work < t->group_room ? work : t->group_room;
+
+            if (!(add > 0.0)) {
+                return 0;
+            }
+
+            t->group_room -= add;
+            t->work += t->group_alpha * add;
+            t->rate = t->work * 1000.0 / t->ms;
+            t->samples++;
+            return 1;
+        }
+
+        t->group_work += work;
+
+    } else {
+        t->group = 1;
+        t->group_from = (t->last > start) ? t->last : start;
+        t->group_first = now;
+        t->group_work = work;
+        t->group_alpha = 0.0;
         t->last = now;
     }
 
-    if (now <= from) {
+    /* not in the averages yet: the group so far, if it has work and time */
+    if (!kva_ttft_sample(t, t->group_work, (double) (now - t->group_from),
+                         ref, &t->group_alpha, &t->group_room))
+    {
         return 0;
     }
 
-    return kva_ttft_learn(t, work, (double) (now - from), ref);
+    return 1;
 }
 
 

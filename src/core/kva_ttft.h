@@ -20,6 +20,12 @@
 #define KVA_TTFT_CLIP           4.0
 
 /*
+ * first tokens this close after a group's first are of the same step
+ * (kva_ttft_answer())
+ */
+#define KVA_TTFT_BATCH_MS       2
+
+/*
  * a rate within this factor of the pool's is taken as the pool's
  * (kva_ttft_speed())
  */
@@ -40,9 +46,15 @@ typedef struct {
     double              work;             /* blocks, averaged */
     double              ms;               /* and the time they took */
     double              rate;             /* work / ms, blocks a second */
-    uint64_t            samples;
-    uint64_t            last;             /* ms, the last answer's first
-                                             token (kva_ttft_answer()) */
+    uint64_t            samples;          /* answers learned from */
+    /* the answers of one step, one sample (kva_ttft_answer()) */
+    uint64_t            last;             /* ms, the last first token */
+    uint64_t            group_from;       /* ms, the step's time began */
+    uint64_t            group_first;      /* ms, its first answer's */
+    double              group_work;       /* blocks, before it is learned */
+    double              group_alpha;      /* its weight; 0: not learned */
+    double              group_room;       /* blocks it may still take */
+    unsigned            group;            /* 1: one is open */
 } kva_ttft_t;
 
 
@@ -61,18 +73,24 @@ typedef struct {
 int kva_ttft_learn(kva_ttft_t *t, double work, double ms, double ref);
 
 /*
- * An answer's first token at now, ms, its try begun at start: its own
- * uncached blocks, work, took the time since the server's previous first
- * token, or since the try began if the server answered nothing after it
- * began (it was idle until then).  Learns that with kva_ttft_learn() and
- * returns what it does; the answer moves t->last in any case.  An answer
- * in the same millisecond as the one before (a batch finishing in one
- * step) has no time of its own and teaches nothing.
+ * An answer's first token at now, ms, its try begun at start, work its
+ * own uncached blocks.  Its blocks took the time since the server's
+ * previous first token, or since the try began if that is later (the
+ * server was idle until then): one sample, learned with kva_ttft_learn()
+ * at once.  Answers that come within KVA_TTFT_BATCH_MS of the first of a
+ * group, their tries begun before the group's last answer, are of the
+ * same step (an engine prefills several prompts in one step and they
+ * answer together): their blocks are added to the group's sample where
+ * it already is in the averages, with the weight it got, as far as the
+ * clip allows.  Returns 1 when the averages changed.  A clock behind the
+ * last answer's (another worker's) counts as the last's.
  *
  * Why not the blocks queued before the answer over the time since its try
  * began: the queue counts whole the prompts the server is already part
  * way through, so a busy server looked faster the more it was given, and
- * cost=ttft then gave it more still (docs/design.md).
+ * cost=ttft then gave it more still (docs/design.md).  Why the groups:
+ * timed alone, the second answer of a step has no time of its own, and
+ * the first's time would carry both answers' work.
  */
 int kva_ttft_answer(kva_ttft_t *t, double work, uint64_t start,
     uint64_t now, double ref);

@@ -76,7 +76,7 @@ fifo_rate(void)
 {
     int         i;
     double      busy_until, arrive, finish, work;
-    kva_ttft_t  t = { 0, 0, 0, 0, 0 };
+    kva_ttft_t  t = { 0 };
 
     busy_until = 0;
 
@@ -99,34 +99,79 @@ fifo_rate(void)
 static int
 answer_edges(void)
 {
-    kva_ttft_t  t = { 0, 0, 0, 0, 0 };
+    double      w, ms;
+    kva_ttft_t  t = { 0 };
 
-    /* idle: from the try's start */
-    if (kva_ttft_answer(&t, 10, 100, 120, 1000) != 1
-        || t.last != 120 || !near(t.rate, 500.0, 0.001))
-    {
-        return 0;
-    }
-
-    /* begun before the last answer: from that answer */
-    if (kva_ttft_answer(&t, 10, 110, 140, 1000) != 1 || t.last != 140
+    /* idle: from the try's start, learned at once: 10 blocks in 20 ms */
+    if (kva_ttft_answer(&t, 10, 100, 120, 1000) != 1 || t.samples != 1
         || !near(t.rate, 500.0, 0.001))
     {
         return 0;
     }
 
-    /* the same millisecond: nothing learned, and the clock stays */
-    if (kva_ttft_answer(&t, 10, 130, 140, 1000) != 0 || t.samples != 2) {
+    /* the same step: its blocks join that sample, 20 in 20 ms */
+    if (kva_ttft_answer(&t, 10, 110, 121, 1000) != 1 || t.samples != 2
+        || !near(t.rate, 1000.0, 0.001))
+    {
+        printf("# %g\n", t.rate);
         return 0;
     }
 
-    /* no work: nothing learned, but the next is timed from it */
-    if (kva_ttft_answer(&t, 0, 130, 150, 1000) != 0 || t.last != 150) {
+    /* begun before the last answer: from it, 10 in 20 ms, weight 1/3 */
+    w = 20.0 + (10.0 - 20.0) / 3;
+    ms = 20.0;
+
+    if (kva_ttft_answer(&t, 10, 115, 141, 1000) != 1 || t.samples != 3
+        || !near(t.rate, w * 1000.0 / ms, 0.001))
+    {
+        printf("# %g\n", t.rate);
         return 0;
     }
 
-    /* a clock behind the last answer (another worker's) moves nothing */
-    return kva_ttft_answer(&t, 10, 100, 149, 1000) == 0 && t.last == 150;
+    /* no work: teaches nothing, but opens a step from 141 */
+    if (kva_ttft_answer(&t, 0, 130, 150, 1000) != 0 || t.samples != 3
+        || t.last != 150)
+    {
+        return 0;
+    }
+
+    /*
+     * a clock behind (another worker's) counts as the last answer's, and
+     * so joins that step: 10 in 9 ms, weight 1/4
+     */
+    w += (10.0 - w) / 4;
+    ms += (9.0 - ms) / 4;
+
+    return kva_ttft_answer(&t, 10, 100, 149, 1000) == 1 && t.last == 150
+           && t.samples == 4 && near(t.rate, w * 1000.0 / ms, 0.001);
+}
+
+
+/*
+ * The same server prefilling two prompts of 10 blocks in one step of
+ * 40 ms (their first tokens 1 ms apart), idle between: timed alone, the
+ * second answer would teach 10 blocks in 1 ms, clipped, and the first
+ * 10 in 40 ms; together, 20 in 40 ms.
+ */
+static int
+batched_rate(void)
+{
+    int         i;
+    double      t0;
+    kva_ttft_t  t = { 0 };
+
+    for (i = 0; i < 100; i++) {
+        t0 = 1000.0 + 100.0 * i;
+        (void) kva_ttft_answer(&t, 10, (uint64_t) t0, (uint64_t) t0 + 40,
+                               1000);
+        (void) kva_ttft_answer(&t, 10, (uint64_t) t0, (uint64_t) t0 + 41,
+                               1000);
+    }
+
+    printf("# batched: learned %g blocks a second, the server's 500\n",
+           t.rate);
+
+    return near(t.rate, 500.0, 0.03);
 }
 
 
@@ -135,7 +180,7 @@ main(void)
 {
     int         i;
     double      rates[5];
-    kva_ttft_t  t = { 0, 0, 0, 0, 0 };
+    kva_ttft_t  t = { 0 };
 
     ok(!kva_ttft_learned(&t), "nothing learned at first");
     ok(kva_ttft_rate(&t, 700.0) == 700.0, "so the pool's rate predicts");
@@ -204,6 +249,7 @@ main(void)
 
     ok(fifo_rate(), "a busy server is learned at its rate, not faster");
     ok(answer_edges(), "an answer's time starts at the previous answer");
+    ok(batched_rate(), "the answers of one step are learned together");
 
     ok(kva_ttft_pool(rates, 0, 0) == KVA_TTFT_RATE_DEFAULT,
        "an empty pool: the default prior");
