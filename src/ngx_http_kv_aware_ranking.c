@@ -302,9 +302,9 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
 /*
  * Each candidate's speed (its prefill rate over the pool's median, which
- * cost=ttft divides its cost by; kva_ttft_speed()) and predicted time to first token: its
- * queue and the request's uncached blocks at its rate (a block in a
- * slower tier as its share of a miss), the pool's rate
+ * cost=ttft divides its cost by; kva_ttft_speed()) and predicted time to
+ * first token: its queue and the request's uncached blocks at its rate (a
+ * block in a slower tier as its share of a miss), the pool's rate
  * for a server not learned yet (ngx_http_kv_aware_ttft.c learns them).
  */
 static void

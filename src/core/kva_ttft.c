@@ -22,9 +22,9 @@
  * average of per-answer rates would take a server that holds most
  * prompts (many such answers) for a slow one.  Clipping each answer's
  * rate to a factor of 4 of the current rate bounds what it moves.  The
- * averages are plain means of the first 32 answers (no weight left on
+ * averages are plain means of the first 32 samples (no weight left on
  * the first one, as an average from it would keep), then forget
- * geometrically, half the weight in 22 answers: a server's speed is its
+ * geometrically, half the weight in 22 samples: a server's speed is its
  * hardware's and changes seldom, while one answer's interval varies with
  * what the server batched and how much nginx's index was wrong about;
  * with half the weight in 5 answers, servers alike learned rates 3x
@@ -32,14 +32,13 @@
  * a hundred answers.
  */
 
-#include <math.h>
-
 #include "kva_ttft.h"
 
 
 static double kva_ttft_clip(double v, double ref);
+static double kva_ttft_clipped_ms(double work, double ms, double ref);
 static int kva_ttft_sample(kva_ttft_t *t, double work, double ms, double ref,
-    double *alpha, double *room);
+    double *alpha, double *clip_ref, double *clipped_ms);
 static double kva_ttft_select(double *rate, unsigned n, unsigned k);
 
 
@@ -65,54 +64,59 @@ kva_ttft_clip(double v, double ref)
 int
 kva_ttft_learn(kva_ttft_t *t, double work, double ms, double ref)
 {
-    double  alpha, room;
+    double  alpha, clip_ref, clipped_ms;
 
-    return kva_ttft_sample(t, work, ms, ref, &alpha, &room);
+    return kva_ttft_sample(t, work, ms, ref, &alpha, &clip_ref, &clipped_ms);
+}
+
+
+/* the time work is taken to have taken: its rate clipped to ref's */
+static double
+kva_ttft_clipped_ms(double work, double ms, double ref)
+{
+    return work * 1000.0 / kva_ttft_clip(work * 1000.0 / ms, ref);
 }
 
 
 /*
  * One sample into the averages; *alpha is the weight it got (1: the
- * first), *room the work it may still be given at its time before its
- * rate passes the clip (kva_ttft_answer() adds the rest of a step's).
+ * first), *clip_ref the rate it was clipped to within KVA_TTFT_CLIP of
+ * (0: none), *clipped_ms the time it was averaged with: kva_ttft_answer()
+ * redoes the sample with the rest of a step's blocks.  The weight counts
+ * samples (steps), not answers: a step's blocks are summed in its work
+ * already.
  */
 static int
 kva_ttft_sample(kva_ttft_t *t, double work, double ms, double ref,
-    double *alpha, double *room)
+    double *alpha, double *clip_ref, double *clipped_ms)
 {
-    double  v, lim;
-
     /* NaN fails these too */
     if (!(work > 0.0) || !(ms > 0.0)) {
         return 0;
     }
 
-    v = work * 1000.0 / ms;
-
     if (t->samples == 0 || !(t->rate > 0.0) || !(t->ms > 0.0)) {
-        lim = ref > 0.0 ? ref * KVA_TTFT_CLIP : 0.0;
-        v = kva_ttft_clip(v, ref);
-        t->work = work;
-        t->ms = work * 1000.0 / v;
-        t->rate = v;
-        t->samples = 1;
+        *clip_ref = ref > 0.0 ? ref : 0.0;
+        *clipped_ms = kva_ttft_clipped_ms(work, ms, *clip_ref);
         *alpha = 1.0;
-        *room = lim > 0.0 ? lim * t->ms / 1000.0 - work : HUGE_VAL;
+        t->work = work;
+        t->ms = *clipped_ms;
+        t->rate = work * 1000.0 / t->ms;
+        t->samples = 1;
+        t->steps = 1;
         return 1;
     }
 
-    lim = t->rate * KVA_TTFT_CLIP;
-    v = kva_ttft_clip(v, t->rate);
-    ms = work * 1000.0 / v;
-
-    *alpha = (double) (t->samples + 1) * KVA_TTFT_ALPHA < 1.0
-             ? 1.0 / (double) (t->samples + 1) : KVA_TTFT_ALPHA;
-    *room = lim * ms / 1000.0 - work;
+    *clip_ref = t->rate;
+    *clipped_ms = kva_ttft_clipped_ms(work, ms, *clip_ref);
+    *alpha = (double) (t->steps + 1) * KVA_TTFT_ALPHA < 1.0
+             ? 1.0 / (double) (t->steps + 1) : KVA_TTFT_ALPHA;
 
     t->work += *alpha * (work - t->work);
-    t->ms += *alpha * (ms - t->ms);
+    t->ms += *alpha * (*clipped_ms - t->ms);
     t->rate = t->work * 1000.0 / t->ms;
     t->samples++;
+    t->steps++;
 
     return 1;
 }
@@ -226,15 +230,25 @@ int
 kva_ttft_answer(kva_ttft_t *t, double work, uint64_t start, uint64_t now,
     double ref)
 {
-    double  add;
+    double  ms;
 
     if (!(work > 0.0)) {
         work = 0.0;
     }
 
-    /* a clock behind the last answer's (another worker's): as the last */
+    /*
+     * a clock behind the last answer's (another worker's): as the last;
+     * far behind, the clock wrapped (a 32-bit ngx_msec_t) or the state is
+     * another clock's: a step kept open for ever would take every answer
+     */
     if (now < t->last) {
-        now = t->last;
+        if (t->last - now > KVA_TTFT_CLOCK_MS) {
+            t->group = 0;
+            t->last = 0;
+
+        } else {
+            now = t->last;
+        }
     }
 
     if (t->group && start <= t->last
@@ -244,14 +258,21 @@ kva_ttft_answer(kva_ttft_t *t, double work, uint64_t start, uint64_t now,
         t->last = now;
 
         if (t->group_alpha > 0.0) {
-            add = work < t->group_room ? work : t->group_room;
-
-            if (!(add > 0.0)) {
+            if (!(work > 0.0)) {
                 return 0;
             }
 
-            t->group_room -= add;
-            t->work += t->group_alpha * add;
+            /*
+             * the step's sample redone with all its blocks, over the time
+             * it was learned with, clipped as it was: the clip is of the
+             * step's rate, not of its first answer's
+             */
+            t->group_work += work;
+            ms = kva_ttft_clipped_ms(t->group_work, t->group_span,
+                                     t->group_ref);
+            t->work += t->group_alpha * work;
+            t->ms += t->group_alpha * (ms - t->group_ms);
+            t->group_ms = ms;
             t->rate = t->work * 1000.0 / t->ms;
             t->samples++;
             return 1;
@@ -262,6 +283,12 @@ kva_ttft_answer(kva_ttft_t *t, double work, uint64_t start, uint64_t now,
     } else {
         t->group = 1;
         t->group_from = (t->last > start) ? t->last : start;
+
+        if (t->group_from > now) {
+            /* a try begun before the clock wrapped: no time known */
+            t->group_from = now;
+        }
+
         t->group_first = now;
         t->group_work = work;
         t->group_alpha = 0.0;
@@ -269,13 +296,10 @@ kva_ttft_answer(kva_ttft_t *t, double work, uint64_t start, uint64_t now,
     }
 
     /* not in the averages yet: the group so far, if it has work and time */
-    if (!kva_ttft_sample(t, t->group_work, (double) (now - t->group_from),
-                         ref, &t->group_alpha, &t->group_room))
-    {
-        return 0;
-    }
+    t->group_span = (double) (now - t->group_from);
 
-    return 1;
+    return kva_ttft_sample(t, t->group_work, t->group_span, ref,
+                           &t->group_alpha, &t->group_ref, &t->group_ms);
 }
 
 

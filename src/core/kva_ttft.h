@@ -25,6 +25,9 @@
  */
 #define KVA_TTFT_BATCH_MS       2
 
+/* a clock this far behind the last first token's is not late but reset */
+#define KVA_TTFT_CLOCK_MS       60000
+
 /*
  * a rate within this factor of the pool's is taken as the pool's
  * (kva_ttft_speed())
@@ -47,13 +50,16 @@ typedef struct {
     double              ms;               /* and the time they took */
     double              rate;             /* work / ms, blocks a second */
     uint64_t            samples;          /* answers learned from */
+    uint64_t            steps;            /* samples averaged (steps) */
     /* the answers of one step, one sample (kva_ttft_answer()) */
     uint64_t            last;             /* ms, the last first token */
     uint64_t            group_from;       /* ms, the step's time began */
     uint64_t            group_first;      /* ms, its first answer's */
-    double              group_work;       /* blocks, before it is learned */
+    double              group_work;       /* blocks, its answers' */
+    double              group_span;       /* ms, its time when learned */
+    double              group_ref;        /* the rate it was clipped to */
+    double              group_ms;         /* its time in the averages */
     double              group_alpha;      /* its weight; 0: not learned */
-    double              group_room;       /* blocks it may still take */
     unsigned            group;            /* 1: one is open */
 } kva_ttft_t;
 

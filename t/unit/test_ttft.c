@@ -117,8 +117,11 @@ answer_edges(void)
         return 0;
     }
 
-    /* begun before the last answer: from it, 10 in 20 ms, weight 1/3 */
-    w = 20.0 + (10.0 - 20.0) / 3;
+    /*
+     * begun before the last answer: from it, 10 in 20 ms, weight 1/2 (the
+     * second sample: the step before is one, its blocks summed)
+     */
+    w = 20.0 + (10.0 - 20.0) / 2;
     ms = 20.0;
 
     if (kva_ttft_answer(&t, 10, 115, 141, 1000) != 1 || t.samples != 3
@@ -137,10 +140,10 @@ answer_edges(void)
 
     /*
      * a clock behind (another worker's) counts as the last answer's, and
-     * so joins that step: 10 in 9 ms, weight 1/4
+     * so joins that step: 10 in 9 ms, weight 1/3
      */
-    w += (10.0 - w) / 4;
-    ms += (9.0 - ms) / 4;
+    w += (10.0 - w) / 3;
+    ms += (9.0 - ms) / 3;
 
     return kva_ttft_answer(&t, 10, 100, 149, 1000) == 1 && t.last == 150
            && t.samples == 4 && near(t.rate, w * 1000.0 / ms, 0.001);
@@ -172,6 +175,89 @@ batched_rate(void)
            t.rate);
 
     return near(t.rate, 500.0, 0.03);
+}
+
+
+/*
+ * Steps of 40 ms, idle between, whose first answer is small: 1 block,
+ * then 19 (a prompt mostly cached, one new), 500 blocks a second.  The
+ * first answer alone is far below the rate and clipped: its time made
+ * the clip's must not be the time the step's other blocks are counted
+ * over, or each step is learned at 4x the rate it updates, and the rate
+ * runs away.
+ */
+static int
+small_first(void)
+{
+    int         i;
+    double      t0;
+    kva_ttft_t  t = { 0 };
+
+    for (i = 0; i < 400; i++) {
+        t0 = 1000.0 + 100.0 * i;
+        (void) kva_ttft_answer(&t, 1, (uint64_t) t0, (uint64_t) t0 + 40,
+                               1000);
+        (void) kva_ttft_answer(&t, 19, (uint64_t) t0, (uint64_t) t0 + 41,
+                               1000);
+    }
+
+    printf("# small first: learned %g blocks a second, the server's 500\n",
+           t.rate);
+
+    return near(t.rate, 500.0, 0.03);
+}
+
+
+/*
+ * The first 32 samples are a plain mean: steps of four answers (25, 5, 5
+ * and 5 blocks, none clipped), the first at 1,000 blocks a second, seven
+ * at 500, weigh one each (a step's blocks are summed in it already), so
+ * the rate is 8 * 40 blocks over 40 + 7 * 80 ms, not the first step's
+ * weight grown by its answers.
+ */
+static int
+steps_mean(void)
+{
+    int         i, k;
+    uint64_t    t0, ms;
+    kva_ttft_t  t = { 0 };
+
+    for (i = 0; i < 8; i++) {
+        t0 = 1000 + 1000 * (uint64_t) i;
+        ms = i == 0 ? 40 : 80;
+
+        for (k = 0; k < 4; k++) {
+            (void) kva_ttft_answer(&t, k == 0 ? 25 : 5, t0, t0 + ms + (k > 0),
+                                   1000);
+        }
+    }
+
+    printf("# steps: learned %g blocks a second, the mean's %g\n", t.rate,
+           320.0 * 1000.0 / (40.0 + 7 * 80.0));
+
+    return t.samples == 32
+           && near(t.rate, 320.0 * 1000.0 / (40.0 + 7 * 80.0), 0.001);
+}
+
+
+/*
+ * A clock far behind the last first token's (a 32-bit ngx_msec_t that
+ * wrapped): not taken as late, or every answer after would join the last
+ * step, which never closes.
+ */
+static int
+clock_reset(void)
+{
+    kva_ttft_t  t = { 0 };
+
+    (void) kva_ttft_answer(&t, 10, 4294967000ULL, 4294967020ULL, 1000);
+
+    if (kva_ttft_answer(&t, 10, 4294967010ULL, 30, 1000) != 0) {
+        return 0;
+    }
+
+    return kva_ttft_answer(&t, 10, 100, 120, 1000) == 1 && t.last == 120
+           && t.samples == 2 && near(t.rate, 500.0, 0.001);
 }
 
 
@@ -250,6 +336,9 @@ main(void)
     ok(fifo_rate(), "a busy server is learned at its rate, not faster");
     ok(answer_edges(), "an answer's time starts at the previous answer");
     ok(batched_rate(), "the answers of one step are learned together");
+    ok(small_first(), "a step's small first answer does not time the step");
+    ok(steps_mean(), "the first samples' mean weighs a step as one");
+    ok(clock_reset(), "a clock far behind starts afresh");
 
     ok(kva_ttft_pool(rates, 0, 0) == KVA_TTFT_RATE_DEFAULT,
        "an empty pool: the default prior");
