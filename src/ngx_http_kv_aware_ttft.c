@@ -206,9 +206,9 @@ ngx_http_kv_aware_ttft_qualify(ngx_http_request_t *r,
 
 
 /*
- * The answer's first bytes: its blocks leave the queue, and with the
- * other answers of the server's step they teach its rate, when the next
- * step answers (kva_ttft_answer()).
+ * The answer's first bytes: its blocks leave the queue and teach the
+ * server's rate at once, with the other answers of the server's step
+ * (kva_ttft_answer()).
  */
 static void
 ngx_http_kv_aware_ttft_observe(ngx_http_request_t *r,

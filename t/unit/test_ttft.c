@@ -151,57 +151,26 @@ answer_edges(void)
 
 
 /*
- * The same server prefilling two prompts of 10 blocks in one step of
- * 40 ms (their first tokens 1 ms apart), idle between: timed alone, the
- * second answer would teach 10 blocks in 1 ms, clipped, and the first
- * 10 in 40 ms; together, 20 in 40 ms.
+ * A server at 500 blocks a second prefilling two prompts, first and
+ * second blocks, in one step of (first + second) / 0.5 ms, their first
+ * tokens 1 ms apart, idle for 100 ms from each step's start.
  */
 static int
-batched_rate(void)
+two_a_step(double first, double second, int steps, const char *what)
 {
     int         i;
-    double      t0;
+    uint64_t    t0, ms;
     kva_ttft_t  t = { 0 };
 
-    for (i = 0; i < 100; i++) {
-        t0 = 1000.0 + 100.0 * i;
-        (void) kva_ttft_answer(&t, 10, (uint64_t) t0, (uint64_t) t0 + 40,
-                               1000);
-        (void) kva_ttft_answer(&t, 10, (uint64_t) t0, (uint64_t) t0 + 41,
-                               1000);
+    ms = (uint64_t) ((first + second) / 0.5);
+
+    for (i = 0; i < steps; i++) {
+        t0 = 1000 + 100 * (uint64_t) i;
+        (void) kva_ttft_answer(&t, first, t0, t0 + ms, 1000);
+        (void) kva_ttft_answer(&t, second, t0, t0 + ms + 1, 1000);
     }
 
-    printf("# batched: learned %g blocks a second, the server's 500\n",
-           t.rate);
-
-    return near(t.rate, 500.0, 0.03);
-}
-
-
-/*
- * Steps of 40 ms, idle between, whose first answer is small: 1 block,
- * then 19 (a prompt mostly cached, one new), 500 blocks a second.  The
- * first answer alone is far below the rate and clipped: its time made
- * the clip's must not be the time the step's other blocks are counted
- * over, or each step is learned at 4x the rate it updates, and the rate
- * runs away.
- */
-static int
-small_first(void)
-{
-    int         i;
-    double      t0;
-    kva_ttft_t  t = { 0 };
-
-    for (i = 0; i < 400; i++) {
-        t0 = 1000.0 + 100.0 * i;
-        (void) kva_ttft_answer(&t, 1, (uint64_t) t0, (uint64_t) t0 + 40,
-                               1000);
-        (void) kva_ttft_answer(&t, 19, (uint64_t) t0, (uint64_t) t0 + 41,
-                               1000);
-    }
-
-    printf("# small first: learned %g blocks a second, the server's 500\n",
+    printf("# %s: learned %g blocks a second, the server's 500\n", what,
            t.rate);
 
     return near(t.rate, 500.0, 0.03);
@@ -335,8 +304,21 @@ main(void)
 
     ok(fifo_rate(), "a busy server is learned at its rate, not faster");
     ok(answer_edges(), "an answer's time starts at the previous answer");
-    ok(batched_rate(), "the answers of one step are learned together");
-    ok(small_first(), "a step's small first answer does not time the step");
+
+    /*
+     * timed alone, the second answer of a step would teach 10 blocks in
+     * 1 ms, clipped, and the first 10 in 40 ms; together, 20 in 40 ms
+     */
+    ok(two_a_step(10, 10, 100, "batched"),
+       "the answers of one step are learned together");
+
+    /*
+     * a small first answer (a prompt mostly cached) is clipped: its time
+     * made the clip's must not be what the step's other blocks are
+     * counted over, or each step is learned at 4x the rate it updates
+     */
+    ok(two_a_step(1, 19, 400, "small first"),
+       "a step's small first answer does not time the step");
     ok(steps_mean(), "the first samples' mean weighs a step as one");
     ok(clock_reset(), "a clock far behind starts afresh");
 
