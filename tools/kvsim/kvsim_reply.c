@@ -94,12 +94,22 @@ kvs_reply_body(kvs_req_t *r, struct evbuffer *b)
 static void
 kvs_reply_headers(kvs_req_t *r, const char *type)
 {
+    char               cached[16];
     struct evkeyvalq  *h;
 
     h = evhttp_request_get_output_headers(r->req);
     evhttp_add_header(h, "Content-Type", type);
     evhttp_add_header(h, "X-Kvsim-Server", r->srv->id);
     kvs_reply_rank_header(r->srv, r->req);
+
+    /*
+     * what the pool held of the prompt, in a header too: an access log
+     * can set it beside what the router thought the server held
+     */
+    if (r->seq) {
+        snprintf(cached, sizeof(cached), "%u", r->seq->cached);
+        evhttp_add_header(h, "X-Kvsim-Cached-Tokens", cached);
+    }
 
     if (r->pd && r->pd->request_id[0]) {
         evhttp_add_header(h, "X-Request-Id", r->pd->request_id);
