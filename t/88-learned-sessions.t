@@ -133,13 +133,18 @@ cmp_ok($cached / $prompt, '>=', 0.6, sprintf 'the last rounds: kvsim found '
     or diag show(@later);
 
 # what nginx believed each server held against what kvsim found there: a
-# block of nginx is about 64 tokens, as kvsim's
+# block of nginx is about 64 tokens, as kvsim's; within 10% either way
+# and a block a session.  When the budget forgot sessions whole
+# and counted long prompts' blocks in the wrong generations, nginx
+# believed 27,456 tokens held where kvsim found 23,616 (16% more); with
+# the heads an engine keeps (docs/design.md, Learning), 25,024 against
+# 25,856.
 my ($believed, $found) = (0, 0);
 for (@later) {
     $believed += $_->{matched} * 64;
     $found += $_->{cached};
 }
-cmp_ok($believed, '<=', 1.25 * $found + 64 * @later,
+cmp_ok(abs($believed - $found), '<=', 0.1 * $found + 64 * $SESSIONS,
        "nginx believed $believed tokens held, kvsim found $found")
     or diag show(@later);
 

@@ -258,7 +258,8 @@ kva_entry_set(kva_index_t *ix, uint32_t idx, unsigned slot, unsigned srcs)
 /*
  * The stamp is shared by all holders of the entry: before a touch revives
  * them, drop the learned and speculative bits that aged out, and learned
- * bits past their slot's budget.
+ * bits past their slot's budget, those in its head room too (renewed,
+ * they would count whole for as long as the cutoff takes to pass them).
  */
 void
 kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk)
@@ -277,7 +278,7 @@ kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk)
         for (wi = 0; wi < KVA_SLOT_WORDS; wi++) {
             w->bits[KVA_SRC_LEARNED][wi] = learned
                 ? kva_index_learn_bits(ix, wi, w->bits[KVA_SRC_LEARNED][wi],
-                                       e->stamp)
+                                       e->stamp, KVA_NO_HEAD)
                 : 0;
 
             if (!spec) {

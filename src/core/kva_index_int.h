@@ -112,10 +112,13 @@ kva_entry_empty(const kva_entry_t *e)
 }
 
 
-/* the sources of holder h that count now (age: of the entry) */
+/*
+ * the sources of holder h that count now for block pos of a prompt (age:
+ * of the entry)
+ */
 static inline unsigned
 kva_holder_fresh(const kva_index_t *ix, kva_holder_t h, uint32_t age,
-    uint32_t stamp, const kva_clock_t *clk)
+    uint32_t stamp, uint32_t pos, const kva_clock_t *clk)
 {
     int       precise;
     unsigned  slot, srcs, fresh;
@@ -130,7 +133,7 @@ kva_holder_fresh(const kva_index_t *ix, kva_holder_t h, uint32_t age,
     }
 
     if ((srcs & KVA_BIT_LEARNED) && !precise && age < clk->ttl_learned
-        && kva_index_learn_ok(ix, slot, stamp))
+        && kva_index_learn_ok_at(ix, slot, stamp, pos))
     {
         fresh |= KVA_BIT_LEARNED;
     }
@@ -143,10 +146,10 @@ kva_holder_fresh(const kva_index_t *ix, kva_holder_t h, uint32_t age,
 }
 
 
-/* word wi of the slots a wide record holds that count now */
+/* word wi of the slots a wide record holds that count now, at pos */
 static inline uint64_t
 kva_wide_fresh(const kva_index_t *ix, const kva_wide_t *w, unsigned wi,
-    uint32_t age, uint32_t stamp, const kva_clock_t *clk)
+    uint32_t age, uint32_t stamp, uint32_t pos, const kva_clock_t *clk)
 {
     uint64_t  bits;
 
@@ -154,7 +157,8 @@ kva_wide_fresh(const kva_index_t *ix, const kva_wide_t *w, unsigned wi,
 
     if (age < clk->ttl_learned) {
         bits |= kva_index_learn_bits(ix, wi, w->bits[KVA_SRC_LEARNED][wi]
-                                             & ~clk->precise.w[wi], stamp);
+                                             & ~clk->precise.w[wi], stamp,
+                                     pos);
     }
 
     if (age < clk->ttl_spec) {
@@ -310,7 +314,7 @@ kva_match_set(kva_index_t *ix, const kva_entry_t *e, const kva_clock_t *clk,
                 }
 
                 keep = live->w[wi] & kva_wide_fresh(ix, w, wi, age,
-                                                    e->stamp, clk);
+                                                    e->stamp, i, clk);
 
                 for (gone = live->w[wi] & ~keep; gone; gone &= gone - 1) {
                     depth[wi * 64 + __builtin_ctzll(gone)] = i;
@@ -329,7 +333,7 @@ kva_match_set(kva_index_t *ix, const kva_entry_t *e, const kva_clock_t *clk,
                 continue;
             }
 
-            fresh = kva_holder_fresh(ix, e->h[k], age, e->stamp, clk);
+            fresh = kva_holder_fresh(ix, e->h[k], age, e->stamp, i, clk);
 
             if (fresh) {
                 list[n++] = (uint16_t) slot;
@@ -371,14 +375,14 @@ kva_match_list(kva_index_t *ix, const kva_entry_t *e, const kva_clock_t *clk,
             k = KVA_INLINE;
 
         } else if (w) {
-            k = (kva_wide_fresh(ix, w, slot / 64, age, e->stamp, clk)
+            k = (kva_wide_fresh(ix, w, slot / 64, age, e->stamp, i, clk)
                  >> (slot % 64) & 1) ? 0 : KVA_INLINE;
 
         } else {
             for (k = 0; k < KVA_INLINE; k++) {
                 if (e->h[k] && kva_holder_slot(e->h[k]) == slot) {
                     fresh = kva_holder_fresh(ix, e->h[k], age, e->stamp,
-                                             clk);
+                                             i, clk);
                     kva_match_tier(tiers, e->h[k], fresh, slot);
                     k = fresh ? k : KVA_INLINE;
                     break;

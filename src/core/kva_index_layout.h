@@ -122,7 +122,7 @@ typedef struct {
 
 
 /* in magic: the layout is this one (kva_index_valid(), kva_index_check()) */
-#define KVA_INDEX_MAGIC     0x6b766134u     /* "kva4": holders, wide pool */
+#define KVA_INDEX_MAGIC     0x6b766135u     /* "kva5": budgets' head room */
 
 
 /*
@@ -137,6 +137,18 @@ typedef struct {
  * entry is next touched.  O(1) a block learned anew, O(KVA_LEARN_GENS) at
  * most a block sent again and a generation: no scan under the lock.  The
  * TTL still applies.
+ *
+ * The head room: the server's LRU holds the budget, so past what the
+ * router still trusts (at most the budget less a generation) it holds
+ * some blocks from before the cutoff too, the most recently used.  An
+ * engine frees a finished request's blocks tail first (vLLM's block
+ * pool, kvsim), and of the request last sent before the cutoff it keeps
+ * the head, of the one before a shorter head, and so on.  A learned bit
+ * last touched before the cutoff still counts for a prompt's first
+ * head_room - newer blocks, newer being the blocks counted after its
+ * touch and before the cutoff (kva_index_learn_head()).  Without it a
+ * session whose server had to make room for a larger one was forgotten
+ * whole when the engine had lost only its tail, and left its server.
  */
 #define KVA_LEARN_GENS      16
 #define KVA_LEARN_SHARE     8
@@ -146,6 +158,8 @@ typedef struct {
     uint32_t            cutoff;         /* ticks; with active */
     uint32_t            cur;            /* the generation filling */
     uint32_t            active;         /* the budget was reached */
+    uint32_t            keep;           /* the generation cutoff began */
+    uint32_t            head_room;      /* blocks held from before cutoff */
     uint32_t            start[KVA_LEARN_GENS];  /* ticks */
     uint32_t            count[KVA_LEARN_GENS];  /* blocks learned anew */
     uint64_t            learned;        /* blocks learned anew, in all */
@@ -225,10 +239,41 @@ kva_index_learn_ok(const kva_index_t *ix, unsigned slot, uint32_t stamp)
 }
 
 
-/* the learned bits of word wi of a wide record that the budgets allow */
+#define KVA_NO_HEAD  UINT32_MAX
+
+/*
+ * kva_index_learn.c: how many leading blocks of a prompt last touched at
+ * stamp, before the cutoff, the server still holds (kva_learn_t)
+ */
+uint32_t kva_index_learn_head(const kva_learn_t *l, uint32_t stamp);
+
+/*
+ * The same for block pos of a prompt (KVA_NO_HEAD: none): before the
+ * cutoff, within the head room (kva_learn_t says what it is).
+ */
+static inline int
+kva_index_learn_ok_at(const kva_index_t *ix, unsigned slot, uint32_t stamp,
+    uint32_t pos)
+{
+    const kva_learn_t  *l;
+
+    if (kva_index_learn_ok(ix, slot, stamp)) {
+        return 1;
+    }
+
+    l = &ix->learn[slot];
+
+    return pos < l->head_room && pos < kva_index_learn_head(l, stamp);
+}
+
+
+/*
+ * The learned bits of word wi of a wide record that the budgets allow,
+ * for block pos of a prompt (KVA_NO_HEAD: past the cutoff only).
+ */
 static inline uint64_t
 kva_index_learn_bits(const kva_index_t *ix, unsigned wi, uint64_t bits,
-    uint32_t stamp)
+    uint32_t stamp, uint32_t pos)
 {
     unsigned  slot;
     uint64_t  m;
@@ -236,7 +281,7 @@ kva_index_learn_bits(const kva_index_t *ix, unsigned wi, uint64_t bits,
     for (m = bits & ix->learn_active.w[wi]; m; m &= m - 1) {
         slot = wi * 64 + (unsigned) __builtin_ctzll(m);
 
-        if ((int32_t) (stamp - ix->learn[slot].cutoff) < 0) {
+        if (!kva_index_learn_ok_at(ix, slot, stamp, pos)) {
             bits &= ~(1ULL << (slot % 64));
         }
     }

@@ -101,7 +101,7 @@ kva_index_count_range(kva_index_t *ix, const kva_clock_t *clk,
             for (wi = 0; wi < KVA_SLOT_WORDS; wi++) {
                 bits = (src == KVA_SRC_LEARNED)
                        ? kva_index_learn_bits(ix, wi, w->bits[src][wi],
-                                              e->stamp)
+                                              e->stamp, KVA_NO_HEAD)
                        : w->bits[src][wi];
 
                 for ( ; bits; bits &= bits - 1) {
