@@ -171,6 +171,31 @@ ngx_http_kv_aware_session_pick_locked(ngx_http_kv_aware_srv_conf_t *kcf,
         }
     }
 
+    /*
+     * A session placed anew opens a context that grows where it lands,
+     * turn after turn: where the usual choice follows what its prompt
+     * matches, it is placed by capacity instead, as a new conversation
+     * is (step 5), what a server holds of the prompt taken off its fill.
+     * By the match, the first turns of agents sharing a system prompt
+     * and tools (most of a first prompt) all went to the server that
+     * held it first: in a quick agents run, 10 of 24 sessions started
+     * on one of 8 servers, their contexts grew to 2.8 times its pool,
+     * and their turns yielded as cold one by one.  A session back after
+     * its binding expired, its context still held, goes home unless
+     * home is fuller by more than that context.  A prompt that matches
+     * nothing still goes by load.  Not a cold session: one whose turns
+     * share only the common prompt would find every server it moves to
+     * as cold as the last, and move again.
+     */
+    if (outcome == NGX_HTTP_KV_AWARE_SESS_NEW
+        && ctx->why == KVA_WHY_AFFINITY)
+    {
+        best = kva_score_capacity(&kcf->score, cand, n,
+                                  (uint32_t) ngx_random(),
+                                  kcf->scratch->cost, 1);
+        ctx->why = KVA_WHY_CAPACITY;
+    }
+
     /* bound, placed or moved: the session is where this try goes */
     kva_session_bind(t, ctx->session_key, (uint32_t) picks[best].slot,
                      ngx_current_msec);

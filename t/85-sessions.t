@@ -3,6 +3,9 @@
 #   * a session's requests all go to one server, even when its prompt
 #     changes completely from one turn to the next; sessions spread;
 #     requests without the header are routed as before;
+#   * new sessions whose first prompts share most of their text (a
+#     system prompt and tools) spread by capacity instead of piling on
+#     the server that holds it;
 #   * an idle session (session_timeout) is placed anew;
 #   * the binding yields, and the session moves, when its server is
 #     stopped (failed), full (max_conns), overloaded (session_margin), or
@@ -161,6 +164,19 @@ subtest 'an idle session is placed anew' => sub {
     is($s->{routed}{new}, 2, 'status: new 2');
     is(turn($env, 'idle', 'i4')->{reason}, 'session', 'then bound again');
 
+    # a session back after its binding expired, its context still held
+    # where it was (a history sent again with a new turn): it goes home,
+    # though a new session would be placed by capacity
+    my $ctx = join ' ', map { "Turn $_: the agent read file $_ and edited "
+                              . "it." } 1 .. 30;
+    my $h1 = send_body($env, chat_body('m', user => $ctx), undef,
+                       { 'X-Session-Affinity' => 'back' });
+    sleep 1.6;
+    my $h2 = send_body($env, chat_body('m', user => "$ctx And then?"),
+                       undef, { 'X-Session-Affinity' => 'back' });
+    is($h2->{backend}, $h1->{backend}, 'back after expiry: its own server, '
+       . "where its history is ($h2->{reason})");
+
     $env->stop_nginx;
     $env->check_logs_clean('idle');
 };
@@ -264,6 +280,42 @@ subtest 'its server holds nothing more than another: cold' => sub {
 
     $env->stop_nginx;
     $env->check_logs_clean('cold');
+};
+
+
+subtest 'new sessions sharing a system prompt spread by capacity' => sub {
+    my $env = start() or return;
+
+    # ~1 KB of system prompt and tools all sessions share, most of a
+    # first prompt: by the match, every first turn would follow the
+    # server that holds it, and the sessions grow there
+    my $sys = join ' ', map { "Tool $_: reads a file and returns it." }
+                        1 .. 24;
+    my $task = 'read the files of the repository and sum them up. ' x 4;
+    my @first = map {
+        send_body($env, chat_body('m', system => $sys,
+                                  user => "task $_: $task"),
+                  undef, { 'X-Session-Affinity' => "agent$_" })
+    } 1 .. 6;
+    is(scalar(grep { $_->{status} == 200 } @first), 6, '6 first turns: 200');
+    is(scalar(keys %{ count_by(backend => @first) }), 3,
+       'six new sessions on all three servers')
+        or diag fmt(count_by(backend => @first));
+    is(scalar(grep { $_->{reason} eq 'capacity' } @first[1 .. 5]), 5,
+       'those after the first (which matched nothing): reason capacity')
+        or diag join ' ', map { $_->{reason} } @first;
+
+    # without the header, as before: the match draws them to its holder
+    my @plain = map {
+        send_body($env, chat_body('m', system => $sys,
+                                  user => "plain $_: $task"))
+    } 1 .. 6;
+    is(scalar(grep { $_->{reason} eq 'affinity' } @plain), 6,
+       'without a session: by the match (affinity)')
+        or diag join ' ', map { $_->{reason} } @plain;
+
+    $env->stop_nginx;
+    $env->check_logs_clean('new sessions');
 };
 
 

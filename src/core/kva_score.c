@@ -161,15 +161,9 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
 
     /* a match of a small part: what it saves is less than where it goes */
     if (longest && longest < conf->affinity_min * nblocks) {
-        for (i = 0; i < n; i++) {
-            cost[i] = c[i].fill * mean_weight / c[i].weight
-                      + kva_load(&c[i], mean_weight);
-        }
-
         *why = KVA_WHY_CAPACITY;
-        kva_in_time(conf, c, n, cost);
 
-        return kva_pick_min(cost, c, n, rnd);
+        return kva_score_capacity(conf, c, n, rnd, cost, 0);
     }
 
     for (i = 0; i < n; i++) {
@@ -196,6 +190,38 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
     }
 
     return best;
+}
+
+
+unsigned
+kva_score_capacity(const kva_score_conf_t *conf, const kva_candidate_t *c,
+    unsigned n, uint32_t rnd, double *cost, int held)
+{
+    double    mean_weight;
+    unsigned  i;
+    uint64_t  total_weight;
+
+    if (n > KVA_MAX_SLOTS) {
+        n = KVA_MAX_SLOTS;
+    }
+
+    total_weight = 0;
+
+    for (i = 0; i < n; i++) {
+        total_weight += c[i].weight;
+    }
+
+    mean_weight = (double) total_weight / n;
+
+    for (i = 0; i < n; i++) {
+        cost[i] = (c[i].fill - (held ? (double) c[i].matched : 0.0))
+                  * mean_weight / c[i].weight
+                  + kva_load(&c[i], mean_weight);
+    }
+
+    kva_in_time(conf, c, n, cost);
+
+    return kva_pick_min(cost, c, n, rnd);
 }
 
 

@@ -124,6 +124,19 @@ unsigned kva_score_costs(const kva_score_conf_t *conf,
     double *cost, kva_why_e *why);
 
 /*
+ * Placement by capacity (step 5 of docs/design.md): fill + load, scaled
+ * by weight, with the time to first token if configured; cost[] as
+ * kva_score_costs() leaves it.  With held, what a server already holds
+ * of the prompt (matched) is taken off its fill: for a request that opens
+ * a context which will grow where it lands (a session's first request),
+ * a block it finds is one it need not store, and a session back after
+ * its binding expired goes home unless home is fuller by more than that.
+ */
+unsigned kva_score_capacity(const kva_score_conf_t *conf,
+    const kva_candidate_t *c, unsigned n, uint32_t rnd, double *cost,
+    int held);
+
+/*
  * Whether candidate bound (a server a session is bound to) is overloaded
  * against the others: the gate's test holds for it (more than imbalance
  * requests in flight over the least busy candidate and more than

@@ -115,6 +115,7 @@ main(void)
 static void
 test_capacity(void)
 {
+    double            cost[4];
     unsigned          i, best, counts[4];
     kva_why_e         why;
     kva_candidate_t   c[4];
@@ -203,6 +204,39 @@ test_capacity(void)
     ok(counts[3] == 0 && counts[0] > 250 && counts[1] > 250
        && counts[2] > 250, "empty caches: spread over the least routed "
        "(%u/%u/%u/%u)", counts[0], counts[1], counts[2], counts[3]);
+
+    /*
+     * A session's first request (held): a shared system prompt of 237
+     * blocks that one server holds, with the few sessions it took, does
+     * not draw the next; a session back home with its 1,000 blocks goes
+     * home though home stored 500 more lately than another.
+     */
+    memset(c, 0, sizeof(c));
+
+    for (i = 0; i < 4; i++) {
+        c[i].weight = 1;
+    }
+
+    c[0].matched = 237;
+    c[0].fill = 740;
+    c[1].fill = 300;
+    c[2].fill = 600;
+    c[3].fill = 900;
+    ok(kva_score_capacity(&conf, c, 4, 0, cost, 1) == 1,
+       "a new session: the server that stored least, not the holder of "
+       "the shared prompt");
+    ok(kva_score_capacity(&conf, c, 4, 0, cost, 0) == 1, "... as without "
+       "the credit");
+
+    c[0].matched = 1000;
+    c[0].fill = 3000;
+    c[1].matched = 237;
+    c[1].fill = 2500;
+    c[2].fill = c[3].fill = 2600;
+    ok(kva_score_capacity(&conf, c, 4, 0, cost, 1) == 0,
+       "a session back: home, where 1,000 of its blocks are");
+    ok(kva_score_capacity(&conf, c, 4, 0, cost, 0) == 1, "without the "
+       "credit it would leave them");
 }
 
 
