@@ -146,10 +146,15 @@ kva_holder_fresh(const kva_index_t *ix, kva_holder_t h, uint32_t age,
 }
 
 
-/* word wi of the slots a wide record holds that count now, at pos */
+/*
+ * Of the slots in want, those of word wi that a wide record holds and
+ * that count now, at pos (want: a learned bit past its cutoff costs a
+ * walk of the generations, for the slots still matching only)
+ */
 static inline uint64_t
 kva_wide_fresh(const kva_index_t *ix, const kva_wide_t *w, unsigned wi,
-    uint32_t age, uint32_t stamp, uint32_t pos, const kva_clock_t *clk)
+    uint64_t want, uint32_t age, uint32_t stamp, uint32_t pos,
+    const kva_clock_t *clk)
 {
     uint64_t  bits;
 
@@ -157,15 +162,15 @@ kva_wide_fresh(const kva_index_t *ix, const kva_wide_t *w, unsigned wi,
 
     if (age < clk->ttl_learned) {
         bits |= kva_index_learn_bits(ix, wi, w->bits[KVA_SRC_LEARNED][wi]
-                                             & ~clk->precise.w[wi], stamp,
-                                     pos);
+                                             & ~clk->precise.w[wi] & want,
+                                     stamp, pos);
     }
 
     if (age < clk->ttl_spec) {
         bits |= w->bits[KVA_SRC_SPEC][wi];
     }
 
-    return bits;
+    return bits & want;
 }
 
 
@@ -313,8 +318,8 @@ kva_match_set(kva_index_t *ix, const kva_entry_t *e, const kva_clock_t *clk,
                     continue;
                 }
 
-                keep = live->w[wi] & kva_wide_fresh(ix, w, wi, age,
-                                                    e->stamp, i, clk);
+                keep = live->w[wi] & kva_wide_fresh(ix, w, wi, live->w[wi],
+                                                    age, e->stamp, i, clk);
 
                 for (gone = live->w[wi] & ~keep; gone; gone &= gone - 1) {
                     depth[wi * 64 + __builtin_ctzll(gone)] = i;
@@ -375,7 +380,8 @@ kva_match_list(kva_index_t *ix, const kva_entry_t *e, const kva_clock_t *clk,
             k = KVA_INLINE;
 
         } else if (w) {
-            k = (kva_wide_fresh(ix, w, slot / 64, age, e->stamp, i, clk)
+            k = (kva_wide_fresh(ix, w, slot / 64, 1ULL << (slot % 64),
+                                age, e->stamp, i, clk)
                  >> (slot % 64) & 1) ? 0 : KVA_INLINE;
 
         } else {

@@ -551,8 +551,8 @@ add_pieces(kva_index_t *ix, const uint64_t *h, uint32_t n, unsigned slot,
 static void
 test_learn_heads(uint32_t t0)
 {
-    uint32_t      k, a, b, c;
-    uint64_t      ha[1200], hb[700], hc[1500];
+    uint32_t      k, a, b, c, d;
+    uint64_t      ha[1200], hb[700], hc[1500], hd[100];
     kva_clock_t   clk = { 0, 1u << 30, 10, {{ 0 }} };
     kva_index_t  *ix;
 
@@ -564,6 +564,7 @@ test_learn_heads(uint32_t t0)
     chain(ha, 1200, 13000);
     chain(hb, 700, 14000);
     chain(hc, 1500, 15000);
+    chain(hd, 100, 16000);
 
     clk.now = t0;
     kva_index_learn_budget(ix, 0, 1600, clk.now);
@@ -582,6 +583,13 @@ test_learn_heads(uint32_t t0)
        "LRU: 456), not 0", t0, a, b);
     ok(learned_depth(ix, hb, 700, 1, &clk) == 0, "another server holds none "
        "of it");
+
+    /* 100 blocks more in the server's LRU: 100 fewer of that head */
+    clk.now++;
+    add_pieces(ix, hd, 100, 0, &clk);
+    d = learned_depth(ix, hb, 700, 0, &clk);
+    ok(d + 100 == b, "after 100 new blocks the head is %u (the LRU: %u)", d,
+       b - 100);
 
     /* a third, larger: what is left of the two is the head of the later */
     clk.now++;
@@ -869,6 +877,7 @@ main(void)
     test_learn_again(0xffffffe0u);
     test_learn_heads(1000);
     test_learn_heads(0xfffffff8u);
+    test_learn_heads(0xfffffffcu);
     test_learn_same_tick(1000);
     test_learn_same_tick(0xfffffff0u);
 
