@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""Where a sessions replay lost its reusable blocks (bench/e2e, agents).
+
+session_moves.py SESSIONS DIR [--shared-prefix] [--policy P] [-v]
+                 [--min-lost N]
+
+SESSIONS is the archive kvload replayed, DIR the workload's result
+directory (build/bench-e2e/agents or agents-shared), P the policy
+(kv_aware).  Needs a run with BENCH_ACCESS_LOG=1, whose access log
+(build/bench-e2e/nginx-P/logs/access.log) gives each request's server,
+$kv_aware_reason, matched blocks and the tokens kvsim found cached.
+
+Each request of DIR/P.sessions.tsv is joined with its access log line
+(the same session's requests in the order they were sent, by the start
+time the log implies), and its reusable blocks (its leading blocks any
+earlier request of the run had: session_bounds.py's unlimited cache)
+are set beside what kvsim found cached.  Printed: per reason and per
+where the request went (new: its thread's first; home: the server of
+its thread's previous request; moved: another), the requests and the
+reusable blocks not found; with -v, each request that lost more than
+--min-lost blocks (default 50), with the server its thread left.
+Standard library only; session_bounds.py beside it.
+"""
+
+import argparse
+import collections
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import session_bounds  # noqa: E402
+
+BLOCK = session_bounds.BLOCK
+
+
+def threads_of(session):
+    """each request's (thread kind, thread number), in kvload's order"""
+    threads, reqs = [], []
+    session_bounds._thread(session["requests"], 0.0, "main",
+                           session.get("system_tokens", 0)
+                           + session.get("tool_tokens", 0), threads, reqs)
+    reqs.sort(key=lambda r: (r[0], r[1]))
+    return [(threads[r[2]][0], r[2]) for r in reqs]
+
+
+def access_rows(path):
+    """{session: [(start, server, reason, matched, cached blocks)]}"""
+    rows = collections.defaultdict(list)
+    with open(path) as f:
+        for line in f:
+            p = line.split()
+            if len(p) < 8 or "/" not in p[4] or p[4].startswith("-"):
+                continue
+            try:
+                matched = int(p[4].split("/")[0])
+                cached = int(p[5]) // BLOCK
+                start = float(p[0]) - float(p[7])
+            except ValueError:
+                continue
+            rows[p[1]].append((start, p[2], p[3], matched, cached))
+    for r in rows.values():
+        r.sort()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("sessions")
+    ap.add_argument("dir")
+    ap.add_argument("--policy", default="kv_aware")
+    ap.add_argument("--shared-prefix", action="store_true")
+    ap.add_argument("--min-lost", type=int, default=50)
+    ap.add_argument("-v", action="store_true")
+    a = ap.parse_args()
+
+    sent = []
+    with open(os.path.join(a.dir, a.policy + ".sessions.tsv")) as f:
+        for line in f:
+            p = line.rstrip("\n").split("\t")
+            if len(p) == 3:
+                sent.append((p[0], int(p[1])))
+    log = os.path.join(os.path.dirname(os.path.abspath(a.dir)),
+                       "nginx-" + a.policy, "logs", "access.log")
+    if not sent or not os.path.exists(log):
+        sys.exit("session_moves.py: no requests, or no %s (a run with "
+                 "BENCH_ACCESS_LOG=1)" % log)
+    found = session_bounds.sessions(a.sessions, {s for s, _ in sent})
+    flat = {s: session_bounds.flatten(found[s], a.shared_prefix)
+            for s in found}
+    kinds = {s: threads_of(found[s]) for s in found}
+    rows = access_rows(log)
+
+    seen, nth, last = set(), collections.Counter(), {}
+    count, lost = collections.Counter(), collections.Counter()
+    for s, i in sent:
+        _, keys = flat[s][i]
+        reusable = 0
+        for k in keys:
+            if k not in seen:
+                break
+            reusable += 1
+        seen.update(keys)
+        k = nth[s]
+        nth[s] += 1
+        if k >= len(rows[s]):
+            continue
+        _, server, reason, matched, cached = rows[s][k]
+        kind, thread = kinds[s][i]
+        prev = last.get((s, thread))
+        where = "new" if prev is None else ("home" if prev == server
+                                            else "moved")
+        last[(s, thread)] = server
+        count[(reason, where)] += 1
+        miss = max(0, reusable - cached)
+        lost[(reason, where)] += miss
+        if a.v and miss > a.min_lost:
+            print("%s %-18s %-28s %-5s matched %5d cached %5d reusable "
+                  "%5d/%-5d at %s, left %s" % (
+                      s, kind, reason, where, matched, cached, reusable,
+                      len(keys), server, prev or "-"))
+    print("%-30s %-6s %9s %14s" % ("reason", "where", "requests",
+                                   "blocks lost"))
+    for key, n in sorted(count.items(), key=lambda x: -lost[x[0]]):
+        print("%-30s %-6s %9d %14d" % (key[0], key[1], n, lost[key]))
+    print("reusable blocks not found cached: %d" % sum(lost.values()))
+
+
+if __name__ == "__main__":
+    main()
