@@ -13,6 +13,9 @@ static double kva_load(const kva_candidate_t *c, double mean_weight);
 static double kva_misses(const kva_candidate_t *c, uint32_t nblocks);
 static void kva_in_time(const kva_score_conf_t *conf,
     const kva_candidate_t *c, unsigned n, double *cost);
+static unsigned kva_capacity(const kva_score_conf_t *conf,
+    const kva_candidate_t *c, unsigned n, double mean_weight, uint32_t rnd,
+    double *cost, int held);
 static unsigned kva_pick_min(const double *cost, const kva_candidate_t *c,
     unsigned n, uint32_t rnd);
 static double kva_fill_kept(const kva_fill_t *f, uint64_t now, uint64_t tau);
@@ -163,7 +166,7 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
     if (longest && longest < conf->affinity_min * nblocks) {
         *why = KVA_WHY_CAPACITY;
 
-        return kva_score_capacity(conf, c, n, rnd, cost, 0);
+        return kva_capacity(conf, c, n, mean_weight, rnd, cost, 0);
     }
 
     for (i = 0; i < n; i++) {
@@ -197,7 +200,6 @@ unsigned
 kva_score_capacity(const kva_score_conf_t *conf, const kva_candidate_t *c,
     unsigned n, uint32_t rnd, double *cost, int held)
 {
-    double    mean_weight;
     unsigned  i;
     uint64_t  total_weight;
 
@@ -211,7 +213,17 @@ kva_score_capacity(const kva_score_conf_t *conf, const kva_candidate_t *c,
         total_weight += c[i].weight;
     }
 
-    mean_weight = (double) total_weight / n;
+    return kva_capacity(conf, c, n, (double) total_weight / n, rnd, cost,
+                        held);
+}
+
+
+/* kva_score_capacity() once the candidates' mean weight is known */
+static unsigned
+kva_capacity(const kva_score_conf_t *conf, const kva_candidate_t *c,
+    unsigned n, double mean_weight, uint32_t rnd, double *cost, int held)
+{
+    unsigned  i;
 
     for (i = 0; i < n; i++) {
         cost[i] = (c[i].fill - (held ? (double) c[i].matched : 0.0))
