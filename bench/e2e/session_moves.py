@@ -63,6 +63,42 @@ def access_rows(path):
     return rows
 
 
+def held_by_left(sent, flat, rows, blocks):
+    """{(session, nth request): leading blocks of its prompt that the
+    server its thread last used held when it was sent}, from a model of
+    each server's pool: an LRU of BLOCKS blocks, a request's blocks made
+    the most recent tail first (vLLM's block pool, and kvsim's, free a
+    finished request's blocks tail first), in the order requests
+    started.  An estimate: a request's blocks stay held until it ends."""
+    reqs, nth = [], collections.Counter()
+    for s, i in sent:
+        k = nth[s]
+        nth[s] += 1
+        if k < len(rows[s]):
+            start, server = rows[s][k][0], rows[s][k][1]
+            reqs.append((start, s, k, server, flat[s][i][1]))
+    reqs.sort(key=lambda r: r[0])
+    pools = collections.defaultdict(collections.OrderedDict)
+    last, out = {}, {}
+    for _, s, k, server, keys in reqs:
+        prev = last.get(s)
+        n = 0
+        if prev is not None:
+            for key in keys:
+                if key not in pools[prev]:
+                    break
+                n += 1
+        out[(s, k)] = n
+        last[s] = server
+        pool = pools[server]
+        for key in reversed(keys):
+            pool[key] = True
+            pool.move_to_end(key)
+        while len(pool) > blocks:
+            pool.popitem(last=False)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("sessions")
@@ -71,6 +107,8 @@ def main():
     ap.add_argument("--shared-prefix", action="store_true")
     ap.add_argument("--min-lost", type=int, default=50)
     ap.add_argument("-v", action="store_true")
+    ap.add_argument("--blocks", type=int, default=1600,
+                    help="each server's pool, in blocks (for -v)")
     a = ap.parse_args()
 
     sent = []
@@ -90,6 +128,7 @@ def main():
     kinds = {s: threads_of(found[s]) for s in found}
     rows = access_rows(log)
 
+    held = held_by_left(sent, flat, rows, a.blocks)
     seen, nth, last = set(), collections.Counter(), {}
     count, lost = collections.Counter(), collections.Counter()
     for s, i in sent:
@@ -104,7 +143,7 @@ def main():
         nth[s] += 1
         if k >= len(rows[s]):
             continue
-        _, server, reason, matched, cached = rows[s][k]
+        start, server, reason, matched, cached = rows[s][k]
         kind, thread = kinds[s][i]
         prev = last.get((s, thread))
         where = "new" if prev is None else ("home" if prev == server
@@ -115,9 +154,11 @@ def main():
         lost[(reason, where)] += miss
         if a.v and miss > a.min_lost:
             print("%s %-18s %-28s %-5s matched %5d cached %5d reusable "
-                  "%5d/%-5d at %s, left %s" % (
+                  "%5d/%-5d at %s, left %s%s" % (
                       s, kind, reason, where, matched, cached, reusable,
-                      len(keys), server, prev or "-"))
+                      len(keys), server, prev or "-",
+                      " (held about %d)" % held[(s, k)]
+                      if where == "moved" else ""))
     print("%-30s %-6s %9s %14s" % ("reason", "where", "requests",
                                    "blocks lost"))
     for key, n in sorted(count.items(), key=lambda x: -lost[x[0]]):
