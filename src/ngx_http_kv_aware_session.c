@@ -192,7 +192,7 @@ ngx_http_kv_aware_session_pick_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     {
         best = kva_score_capacity(&kcf->score, cand, n,
                                   (uint32_t) ngx_random(),
-                                  kcf->scratch->cost, 1);
+                                  kcf->scratch->cost);
         ctx->why = KVA_WHY_CAPACITY;
     }
 

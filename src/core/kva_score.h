@@ -96,9 +96,11 @@ double kva_score_slow(const kva_score_conf_t *conf, const uint32_t slow[2]);
  * Capacity: when the longest match covers some of the prompt but less
  * than `affinity_min` of its blocks (a shared system prompt in front of a
  * new conversation), the match saves little and would draw every new
- * conversation to one server: cost(c) = fill + load, scaled by weight,
- * so the new prefix goes where the cache has the most room.  After
- * SGLang's router (which balances by tree size below its threshold).
+ * conversation to one server: cost(c) = fill - matched + load, scaled by
+ * weight, so the new prefix goes where the cache has the most room once
+ * it is stored (what a server holds of it, it need not store again).
+ * After SGLang's router (which balances by tree size below its
+ * threshold).
  *
  * With cost KVA_COST_TTFT, each cost (whatever the mode) is divided by
  * c's speed, its prefill rate over the pool's: the time the work takes
@@ -124,17 +126,15 @@ unsigned kva_score_costs(const kva_score_conf_t *conf,
     double *cost, kva_why_e *why);
 
 /*
- * Placement by capacity (step 5 of docs/design.md): fill + load, scaled
- * by weight, with the time to first token if configured; cost[] as
- * kva_score_costs() leaves it.  With held, what a server already holds
- * of the prompt (matched) is taken off its fill: for a request that opens
- * a context which will grow where it lands (a session's first request),
- * a block it finds is one it need not store, and a session back after
- * its binding expired goes home unless home is fuller by more than that.
+ * Placement by capacity (step 5 of docs/design.md): fill - matched +
+ * load, scaled by weight, with the time to first token if configured;
+ * cost[] as kva_score_costs() leaves it.  A block a server holds of the
+ * prompt is one it need not store: a turn that mostly adds (a long tool
+ * output) stays with its context, and a session back after its binding
+ * expired goes home, unless home is fuller by more than what it holds.
  */
 unsigned kva_score_capacity(const kva_score_conf_t *conf,
-    const kva_candidate_t *c, unsigned n, uint32_t rnd, double *cost,
-    int held);
+    const kva_candidate_t *c, unsigned n, uint32_t rnd, double *cost);
 
 /*
  * Whether candidate bound (a server a session is bound to) is overloaded

@@ -185,6 +185,31 @@ test_capacity(void)
     ok(best == 0 && why == KVA_WHY_CAPACITY,
        "weight=2 with 1500 blocks is emptier than weight=1 with 1000");
 
+    /*
+     * A turn that mostly adds (a long tool output after 323 blocks of
+     * context): under affinity_min, yet what home holds is taken off its
+     * fill, as it need not store those blocks again; it stays home unless
+     * another server's cache is emptier by more than that.
+     */
+    memset(c, 0, sizeof(c));
+
+    for (i = 0; i < 4; i++) {
+        c[i].weight = 1;
+        c[i].fill = 1300;
+    }
+
+    c[0].matched = 323;
+    c[0].fill = 1500;
+    best = kva_score_pick(&conf, c, 4, 1106, 0, &why);
+    ok(best == 0 && why == KVA_WHY_CAPACITY,
+       "323 of 1106 held, home 200 blocks fuller: home, reason capacity "
+       "(%u)", best);
+
+    c[3].fill = 1100;
+    best = kva_score_pick(&conf, c, 4, 1106, 0, &why);
+    ok(best == 3 && why == KVA_WHY_CAPACITY,
+       "another server 400 blocks emptier: there (%u)", best);
+
     /* ties of fill go to the least routed, then at random */
     memset(c, 0, sizeof(c));
     memset(counts, 0, sizeof(counts));
@@ -192,9 +217,9 @@ test_capacity(void)
     for (i = 0; i < 4; i++) {
         c[i].weight = 1;
         c[i].routed = 7;
+        c[i].matched = 3;
     }
 
-    c[0].matched = 3;
     c[3].routed = 9;
 
     for (i = 0; i < 999; i++) {
@@ -206,7 +231,7 @@ test_capacity(void)
        "(%u/%u/%u/%u)", counts[0], counts[1], counts[2], counts[3]);
 
     /*
-     * A session's first request (held): a shared system prompt of 237
+     * A session's first request: a shared system prompt of 237
      * blocks that one server holds, with the few sessions it took, does
      * not draw the next; a session back home with its 1,000 blocks goes
      * home though home stored 500 more lately than another.
@@ -222,21 +247,20 @@ test_capacity(void)
     c[1].fill = 300;
     c[2].fill = 600;
     c[3].fill = 900;
-    ok(kva_score_capacity(&conf, c, 4, 0, cost, 1) == 1,
+    ok(kva_score_capacity(&conf, c, 4, 0, cost) == 1,
        "a new session: the server that stored least, not the holder of "
        "the shared prompt");
-    ok(kva_score_capacity(&conf, c, 4, 0, cost, 0) == 1, "... as without "
-       "the credit");
 
     c[0].matched = 1000;
     c[0].fill = 3000;
     c[1].matched = 237;
     c[1].fill = 2500;
     c[2].fill = c[3].fill = 2600;
-    ok(kva_score_capacity(&conf, c, 4, 0, cost, 1) == 0,
+    ok(kva_score_capacity(&conf, c, 4, 0, cost) == 0,
        "a session back: home, where 1,000 of its blocks are");
-    ok(kva_score_capacity(&conf, c, 4, 0, cost, 0) == 1, "without the "
-       "credit it would leave them");
+    c[0].matched = 300;
+    ok(kva_score_capacity(&conf, c, 4, 0, cost) == 1,
+       "with 300 of them, home fuller by 500: the emptiest");
 }
 
 
