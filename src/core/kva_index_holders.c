@@ -258,8 +258,13 @@ kva_entry_set(kva_index_t *ix, uint32_t idx, unsigned slot, unsigned srcs)
 /*
  * The stamp is shared by all holders of the entry: before a touch revives
  * them, drop the learned and speculative bits that aged out, and learned
- * bits past their slot's budget, those in its head room too (renewed,
- * they would count whole for as long as the cutoff takes to pass them).
+ * bits past their slot's budget and its head room.  A bit still within
+ * the head room stays (for the leading blocks of a prompt it may be held)
+ * and, renewed, counts whole until the cutoff passes it again: dropping
+ * it cut the chain of every prompt through the block.  In a quick agents
+ * run with a shared system prompt, three blocks after it that other
+ * sessions also sent lost a server's bit that way, and nginx forgot a
+ * session of 1,212 blocks the server held whole.
  */
 void
 kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk)
@@ -278,7 +283,7 @@ kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk)
         for (wi = 0; wi < KVA_SLOT_WORDS; wi++) {
             w->bits[KVA_SRC_LEARNED][wi] = learned
                 ? kva_index_learn_bits(ix, wi, w->bits[KVA_SRC_LEARNED][wi],
-                                       e->stamp, KVA_NO_HEAD)
+                                       e->stamp, 0)
                 : 0;
 
             if (!spec) {
@@ -297,8 +302,8 @@ kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk)
 
         if ((srcs & KVA_BIT_LEARNED)
             && (!learned
-                || !kva_index_learn_ok(ix, kva_holder_slot(e->h[i]),
-                                       e->stamp)))
+                || !kva_index_learn_ok_at(ix, kva_holder_slot(e->h[i]),
+                                          e->stamp, 0)))
         {
             srcs &= ~KVA_BIT_LEARNED;
         }

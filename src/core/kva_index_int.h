@@ -221,7 +221,7 @@ kva_entry_touch(const kva_index_t *ix, kva_entry_t *e, unsigned slot,
             hs = kva_holder_srcs(e->h[i]);
 
             if ((hs & KVA_BIT_LEARNED)
-                && (!learned || !kva_index_learn_ok(ix, s, e->stamp)))
+                && (!learned || !kva_index_learn_ok_at(ix, s, e->stamp, 0)))
             {
                 hs &= ~KVA_BIT_LEARNED;
             }

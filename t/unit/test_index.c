@@ -607,6 +607,18 @@ test_learn_heads(uint32_t t0)
        && learned_depth(ix, hc, 1500, 0, &clk) < 1500,
        "the session sent again is whole, the prompt before it loses its "
        "tail");
+
+    /*
+     * Its first blocks sent to another server (a prompt both share): the
+     * touch keeps this server's bits on them, within its head, and the
+     * head stays whole (dropping them cut every prompt through them).
+     */
+    c = learned_depth(ix, hc, 1500, 0, &clk);
+    clk.now++;
+    add_pieces(ix, hc, 3, 1, &clk);
+    d = learned_depth(ix, hc, 1500, 0, &clk);
+    ok(c > 3 && d == c, "a head of %u blocks, its first 3 sent to another "
+       "server: %u", c, d);
     ok(sound(ix, "learned heads"), "the index is sound");
 
     free(ix);
