@@ -14,6 +14,7 @@
 #   make bench-pd  disaggregated prefill/decode against aggregated, on kvsim
 #   make fuzz    each fuzz/fuzz_<name>.c for FUZZ_SECONDS under libFuzzer
 #   make bench-worst   the longest zone-lock holds adversarial input can cause
+#   make index-replay  build/bench_index_replay, for bench/e2e/index_replay.py
 
 SHELL      := /bin/bash
 BUILD      := $(CURDIR)/build
@@ -139,7 +140,7 @@ ASAN_ENV   := ASAN_OPTIONS=detect_leaks=1 \
 .PHONY: all deps module unit tools test test-debian test-nginx test-asan \
         nginx-build asan-build \
         demo bench bench-events bench-e2e bench-pd soak fuzz fuzz-build bench-worst \
-        clean
+        index-replay clean
 
 all: module
 
@@ -321,6 +322,10 @@ bench-events: deps module tools $(KVA_HASHES) $(BUILD)/bench_bridge
 # worst-case lock holds: floods of colliding keys, the largest messages
 bench-worst: $(BUILD)/bench_worst
 	$(BUILD)/bench_worst
+
+# the core index fed a bench-e2e run's requests again, for
+# bench/e2e/index_replay.py
+index-replay: $(BUILD)/bench_index_replay
 
 # every balancing policy side by side on kvsim (about 6 minutes)
 bench-e2e: deps module tools

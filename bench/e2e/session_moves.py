@@ -63,24 +63,61 @@ def access_rows(path):
     return rows
 
 
-def held_by_left(sent, flat, rows, blocks):
-    """{(session, nth request): leading blocks of its prompt that the
-    server its thread last used held when it was sent}, from a model of
-    each server's pool: an LRU of BLOCKS blocks, a request's blocks made
-    the most recent tail first (vLLM's block pool, and kvsim's, free a
-    finished request's blocks tail first), in the order requests
-    started.  An estimate: a request's blocks stay held until it ends."""
+def load_run(prog, sessions_path, d, policy, shared_prefix):
+    """(sent, found, flat, rows) of a run: the requests of
+    DIR/POLICY.sessions.tsv as (session, index) in the order sent, the
+    sessions, each one's requests as session_bounds.flatten() makes them,
+    and access_rows() of the policy's access log; exits when either is
+    missing"""
+    sent = []
+    tsv = os.path.join(d, policy + ".sessions.tsv")
+    if os.path.exists(tsv):
+        with open(tsv) as f:
+            for line in f:
+                p = line.rstrip("\n").split("\t")
+                if len(p) == 3:
+                    sent.append((p[0], int(p[1])))
+    log = os.path.join(os.path.dirname(os.path.abspath(d)),
+                       "nginx-" + policy, "logs", "access.log")
+    if not sent or not os.path.exists(log):
+        sys.exit("%s: no requests in %s, or no %s (a run with "
+                 "BENCH_ACCESS_LOG=1)" % (prog, tsv, log))
+    found = session_bounds.sessions(sessions_path, {s for s, _ in sent})
+    missing = {s for s, _ in sent} - set(found)
+    if missing:
+        sys.exit("%s: sessions not found in %s: %s" % (
+            prog, sessions_path, " ".join(sorted(missing)[:5])))
+    flat = {s: session_bounds.flatten(found[s], shared_prefix)
+            for s in found}
+    return sent, found, flat, access_rows(log)
+
+
+def started(sent, flat, rows):
+    """[(start, session, nth request, server, matched, block keys)] of the
+    requests the access log has, in the order they started"""
     reqs, nth = [], collections.Counter()
     for s, i in sent:
         k = nth[s]
         nth[s] += 1
         if k < len(rows[s]):
-            start, server = rows[s][k][0], rows[s][k][1]
-            reqs.append((start, s, k, server, flat[s][i][1]))
+            start, server, _, matched, _ = rows[s][k]
+            reqs.append((start, s, k, server, matched, flat[s][i][1]))
     reqs.sort(key=lambda r: r[0])
+    return reqs
+
+
+def pool_held(reqs, blocks):
+    """[(server before, blocks held)] for each of started()'s requests:
+    the server the session's request before went to (None for its first)
+    and the leading blocks of its prompt that server held when it was
+    sent, from a model of each server's pool: an LRU of BLOCKS blocks, a
+    request's blocks made the most recent tail first (vLLM's block pool,
+    and kvsim's, free a finished request's blocks tail first), in the
+    order requests started.  An estimate: a request's blocks stay held
+    until it ends."""
     pools = collections.defaultdict(collections.OrderedDict)
-    last, out = {}, {}
-    for _, s, k, server, keys in reqs:
+    last, out = {}, []
+    for _, s, _, server, _, keys in reqs:
         prev = last.get(s)
         n = 0
         if prev is not None:
@@ -88,7 +125,7 @@ def held_by_left(sent, flat, rows, blocks):
                 if key not in pools[prev]:
                     break
                 n += 1
-        out[(s, k)] = n
+        out.append((prev, n))
         last[s] = server
         pool = pools[server]
         for key in reversed(keys):
@@ -97,6 +134,15 @@ def held_by_left(sent, flat, rows, blocks):
         while len(pool) > blocks:
             pool.popitem(last=False)
     return out
+
+
+def held_by_left(sent, flat, rows, blocks):
+    """{(session, nth request): leading blocks of its prompt that the
+    server of the session's request before held when it was sent}, by
+    pool_held()'s model"""
+    reqs = started(sent, flat, rows)
+    return {(r[1], r[2]): h[1] for r, h in zip(reqs, pool_held(reqs,
+                                                                blocks))}
 
 
 def main():
@@ -111,22 +157,9 @@ def main():
                     help="each server's pool, in blocks (for -v)")
     a = ap.parse_args()
 
-    sent = []
-    with open(os.path.join(a.dir, a.policy + ".sessions.tsv")) as f:
-        for line in f:
-            p = line.rstrip("\n").split("\t")
-            if len(p) == 3:
-                sent.append((p[0], int(p[1])))
-    log = os.path.join(os.path.dirname(os.path.abspath(a.dir)),
-                       "nginx-" + a.policy, "logs", "access.log")
-    if not sent or not os.path.exists(log):
-        sys.exit("session_moves.py: no requests, or no %s (a run with "
-                 "BENCH_ACCESS_LOG=1)" % log)
-    found = session_bounds.sessions(a.sessions, {s for s, _ in sent})
-    flat = {s: session_bounds.flatten(found[s], a.shared_prefix)
-            for s in found}
+    sent, found, flat, rows = load_run("session_moves.py", a.sessions,
+                                       a.dir, a.policy, a.shared_prefix)
     kinds = {s: threads_of(found[s]) for s in found}
-    rows = access_rows(log)
 
     held = held_by_left(sent, flat, rows, a.blocks)
     seen, nth, last = set(), collections.Counter(), {}
