@@ -164,21 +164,28 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
 
     /* a match of a small part: what it saves is less than where it goes */
     if (longest && longest < conf->affinity_min * nblocks) {
+        best = kva_capacity(conf, c, n, nblocks, mean_weight, rnd, cost);
         *why = KVA_WHY_CAPACITY;
 
-        return kva_capacity(conf, c, n, nblocks, mean_weight, rnd, cost);
+    } else {
+        for (i = 0; i < n; i++) {
+            cost[i] = conf->overlap_weight * kva_misses(&c[i], nblocks)
+                      + kva_load(&c[i], mean_weight);
+        }
+
+        kva_in_time(conf, c, n, cost);
+        best = kva_pick_min(cost, c, n, rnd);
+        *why = c[best].matched ? KVA_WHY_AFFINITY : KVA_WHY_LOAD;
     }
 
-    for (i = 0; i < n; i++) {
-        cost[i] = conf->overlap_weight * kva_misses(&c[i], nblocks)
-                  + kva_load(&c[i], mean_weight);
-    }
-
-    kva_in_time(conf, c, n, cost);
-    best = kva_pick_min(cost, c, n, rnd);
-    *why = c[best].matched ? KVA_WHY_AFFINITY : KVA_WHY_LOAD;
-
-    if (*why == KVA_WHY_AFFINITY
+    /*
+     * The gate, for capacity too: what a server holds of the prompt is
+     * taken off its fill there, so a small match draws as a large one
+     * does (a holder of 400 of 1,000 blocks with 40 requests in flight
+     * took the request from idle servers that a match of 500 would have
+     * been sent to by the gate).
+     */
+    if (*why != KVA_WHY_LOAD
         && conf->imbalance
         && c[best].inflight_reqs > least_reqs + conf->imbalance
         && c[best].inflight_reqs > conf->imbalance_ratio * least_reqs)

@@ -58,8 +58,9 @@ typedef struct {
 
 /*
  * Why a server was chosen: no server held any block (load), for the
- * blocks it holds (affinity), affinity overruled by the gate (gate), a
- * small match placed by fill (capacity).  kva_why_names[] in this order.
+ * blocks it holds (affinity), affinity or capacity overruled by the gate
+ * (gate), a small match placed by fill (capacity).  kva_why_names[] in
+ * this order.
  */
 #define KVA_WHYS(X)                                                           \
     X(KVA_WHY_LOAD, "load")                                                   \
@@ -89,9 +90,10 @@ double kva_score_slow(const kva_score_conf_t *conf, const uint32_t slow[2]);
  * the server's share of the total weight.  Lowest cost wins; among equals
  * the server that was routed the fewest requests, then rnd decides.
  *
- * The gate: if the winner has more than `imbalance` in-flight requests over
- * the least busy candidate and more than `imbalance_ratio` times as many,
- * the least loaded candidate wins instead.
+ * The gate: if the winner (by affinity or by capacity) has more than
+ * `imbalance` in-flight requests over the least busy candidate and more
+ * than `imbalance_ratio` times as many, the least loaded candidate wins
+ * instead.
  *
  * Capacity: when the longest match covers some of the prompt but less
  * than `affinity_min` of its blocks (a shared system prompt in front of a

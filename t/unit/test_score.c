@@ -289,6 +289,36 @@ test_capacity(void)
        "cost=ttft, the same: the faster server (%u)", best);
     ok(kva_score_capacity(&conf, c, 2, 1000, 0, cost) == 0,
        "... and so for a session's first request");
+
+    /*
+     * The gate holds for capacity as for affinity: a holder of 400 of
+     * 1,000 blocks (its credit) with 40 requests in flight, the others
+     * idle, does not take it, as a holder of 500 would not.
+     */
+    memset(c, 0, sizeof(c));
+    conf.cost = KVA_COST_LOAD;
+
+    for (i = 0; i < 4; i++) {
+        c[i].weight = 1;
+        c[i].fill = 1000;
+    }
+
+    c[0].matched = 400;
+    c[0].inflight_reqs = 40;
+    c[0].inflight_blocks = 200;
+    best = kva_score_pick(&conf, c, 4, 1000, 0, &why);
+    ok(best != 0 && why == KVA_WHY_GATE, "400 of 1,000 held by a server "
+       "40 requests busier: elsewhere, reason gate (%u, %s)", best,
+       kva_score_why(why));
+    c[0].matched = 500;
+    best = kva_score_pick(&conf, c, 4, 1000, 0, &why);
+    ok(best != 0 && why == KVA_WHY_GATE, "... as 500 of them (%u, %s)",
+       best, kva_score_why(why));
+    c[0].inflight_reqs = 20;
+    c[0].matched = 400;
+    best = kva_score_pick(&conf, c, 4, 1000, 0, &why);
+    ok(best == 0 && why == KVA_WHY_CAPACITY, "20 busier, under the gate: "
+       "the holder, reason capacity (%u, %s)", best, kva_score_why(why));
 }
 
 
