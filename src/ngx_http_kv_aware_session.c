@@ -190,7 +190,7 @@ ngx_http_kv_aware_session_pick_locked(ngx_http_kv_aware_srv_conf_t *kcf,
     if (outcome == NGX_HTTP_KV_AWARE_SESS_NEW
         && ctx->why == KVA_WHY_AFFINITY)
     {
-        best = kva_score_capacity(&kcf->score, cand, n,
+        best = kva_score_capacity(&kcf->score, cand, n, ctx->nblocks,
                                   (uint32_t) ngx_random(),
                                   kcf->scratch->cost);
         ctx->why = KVA_WHY_CAPACITY;

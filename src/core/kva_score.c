@@ -14,8 +14,8 @@ static double kva_misses(const kva_candidate_t *c, uint32_t nblocks);
 static void kva_in_time(const kva_score_conf_t *conf,
     const kva_candidate_t *c, unsigned n, double *cost);
 static unsigned kva_capacity(const kva_score_conf_t *conf,
-    const kva_candidate_t *c, unsigned n, double mean_weight, uint32_t rnd,
-    double *cost);
+    const kva_candidate_t *c, unsigned n, uint32_t nblocks,
+    double mean_weight, uint32_t rnd, double *cost);
 static unsigned kva_pick_min(const double *cost, const kva_candidate_t *c,
     unsigned n, uint32_t rnd);
 static double kva_fill_kept(const kva_fill_t *f, uint64_t now, uint64_t tau);
@@ -164,21 +164,28 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
 
     /* a match of a small part: what it saves is less than where it goes */
     if (longest && longest < conf->affinity_min * nblocks) {
+        best = kva_capacity(conf, c, n, nblocks, mean_weight, rnd, cost);
         *why = KVA_WHY_CAPACITY;
 
-        return kva_capacity(conf, c, n, mean_weight, rnd, cost);
+    } else {
+        for (i = 0; i < n; i++) {
+            cost[i] = conf->overlap_weight * kva_misses(&c[i], nblocks)
+                      + kva_load(&c[i], mean_weight);
+        }
+
+        kva_in_time(conf, c, n, cost);
+        best = kva_pick_min(cost, c, n, rnd);
+        *why = c[best].matched ? KVA_WHY_AFFINITY : KVA_WHY_LOAD;
     }
 
-    for (i = 0; i < n; i++) {
-        cost[i] = conf->overlap_weight * kva_misses(&c[i], nblocks)
-                  + kva_load(&c[i], mean_weight);
-    }
-
-    kva_in_time(conf, c, n, cost);
-    best = kva_pick_min(cost, c, n, rnd);
-    *why = c[best].matched ? KVA_WHY_AFFINITY : KVA_WHY_LOAD;
-
-    if (*why == KVA_WHY_AFFINITY
+    /*
+     * The gate, for capacity too: what a server holds of the prompt is
+     * taken off its fill there, so a small match draws as a large one
+     * does (a holder of 400 of 1,000 blocks with 40 requests in flight
+     * took the request from idle servers that a match of 500 would have
+     * been sent to by the gate).
+     */
+    if (*why != KVA_WHY_LOAD
         && conf->imbalance
         && c[best].inflight_reqs > least_reqs + conf->imbalance
         && c[best].inflight_reqs > conf->imbalance_ratio * least_reqs)
@@ -198,7 +205,7 @@ kva_score_costs(const kva_score_conf_t *conf, const kva_candidate_t *c,
 
 unsigned
 kva_score_capacity(const kva_score_conf_t *conf, const kva_candidate_t *c,
-    unsigned n, uint32_t rnd, double *cost)
+    unsigned n, uint32_t nblocks, uint32_t rnd, double *cost)
 {
     unsigned  i;
     uint64_t  total_weight;
@@ -213,20 +220,28 @@ kva_score_capacity(const kva_score_conf_t *conf, const kva_candidate_t *c,
         total_weight += c[i].weight;
     }
 
-    return kva_capacity(conf, c, n, (double) total_weight / n, rnd, cost);
+    return kva_capacity(conf, c, n, nblocks, (double) total_weight / n, rnd,
+                        cost);
 }
 
 
 /* kva_score_capacity() once the candidates' mean weight is known */
 static unsigned
 kva_capacity(const kva_score_conf_t *conf, const kva_candidate_t *c,
-    unsigned n, double mean_weight, uint32_t rnd, double *cost)
+    unsigned n, uint32_t nblocks, double mean_weight, uint32_t rnd,
+    double *cost)
 {
     unsigned  i;
 
-    /* what a server holds of the prompt it need not store again */
+    /*
+     * The fill once the prompt is stored: what a server holds of it, it
+     * need not store again.  Never below zero (matched <= nblocks), as a
+     * fill less matched alone could be once the fill faded: scaled by
+     * weight or divided by speed, the heavier or faster server was then
+     * the costlier.
+     */
     for (i = 0; i < n; i++) {
-        cost[i] = (c[i].fill - (double) c[i].matched)
+        cost[i] = (c[i].fill + (double) nblocks - (double) c[i].matched)
                   * mean_weight / c[i].weight
                   + kva_load(&c[i], mean_weight);
     }

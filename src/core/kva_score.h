@@ -58,8 +58,9 @@ typedef struct {
 
 /*
  * Why a server was chosen: no server held any block (load), for the
- * blocks it holds (affinity), affinity overruled by the gate (gate), a
- * small match placed by fill (capacity).  kva_why_names[] in this order.
+ * blocks it holds (affinity), affinity or capacity overruled by the gate
+ * (gate), a small match placed by fill (capacity).  kva_why_names[] in
+ * this order.
  */
 #define KVA_WHYS(X)                                                           \
     X(KVA_WHY_LOAD, "load")                                                   \
@@ -89,16 +90,18 @@ double kva_score_slow(const kva_score_conf_t *conf, const uint32_t slow[2]);
  * the server's share of the total weight.  Lowest cost wins; among equals
  * the server that was routed the fewest requests, then rnd decides.
  *
- * The gate: if the winner has more than `imbalance` in-flight requests over
- * the least busy candidate and more than `imbalance_ratio` times as many,
- * the least loaded candidate wins instead.
+ * The gate: if the winner (by affinity or by capacity) has more than
+ * `imbalance` in-flight requests over the least busy candidate and more
+ * than `imbalance_ratio` times as many, the least loaded candidate wins
+ * instead.
  *
  * Capacity: when the longest match covers some of the prompt but less
  * than `affinity_min` of its blocks (a shared system prompt in front of a
  * new conversation), the match saves little and would draw every new
- * conversation to one server: cost(c) = fill - matched + load, scaled by
- * weight, so the new prefix goes where the cache has the most room once
- * it is stored (what a server holds of it, it need not store again).
+ * conversation to one server: cost(c) = fill + nblocks - matched + load,
+ * scaled by weight, so the new prefix goes where the cache has the most
+ * room once it is stored (what a server holds of it, it need not store
+ * again; never below zero, so that weight and speed scale it rightly).
  * After SGLang's router (which balances by tree size below its
  * threshold).
  *
@@ -126,15 +129,17 @@ unsigned kva_score_costs(const kva_score_conf_t *conf,
     double *cost, kva_why_e *why);
 
 /*
- * Placement by capacity (step 5 of docs/design.md): fill - matched +
- * load, scaled by weight, with the time to first token if configured;
- * cost[] as kva_score_costs() leaves it.  A block a server holds of the
- * prompt is one it need not store: a turn that mostly adds (a long tool
- * output) stays with its context, and a session back after its binding
- * expired goes home, unless home is fuller by more than what it holds.
+ * Placement by capacity (step 5 of docs/design.md): fill + nblocks -
+ * matched + load, scaled by weight, with the time to first token if
+ * configured; cost[] as kva_score_costs() leaves it.  A block a server
+ * holds of the prompt is one it need not store: a turn that mostly adds
+ * (a long tool output) stays with its context, and a session back after
+ * its binding expired goes home, unless home is fuller by more than what
+ * it holds.
  */
 unsigned kva_score_capacity(const kva_score_conf_t *conf,
-    const kva_candidate_t *c, unsigned n, uint32_t rnd, double *cost);
+    const kva_candidate_t *c, unsigned n, uint32_t nblocks, uint32_t rnd,
+    double *cost);
 
 /*
  * Whether candidate bound (a server a session is bound to) is overloaded

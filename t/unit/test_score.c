@@ -247,7 +247,7 @@ test_capacity(void)
     c[1].fill = 300;
     c[2].fill = 600;
     c[3].fill = 900;
-    ok(kva_score_capacity(&conf, c, 4, 0, cost) == 1,
+    ok(kva_score_capacity(&conf, c, 4, 1000, 0, cost) == 1,
        "a new session: the server that stored least, not the holder of "
        "the shared prompt");
 
@@ -256,11 +256,69 @@ test_capacity(void)
     c[1].matched = 237;
     c[1].fill = 2500;
     c[2].fill = c[3].fill = 2600;
-    ok(kva_score_capacity(&conf, c, 4, 0, cost) == 0,
+    ok(kva_score_capacity(&conf, c, 4, 1000, 0, cost) == 0,
        "a session back: home, where 1,000 of its blocks are");
     c[0].matched = 300;
-    ok(kva_score_capacity(&conf, c, 4, 0, cost) == 1,
+    ok(kva_score_capacity(&conf, c, 4, 1000, 0, cost) == 1,
        "with 300 of them, home fuller by 500: the emptiest");
+
+    /*
+     * A server holding more of the prompt than it stored lately (its fill
+     * faded over learned_ttl, the shared prompt still held): the cost is
+     * its fill once it stores the rest, never below zero, so a heavier or
+     * a faster server is not made the costlier by the scaling.  Taking
+     * the held blocks off the fill alone, fill 0 less 300 held was -300:
+     * scaled by weight 3 it was -200 against -600 at weight 1, and over
+     * speed 2 -150 against -600 at speed 0.5: the smaller or the slower
+     * server won.
+     */
+    memset(c, 0, sizeof(c));
+    c[0].weight = 3; c[0].matched = 300;
+    c[1].weight = 1; c[1].matched = 300;
+    best = kva_score_pick(&conf, c, 2, 1000, 0, &why);
+    ok(best == 0 && why == KVA_WHY_CAPACITY,
+       "300 of 1,000 held by both, fills faded: the heavier server (%u)",
+       best);
+
+    c[0].weight = c[1].weight = 1;
+    c[0].speed = 2.0;
+    c[1].speed = 0.5;
+    conf.cost = KVA_COST_TTFT;
+    best = kva_score_pick(&conf, c, 2, 1000, 0, &why);
+    ok(best == 0 && why == KVA_WHY_CAPACITY,
+       "cost=ttft, the same: the faster server (%u)", best);
+    ok(kva_score_capacity(&conf, c, 2, 1000, 0, cost) == 0,
+       "... and so for a session's first request");
+
+    /*
+     * The gate holds for capacity as for affinity: a holder of 400 of
+     * 1,000 blocks (its credit) with 40 requests in flight, the others
+     * idle, does not take it, as a holder of 500 would not.
+     */
+    memset(c, 0, sizeof(c));
+    conf.cost = KVA_COST_LOAD;
+
+    for (i = 0; i < 4; i++) {
+        c[i].weight = 1;
+        c[i].fill = 1000;
+    }
+
+    c[0].matched = 400;
+    c[0].inflight_reqs = 40;
+    c[0].inflight_blocks = 200;
+    best = kva_score_pick(&conf, c, 4, 1000, 0, &why);
+    ok(best != 0 && why == KVA_WHY_GATE, "400 of 1,000 held by a server "
+       "40 requests busier: elsewhere, reason gate (%u, %s)", best,
+       kva_score_why(why));
+    c[0].matched = 500;
+    best = kva_score_pick(&conf, c, 4, 1000, 0, &why);
+    ok(best != 0 && why == KVA_WHY_GATE, "... as 500 of them (%u, %s)",
+       best, kva_score_why(why));
+    c[0].inflight_reqs = 20;
+    c[0].matched = 400;
+    best = kva_score_pick(&conf, c, 4, 1000, 0, &why);
+    ok(best == 0 && why == KVA_WHY_CAPACITY, "20 busier, under the gate: "
+       "the holder, reason capacity (%u, %s)", best, kva_score_why(why));
 }
 
 
