@@ -433,8 +433,8 @@ replay_run(const replay_conf_t *conf, kva_index_t *ix, uint64_t *hashes,
 
         for (i = 0; i < n; i += piece) {
             piece = n - i < KVA_ADD_CHUNK ? n - i : KVA_ADD_CHUNK;
-            kva_index_add_found(ix, hashes + i, piece, (unsigned) slot,
-                                KVA_BIT_LEARNED, &clk, found + i);
+            kva_index_add_at(ix, hashes + i, piece, i, (unsigned) slot,
+                             KVA_BIT_LEARNED, &clk, found + i);
         }
     }
 }

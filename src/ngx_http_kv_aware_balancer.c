@@ -640,11 +640,11 @@ ngx_http_kv_aware_balancer_learn_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
         piece = ngx_min(nblocks - from, KVA_ADD_CHUNK);
 
-        kva_index_add_found(kcf->sh->index, ctx->hashes + from, piece, slot,
-                            kva_slotset_has(&clk->precise, slot)
-                            ? KVA_BIT_LEARNED | KVA_BIT_SPEC
-                            : KVA_BIT_LEARNED,
-                            clk, ctx->found + from);
+        kva_index_add_at(kcf->sh->index, ctx->hashes + from, piece, from,
+                         slot, kva_slotset_has(&clk->precise, slot)
+                               ? KVA_BIT_LEARNED | KVA_BIT_SPEC
+                               : KVA_BIT_LEARNED,
+                         clk, ctx->found + from);
     }
 
     /* what the other instances do not know yet, of a server that is silent */

@@ -570,8 +570,17 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
     unsigned slot, unsigned srcs, const kva_clock_t *clk,
     const uint32_t *found)
 {
+    kva_index_add_at(ix, hashes, n, KVA_NO_HEAD, slot, srcs, clk, found);
+}
+
+
+void
+kva_index_add_at(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
+    uint32_t pos, unsigned slot, unsigned srcs, const kva_clock_t *clk,
+    const uint32_t *found)
+{
     int           set, budgets;
-    uint32_t      i, idx, len, b, *bucket, anew;
+    uint32_t      i, idx, len, b, *bucket, anew, at;
     kva_entry_t  *e, *entries;
 
     anew = 0;
@@ -617,11 +626,12 @@ kva_index_add_found(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
         }
 
         e = &entries[idx];
-        set = kva_entry_touch(ix, e, slot, srcs, clk, budgets);
+        at = pos == KVA_NO_HEAD ? KVA_NO_HEAD : pos + i;
+        set = kva_entry_touch(ix, e, slot, srcs, clk, budgets, at);
 
         if (set > 1) {
             /* a seventh holder may evict another entry for a wide record */
-            kva_entry_age(ix, e, clk);
+            kva_entry_age(ix, e, clk, at);
             set = kva_entry_set(ix, idx, slot, srcs);
         }
 

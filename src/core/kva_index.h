@@ -67,6 +67,17 @@ void kva_index_add_found(kva_index_t *ix, const uint64_t *hashes,
     const uint32_t *found);
 
 /*
+ * add_found for blocks whose place in their prompt is known: hashes[0] is
+ * block pos of it (KVA_NO_HEAD: not known, as for add_found).  A chained
+ * hash has one place in every prompt, so the bits of other slots past
+ * their cutoff that a lookup there would still count (their head room,
+ * kva_index_learn_ok_at()) survive the touch; with KVA_NO_HEAD they go.
+ */
+void kva_index_add_at(kva_index_t *ix, const uint64_t *hashes, uint32_t n,
+    uint32_t pos, unsigned slot, unsigned srcs, const kva_clock_t *clk,
+    const uint32_t *found);
+
+/*
  * match_found in pieces, for a caller that releases its lock in between:
  * *alive starts as the mask and carries the slots still matching from
  * piece to piece; blocks [from, to) are looked up while any is alive.

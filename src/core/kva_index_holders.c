@@ -258,16 +258,20 @@ kva_entry_set(kva_index_t *ix, uint32_t idx, unsigned slot, unsigned srcs)
 /*
  * The stamp is shared by all holders of the entry: before a touch revives
  * them, drop the learned and speculative bits that aged out, and learned
- * bits past their slot's budget and its head room.  A bit still within
- * the head room stays (for the leading blocks of a prompt it may be held)
- * and, renewed, counts whole until the cutoff passes it again: dropping
- * it cut the chain of every prompt through the block.  In a quick agents
+ * bits past their slot's budget, and past its head room for block pos of
+ * a prompt (the entry's place in every prompt, its hash being chained;
+ * KVA_NO_HEAD: not known, and the head room does not count).  A bit
+ * within the head room stays and, renewed, counts whole until the cutoff
+ * passes it again, as any bit that another slot keeps young: dropping it
+ * cut the chain of every prompt through the block.  In a quick agents
  * run with a shared system prompt, three blocks after it that other
  * sessions also sent lost a server's bit that way, and nginx forgot a
- * session of 1,212 blocks the server held whole.
+ * session of 1,212 blocks the server held whole.  Past the head room the
+ * bit goes: kept, it would be renewed whole where the server holds none.
  */
 void
-kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk)
+kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk,
+    uint32_t pos)
 {
     int          learned, spec;
     unsigned     i, wi, srcs;
@@ -283,7 +287,7 @@ kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk)
         for (wi = 0; wi < KVA_SLOT_WORDS; wi++) {
             w->bits[KVA_SRC_LEARNED][wi] = learned
                 ? kva_index_learn_bits(ix, wi, w->bits[KVA_SRC_LEARNED][wi],
-                                       e->stamp, 0)
+                                       e->stamp, pos)
                 : 0;
 
             if (!spec) {
@@ -303,7 +307,7 @@ kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk)
         if ((srcs & KVA_BIT_LEARNED)
             && (!learned
                 || !kva_index_learn_ok_at(ix, kva_holder_slot(e->h[i]),
-                                          e->stamp, 0)))
+                                          e->stamp, pos)))
         {
             srcs &= ~KVA_BIT_LEARNED;
         }

@@ -176,14 +176,14 @@ kva_wide_fresh(const kva_index_t *ix, const kva_wide_t *w, unsigned wi,
 
 /*
  * The common add, in one pass over an inline entry: ages its holders (as
- * kva_entry_age() does; budgets: whether any slot's learned budget is in
- * force), then adds srcs to slot's holder or to an empty place.  Returns
+ * kva_entry_age() does, for block pos of a prompt; budgets: whether any
+ * slot's learned budget is in force), then adds srcs to slot's holder or to an empty place.  Returns
  * as kva_entry_set(), or 2 when the entry is wide or full:
  * the caller goes the long way.
  */
 static inline int
 kva_entry_touch(const kva_index_t *ix, kva_entry_t *e, unsigned slot,
-    unsigned srcs, const kva_clock_t *clk, int budgets)
+    unsigned srcs, const kva_clock_t *clk, int budgets, uint32_t pos)
 {
     int       learned, spec, anew, aging;
     unsigned  i, s, hs, mine, empty;
@@ -221,7 +221,7 @@ kva_entry_touch(const kva_index_t *ix, kva_entry_t *e, unsigned slot,
             hs = kva_holder_srcs(e->h[i]);
 
             if ((hs & KVA_BIT_LEARNED)
-                && (!learned || !kva_index_learn_ok_at(ix, s, e->stamp, 0)))
+                && (!learned || !kva_index_learn_ok_at(ix, s, e->stamp, pos)))
             {
                 hs &= ~KVA_BIT_LEARNED;
             }
@@ -264,7 +264,8 @@ void kva_index_release(kva_index_t *ix, uint32_t idx);
 /* kva_index_holders.c */
 int kva_entry_set(kva_index_t *ix, uint32_t idx, unsigned slot,
     unsigned srcs);
-void kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk);
+void kva_entry_age(kva_index_t *ix, kva_entry_t *e, const kva_clock_t *clk,
+    uint32_t pos);
 int kva_entry_clear(kva_index_t *ix, kva_entry_t *e, const kva_slotset_t *set,
     unsigned srcs);
 void kva_wide_free(kva_index_t *ix, uint32_t r);

@@ -535,7 +535,8 @@ add_pieces(kva_index_t *ix, const uint64_t *h, uint32_t n, unsigned slot,
 
     for (from = 0; from < n; from += piece) {
         piece = n - from < KVA_ADD_CHUNK ? n - from : KVA_ADD_CHUNK;
-        kva_index_add(ix, h + from, piece, slot, KVA_BIT_LEARNED, clk);
+        kva_index_add_at(ix, h + from, piece, from, slot, KVA_BIT_LEARNED,
+                         clk, NULL);
     }
 }
 
@@ -620,6 +621,59 @@ test_learn_heads(uint32_t t0)
     ok(c > 3 && d == c, "a head of %u blocks, its first 3 sent to another "
        "server: %u", c, d);
     ok(sound(ix, "learned heads"), "the index is sound");
+
+    free(ix);
+}
+
+
+/*
+ * A prompt P of 1,000 blocks of which server 0 keeps a head (a prompt of
+ * 1,500 sent after it), then sent whole to server 1 (its session moved):
+ * server 0 keeps its head of P, and only its head, though the touch
+ * renews every entry of P; kept while server 1 sends P again, it is not
+ * counted in server 0's budget, and the rest of P is not renewed there.
+ */
+static void
+test_learn_head_moved(uint32_t t0)
+{
+    uint32_t      a0, a1, k;
+    uint64_t      hp[1000], hq[1500], hr[800];
+    kva_clock_t   clk = { 0, 1u << 30, 10, {{ 0 }} };
+    kva_index_t  *ix;
+
+    ix = fresh(65536, 81);
+    chain(hp, 1000, 21000);
+    chain(hq, 1500, 22000);
+
+    clk.now = t0;
+    kva_index_learn_budget(ix, 0, 1600, clk.now);
+    clk.now++;
+    add_pieces(ix, hp, 1000, 0, &clk);
+    clk.now++;
+    add_pieces(ix, hq, 1500, 0, &clk);
+    a0 = learned_depth(ix, hp, 1000, 0, &clk);
+
+    clk.now++;
+    add_pieces(ix, hp, 1000, 1, &clk);
+    a1 = learned_depth(ix, hp, 1000, 0, &clk);
+    ok(a0 > 0 && a0 < 1000 && a1 == a0, "t0 %u: server 0's head of P, %u "
+       "blocks, after server 1 was sent P: %u", t0, a0, a1);
+
+    /* server 0 is sent 4,800 new blocks; server 1 P again, each time */
+    for (k = 0; k < 6; k++) {
+        clk.now++;
+        chain(hr, 800, 24000 + k);
+        add_pieces(ix, hr, 800, 0, &clk);
+        clk.now++;
+        add_pieces(ix, hp, 1000, 1, &clk);
+    }
+
+    ok(learned_depth(ix, hp, 1000, 0, &clk) <= a0
+       && learned_count(ix, 0, &clk) <= 1600 + a0, "  then, 4,800 blocks "
+       "later, it holds no more of P than that head (%u), its learned "
+       "entries %llu", learned_depth(ix, hp, 1000, 0, &clk),
+       (unsigned long long) learned_count(ix, 0, &clk));
+    ok(sound(ix, "head moved"), "  the index is sound");
 
     free(ix);
 }
@@ -890,6 +944,8 @@ main(void)
     test_learn_heads(1000);
     test_learn_heads(0xfffffff8u);
     test_learn_heads(0xfffffffcu);
+    test_learn_head_moved(1000);
+    test_learn_head_moved(0xfffffff0u);
     test_learn_same_tick(1000);
     test_learn_same_tick(0xfffffff0u);
 
