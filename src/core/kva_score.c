@@ -238,10 +238,12 @@ kva_capacity(const kva_score_conf_t *conf, const kva_candidate_t *c,
      * need not store again.  Never below zero (matched <= nblocks), as a
      * fill less matched alone could be once the fill faded: scaled by
      * weight or divided by speed, the heavier or faster server was then
-     * the costlier.
+     * the costlier.  A block matched in host memory or on disk counts as
+     * the share of a miss it is in the usual cost (kva_misses()): it is
+     * copied back into GPU memory, where it takes room again.
      */
     for (i = 0; i < n; i++) {
-        cost[i] = (c[i].fill + (double) nblocks - (double) c[i].matched)
+        cost[i] = (c[i].fill + kva_misses(&c[i], nblocks))
                   * mean_weight / c[i].weight
                   + kva_load(&c[i], mean_weight);
     }

@@ -210,6 +210,16 @@ test_capacity(void)
     ok(best == 3 && why == KVA_WHY_CAPACITY,
        "another server 400 blocks emptier: there (%u)", best);
 
+    /* 300 of home's blocks on disk (half a miss each): 173 held, not 323 */
+    c[3].fill = 1300;
+    c[2].fill = 1250;
+    best = kva_score_pick(&conf, c, 4, 1106, 0, &why);
+    ok(best == 0, "a server 250 blocks emptier than home: home (%u)", best);
+    c[0].slow = 150;
+    best = kva_score_pick(&conf, c, 4, 1106, 0, &why);
+    ok(best == 2, "  with 300 of home's 323 on disk, there (%u)", best);
+    c[0].slow = 0;
+
     /* ties of fill go to the least routed, then at random */
     memset(c, 0, sizeof(c));
     memset(counts, 0, sizeof(counts));
