@@ -85,7 +85,11 @@ for my $prior (50, 60000) {
                / 3;
     my $new = $got{ $kvsim[3] };
 
-    ok($mean > 0 && $new > 0.5 * $mean && $new < 2 * $mean,
+    # a quarter to four times the mean: with the prior it would be about
+    # a twentieth (starved) or nearly everything (flooded); under ASan on
+    # a loaded CI machine its first answers were timed slow and learned
+    # at 0.4 times the others' rate, and it took 0.4 of the mean
+    ok($mean > 0 && $new > 0.25 * $mean && $new < 4 * $mean,
        "ttft_rate=$prior: the new server takes a fair share "
        . "($new requests against $mean on average)")
         or diag($json->encode($t));
