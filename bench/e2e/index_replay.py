@@ -29,7 +29,6 @@ With -v, each such request, and the servers by slot.  Standard library
 only; session_moves.py and session_bounds.py beside it.
 """
 
-import argparse
 import os
 import subprocess
 import sys
@@ -65,11 +64,7 @@ def replay(cmd, text):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("sessions")
-    ap.add_argument("dir")
-    ap.add_argument("--policy", default="kv_aware")
-    ap.add_argument("--shared-prefix", action="store_true")
+    ap = session_moves.run_parser(__doc__)
     ap.add_argument("--blocks", type=int, default=1600,
                     help="each server's pool and learned budget, in blocks")
     ap.add_argument("--ttl", type=int, default=600000,

@@ -145,12 +145,19 @@ def held_by_left(sent, flat, rows, blocks):
                                                                 blocks))}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def run_parser(doc):
+    """the arguments that name a run: SESSIONS DIR [--policy]
+    [--shared-prefix]"""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("sessions")
     ap.add_argument("dir")
     ap.add_argument("--policy", default="kv_aware")
     ap.add_argument("--shared-prefix", action="store_true")
+    return ap
+
+
+def main():
+    ap = run_parser(__doc__)
     ap.add_argument("--min-lost", type=int, default=50)
     ap.add_argument("-v", action="store_true")
     ap.add_argument("--blocks", type=int, default=1600,

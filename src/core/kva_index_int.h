@@ -177,9 +177,9 @@ kva_wide_fresh(const kva_index_t *ix, const kva_wide_t *w, unsigned wi,
 /*
  * The common add, in one pass over an inline entry: ages its holders (as
  * kva_entry_age() does, for block pos of a prompt; budgets: whether any
- * slot's learned budget is in force), then adds srcs to slot's holder or to an empty place.  Returns
- * as kva_entry_set(), or 2 when the entry is wide or full:
- * the caller goes the long way.
+ * slot's learned budget is in force), then adds srcs to slot's holder or
+ * to an empty place.  Returns as kva_entry_set(), or 2 when the entry is
+ * wide or full: the caller goes the long way.
  */
 static inline int
 kva_entry_touch(const kva_index_t *ix, kva_entry_t *e, unsigned slot,

@@ -13,6 +13,7 @@ static void test_fill(void);
 static void test_overloaded(void);
 static void test_speed(void);
 static void test_tiers(void);
+static void equal_servers(kva_candidate_t *c, unsigned n, double fill);
 
 
 int
@@ -24,11 +25,7 @@ main(void)
     kva_score_conf_t  conf = { 2.0, 4, 1.5, 0.0, KVA_COST_LOAD,
                                  { 0.25, 0.5 } };
 
-    memset(c, 0, sizeof(c));
-
-    for (i = 0; i < 4; i++) {
-        c[i].weight = 1;
-    }
+    equal_servers(c, 4, 0);
 
     /* all equal: the least routed wins, ties spread by rnd */
     c[0].routed = 3; c[1].routed = 2; c[2].routed = 2; c[3].routed = 5;
@@ -44,10 +41,7 @@ main(void)
     ok(why == KVA_WHY_LOAD, "no overlap: reason is load");
 
     /* overlap wins over a small load difference */
-    memset(c, 0, sizeof(c));
-    for (i = 0; i < 4; i++) {
-        c[i].weight = 1;
-    }
+    equal_servers(c, 4, 0);
 
     c[2].matched = 8;
     c[2].inflight_reqs = 1;
@@ -191,12 +185,7 @@ test_capacity(void)
      * fill, as it need not store those blocks again; it stays home unless
      * another server's cache is emptier by more than that.
      */
-    memset(c, 0, sizeof(c));
-
-    for (i = 0; i < 4; i++) {
-        c[i].weight = 1;
-        c[i].fill = 1300;
-    }
+    equal_servers(c, 4, 1300);
 
     c[0].matched = 323;
     c[0].fill = 1500;
@@ -246,11 +235,7 @@ test_capacity(void)
      * not draw the next; a session back home with its 1,000 blocks goes
      * home though home stored 500 more lately than another.
      */
-    memset(c, 0, sizeof(c));
-
-    for (i = 0; i < 4; i++) {
-        c[i].weight = 1;
-    }
+    equal_servers(c, 4, 0);
 
     c[0].matched = 237;
     c[0].fill = 740;
@@ -305,13 +290,8 @@ test_capacity(void)
      * 1,000 blocks (its credit) with 40 requests in flight, the others
      * idle, does not take it, as a holder of 500 would not.
      */
-    memset(c, 0, sizeof(c));
+    equal_servers(c, 4, 1000);
     conf.cost = KVA_COST_LOAD;
-
-    for (i = 0; i < 4; i++) {
-        c[i].weight = 1;
-        c[i].fill = 1000;
-    }
 
     c[0].matched = 400;
     c[0].inflight_reqs = 40;
@@ -369,16 +349,11 @@ test_fill(void)
 static void
 test_overloaded(void)
 {
-    unsigned          i;
     kva_candidate_t   c[3];
     kva_score_conf_t  conf = { 16.0, 4, 1.5, 0.5, KVA_COST_LOAD,
                                  { 0.25, 0.5 } };
 
-    memset(c, 0, sizeof(c));
-
-    for (i = 0; i < 3; i++) {
-        c[i].weight = 1;
-    }
+    equal_servers(c, 3, 0);
 
     /* the bound one holds 8 of 10 blocks: 32 + its load, the others 160 */
     c[0].matched = 8;
@@ -421,7 +396,7 @@ test_overloaded(void)
 static void
 test_tiers(void)
 {
-    unsigned          i, best, cost;
+    unsigned          best, cost;
     uint32_t          cpu[2] = { 40, 0 }, disk[2] = { 0, 40 };
     kva_why_e         why;
     kva_candidate_t   c[3];
@@ -433,12 +408,7 @@ test_tiers(void)
 
     for (cost = KVA_COST_LOAD; cost <= KVA_COST_TTFT; cost++) {
         conf.cost = cost;
-        memset(c, 0, sizeof(c));
-
-        for (i = 0; i < 3; i++) {
-            c[i].weight = 1;
-            c[i].speed = 1.0;
-        }
+        equal_servers(c, 3, 0);
 
         /* 0: the prompt in GPU memory, 1: in host memory, 2: cold */
         c[0].matched = 40;
@@ -475,18 +445,13 @@ test_tiers(void)
 static void
 test_speed(void)
 {
-    unsigned          i, best;
+    unsigned          best;
     kva_why_e         why;
     kva_candidate_t   c[3];
     kva_score_conf_t  conf = { 16.0, 32, 1.5, 0.5, KVA_COST_LOAD,
                                  { 0.25, 0.5 } };
 
-    memset(c, 0, sizeof(c));
-
-    for (i = 0; i < 3; i++) {
-        c[i].weight = 1;
-        c[i].speed = 1.0;
-    }
+    equal_servers(c, 3, 0);
 
     /* no match anywhere: the slow one is the least loaded */
     c[0].speed = 0.5;
@@ -513,4 +478,20 @@ test_speed(void)
     conf.cost = KVA_COST_LOAD;
     ok(!kva_score_overloaded(&conf, c, 3, 10, 0, 100.0),
        "cost=load: 160 against 190 is not");
+}
+
+
+/* n servers alike: weight 1, the pool's speed, fill blocks stored lately */
+static void
+equal_servers(kva_candidate_t *c, unsigned n, double fill)
+{
+    unsigned  i;
+
+    memset(c, 0, n * sizeof(kva_candidate_t));
+
+    for (i = 0; i < n; i++) {
+        c[i].weight = 1;
+        c[i].speed = 1.0;
+        c[i].fill = fill;
+    }
 }
