@@ -1,0 +1,228 @@
+#!/usr/bin/python3
+"""What placing sessions on servers can reach (bench/e2e, agents).
+
+session_place.py SESSIONS DIR [--shared-prefix] [--policy P]
+                 [--blocks N] [--tries N] [--rules]
+
+SESSIONS, DIR and P as for session_moves.py; needs a run with
+BENCH_ACCESS_LOG=1 (the order requests started, the server each went to).
+Each server is modelled as session_moves.py does (an LRU of N blocks,
+1600 by default, a request's blocks made recent tail first), and the
+run's requests are replayed in the order they started through:
+
+* the pooled LRU of all the servers' blocks (the bound the agents table
+  prints, here counted in blocks);
+* the servers the run chose (so that the model can be set beside the
+  hit rate kvsim measured);
+* foresight: each session placed, at its first request, on the server
+  whose sessions not yet ended have the least final context in all, and
+  never moved.  It knows each session's largest prompt and its end in
+  advance, which no router does: a reference for what placement could
+  reach, not a bound (moving sessions may do better);
+* the best of --tries (default 30) such placements with noise (seed 1);
+* the run's first placement of each session, never moved.
+
+With --rules, online placement rules (what a router can know) over 8
+arrivals jittered by up to 0.5 s a session: a session stays where the
+model holds at least half its prompt (as affinity_min), else goes where
+fill plus misses is least; fill being the blocks a server stored (all,
+or fading over 1.5 to 20 s), the last prompts of its sessions seen within
+10 s, or the age of its LRU's oldest block; each with and without a move
+rule (a server that lost part of the prompt it held counts the loss 2
+turns more).  Standard library only.
+"""
+
+import argparse
+import collections
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import session_bounds  # noqa: E402
+import session_moves  # noqa: E402
+
+
+def replay(reqs, servers, choose, blocks, tau=None):
+    """share of blocks found, and moves, placing each of reqs [(t,
+    session, keys)] by choose(model, i, t, session, keys, matched); the
+    blocks each server stored fade over tau seconds (None: never)"""
+    pools = {v: collections.OrderedDict() for v in servers}
+    model = {"pools": pools, "home": {}, "last": {}, "fill": {},
+             "seen": {v: {} for v in servers}, "tau": tau,
+             "blocks": blocks}
+    hit = total = moves = 0
+    for i, (t, s, keys) in enumerate(reqs):
+        matched = {}
+        for v in servers:
+            n = 0
+            for k in keys:
+                if k not in pools[v]:
+                    break
+                n += 1
+            matched[v] = n
+        v = choose(model, i, t, s, keys, matched)
+        home = model["home"].get(s)
+        moves += home is not None and v != home
+        model["home"][s] = v
+        model["last"][s] = len(keys)
+        hit += matched[v]
+        total += len(keys)
+        f = model["fill"].get(v)
+        model["fill"][v] = [faded(f, t, tau) + len(keys) - matched[v], t]
+        for w in servers:
+            model["seen"][w].pop(s, None)
+        model["seen"][v][s] = (t, len(keys))
+        pool = pools[v]
+        for k in reversed(keys):
+            pool[k] = t
+            pool.move_to_end(k)
+        while len(pool) > blocks:
+            pool.popitem(last=False)
+    return hit / (total or 1), moves
+
+
+def foresight(reqs, servers, noise=0.0, rng=None):
+    """choose() of the foresight placement"""
+    last, size, where = {}, collections.Counter(), {}
+    for i, (_, s, keys) in enumerate(reqs):
+        last[s] = i
+        size[s] = max(size[s], len(keys))
+
+    def choose(model, i, t, s, keys, matched):
+        if s not in where:
+            live = dict.fromkeys(servers, 0)
+            for o, v in where.items():
+                if last[o] >= i:
+                    live[v] += size[o]
+            where[s] = min(servers, key=lambda v: live[v]
+                           + (rng.random() * noise if rng else 0))
+        return where[s]
+    return choose
+
+
+def faded(f, t, tau):
+    if f is None:
+        return 0.0
+    if tau is None:
+        return f[0]
+    return max(0.0, f[0] * (1 - (t - f[1]) / tau))
+
+
+def online(fill, lost_turns):
+    """choose() of an online rule: stay by affinity, else by fill"""
+    def choose(model, i, t, s, keys, matched):
+        n = len(keys)
+        home = model["home"].get(s)
+        best = max(matched, key=lambda v: matched[v])
+        away = None
+        if home is not None and matched[best] >= 0.5 * n:
+            cost = {v: n - matched[v] for v in matched}
+            if lost_turns:
+                lost = max(0, min(model["last"][s], n) - matched[home])
+                cost[home] += lost_turns * lost
+            pick = min(cost, key=lambda v: (cost[v], v != home))
+            if not lost_turns or pick == home or matched[pick] >= 0.5 * n:
+                return pick
+            # sent away by its loss to a server holding little: moves
+            away = home
+        return min((v for v in matched if v != away),
+                   key=lambda v: fill(model, v, t) + n - matched[v])
+    return choose
+
+
+def rules():
+    """[(name, fill(model, server, t), tau of the stored blocks)]"""
+    def stored(m, v, t):
+        return faded(m["fill"].get(v), t, m["tau"])
+
+    def live(m, v, t):
+        return sum(n for (at, n) in m["seen"][v].values() if t - at <= 10)
+
+    def oldest(m, v, t):
+        # a pool not full yet first, the least filled; then the oldest tail
+        pool = m["pools"][v]
+        if len(pool) < m["blocks"]:
+            return len(pool)
+        return 1e9 - (t - next(iter(pool.values())))
+
+    out = [("fill, all stored", stored, None)]
+    out += [("fill fading over %g s" % tau, stored, tau)
+            for tau in (20, 10, 5, 3, 1.5)]
+    out += [("live sessions' prompts", live, None),
+            ("oldest LRU block", oldest, None)]
+    return out
+
+
+def main():
+    ap = session_moves.run_parser(__doc__)
+    ap.add_argument("--blocks", type=int, default=1600)
+    ap.add_argument("--tries", type=int, default=30)
+    ap.add_argument("--rules", action="store_true")
+    a = ap.parse_args()
+    if a.blocks < 1 or a.tries < 0:
+        sys.exit("session_place.py: --blocks >= 1, --tries >= 0")
+    sent, _, flat, rows = session_moves.load_run(
+        "session_place.py", a.sessions, a.dir, a.policy, a.shared_prefix)
+    started = session_moves.started(sent, flat, rows)
+    reqs = [(r[0], r[1], r[5]) for r in started]
+    chosen = [r[3] for r in started]
+    servers = sorted(set(chosen))
+    pooled = session_bounds.bounds(
+        [(len(k) * session_bounds.BLOCK, k) for _, _, k in reqs],
+        a.blocks * len(servers))["lru_by_blocks"]
+
+    def line(what, hit, moves):
+        print("%-44s %5.1f%%  %.3f of the bound  %3d moves"
+              % (what, 100 * hit, hit / pooled, moves))
+
+    print("%d requests, %d servers x %d blocks; pooled LRU %.1f%% of the "
+          "blocks" % (len(reqs), len(servers), a.blocks, 100 * pooled))
+    line("the run's servers (the model)", *replay(
+        reqs, servers, lambda m, i, *_: chosen[i], a.blocks))
+    line("foresight", *replay(reqs, servers, foresight(reqs, servers),
+                              a.blocks))
+    rng = random.Random(1)
+    best = max((replay(reqs, servers, foresight(reqs, servers, 300, rng),
+                       a.blocks) for _ in range(a.tries)), default=None)
+    if best:
+        line("foresight, best of %d with noise" % a.tries, *best)
+    first = {}
+    line("the run's first servers, never moved", *replay(
+        reqs, servers,
+        lambda m, i, t, s, *_: first.setdefault(s, chosen[i]), a.blocks))
+
+    if not a.rules:
+        return
+    print("online rules, 8 arrivals jittered: mean (min-max) of the bound")
+    arrivals = []
+    for seed in range(8):
+        rng = random.Random(seed)
+        off = {}
+        j = [(t + off.setdefault(s, rng.uniform(-0.5, 0.5)), n, s, keys)
+             for n, (t, s, keys) in enumerate(reqs)]
+        # a session's own requests keep their order
+        per = collections.defaultdict(list)
+        for r in j:
+            per[r[2]].append(r)
+        j = []
+        for rs in per.values():
+            times = sorted(r[0] for r in rs)
+            j += [(tm, r[2], r[3]) for tm, r in zip(times, rs)]
+        j.sort(key=lambda r: r[0])
+        bound = session_bounds.bounds(
+            [(len(k) * session_bounds.BLOCK, k) for _, _, k in j],
+            a.blocks * len(servers))["lru_by_blocks"]
+        arrivals.append((j, bound))
+    for name, fill, tau in rules():
+        for turns in (0, 2):
+            r = [replay(j, servers, online(fill, turns), a.blocks, tau)[0]
+                 / b for j, b in arrivals]
+            print("  %-36s %s %.3f (%.3f-%.3f)" % (
+                name, "moves" if turns else "stays", sum(r) / len(r),
+                min(r), max(r)))
+
+
+if __name__ == "__main__":
+    main()
