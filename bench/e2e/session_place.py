@@ -22,17 +22,21 @@ run's requests are replayed in the order they started through:
 * the best of --tries (default 30) such placements with noise (seed 1);
 * the run's first placement of each session, never moved.
 
-With --rules, online placement rules (what a router can know) over 8
-arrivals jittered by up to 0.5 s a session: a session stays where the
-model holds at least half its prompt (as affinity_min), else goes where
-fill plus misses is least; fill being the blocks a server stored (all,
-or fading over 1.5 to 20 s), the last prompts of its sessions seen within
-10 s, or the age of its LRU's oldest block; each with and without a move
-rule (a server that lost part of the prompt it held counts the loss 2
-turns more).  Standard library only.
+With --rules, the same requests in 8 orders, each session's clock
+shifted by up to 0.5 s (its own requests keep their order), each scored
+against its own pooled-LRU bound: foresight, and online placement rules
+(what a router can know).  A session's later request goes to the server
+that holds the most of it when that is at least half (as affinity_min),
+else (and a session's first request) where fill plus misses is least;
+fill being the blocks a server stored (all, or fading over 1.5 to
+20 s), the last prompts of the sessions it served within 10 s, or, once
+its pool is full, the age of its LRU's oldest block (the age decides,
+misses break near ties).  Each rule also with a move
+rule: the session's server, having lost part of what it held of the
+session's request before, weighs that loss twice more.  Standard library
+only.
 """
 
-import argparse
 import collections
 import os
 import random
@@ -66,7 +70,7 @@ def replay(reqs, servers, choose, blocks, tau=None):
         home = model["home"].get(s)
         moves += home is not None and v != home
         model["home"][s] = v
-        model["last"][s] = len(keys)
+        model["last"][s] = keys
         hit += matched[v]
         total += len(keys)
         f = model["fill"].get(v)
@@ -120,8 +124,12 @@ def online(fill, lost_turns):
         if home is not None and matched[best] >= 0.5 * n:
             cost = {v: n - matched[v] for v in matched}
             if lost_turns:
-                lost = max(0, min(model["last"][s], n) - matched[home])
-                cost[home] += lost_turns * lost
+                # what its server held of the session's request before
+                # and of this one, and lost since
+                prev, held = model["last"][s], 0
+                while held < min(len(prev), n) and prev[held] == keys[held]:
+                    held += 1
+                cost[home] += lost_turns * max(0, held - matched[home])
             pick = min(cost, key=lambda v: (cost[v], v != home))
             if not lost_turns or pick == home or matched[pick] >= 0.5 * n:
                 return pick
@@ -141,11 +149,12 @@ def rules():
         return sum(n for (at, n) in m["seen"][v].values() if t - at <= 10)
 
     def oldest(m, v, t):
-        # a pool not full yet first, the least filled; then the oldest tail
+        # a pool not full yet first, the least filled; then the oldest
+        # tail, its age (s) before the misses (blocks), which break ties
         pool = m["pools"][v]
         if len(pool) < m["blocks"]:
             return len(pool)
-        return 1e9 - (t - next(iter(pool.values())))
+        return 1e9 - 1e6 * (t - next(iter(pool.values())))
 
     out = [("fill, all stored", stored, None)]
     out += [("fill fading over %g s" % tau, stored, tau)
@@ -195,33 +204,31 @@ def main():
 
     if not a.rules:
         return
-    print("online rules, 8 arrivals jittered: mean (min-max) of the bound")
+    print("8 arrivals jittered: mean (min-max) of each one's bound")
     arrivals = []
     for seed in range(8):
         rng = random.Random(seed)
-        off = {}
-        j = [(t + off.setdefault(s, rng.uniform(-0.5, 0.5)), n, s, keys)
-             for n, (t, s, keys) in enumerate(reqs)]
-        # a session's own requests keep their order
-        per = collections.defaultdict(list)
-        for r in j:
-            per[r[2]].append(r)
-        j = []
-        for rs in per.values():
-            times = sorted(r[0] for r in rs)
-            j += [(tm, r[2], r[3]) for tm, r in zip(times, rs)]
-        j.sort(key=lambda r: r[0])
+        off = {s: rng.uniform(-0.5, 0.5) for s in sorted({r[1] for r in reqs})}
+        # one offset a session: its own requests keep their order (a
+        # stable sort keeps those sent at one instant as they were)
+        j = sorted(((t + off[s], s, keys) for t, s, keys in reqs),
+                   key=lambda r: r[0])
         bound = session_bounds.bounds(
             [(len(k) * session_bounds.BLOCK, k) for _, _, k in j],
             a.blocks * len(servers))["lru_by_blocks"]
         arrivals.append((j, bound))
+
+    def spread(what, place, tau=None):
+        r = [replay(j, servers, place(j), a.blocks, tau)[0] / b
+             for j, b in arrivals]
+        print("  %-44s %.3f (%.3f-%.3f)" % (what, sum(r) / len(r), min(r),
+                                            max(r)))
+
+    spread("foresight", lambda j: foresight(j, servers))
     for name, fill, tau in rules():
         for turns in (0, 2):
-            r = [replay(j, servers, online(fill, turns), a.blocks, tau)[0]
-                 / b for j, b in arrivals]
-            print("  %-36s %s %.3f (%.3f-%.3f)" % (
-                name, "moves" if turns else "stays", sum(r) / len(r),
-                min(r), max(r)))
+            spread("%s, %s" % (name, "moves" if turns else "stays"),
+                   lambda j: online(fill, turns), tau)
 
 
 if __name__ == "__main__":
