@@ -127,13 +127,19 @@ def pool_held(reqs, blocks):
                 n += 1
         out.append((prev, n))
         last[s] = server
-        pool = pools[server]
-        for key in reversed(keys):
-            pool[key] = True
-            pool.move_to_end(key)
-        while len(pool) > blocks:
-            pool.popitem(last=False)
+        pool_add(pools[server], keys, blocks)
     return out
+
+
+def pool_add(pool, keys, blocks, value=True):
+    """a request's blocks into pool (an OrderedDict, least recent
+    first) the most recent, tail first as a server's pool frees them,
+    each with value; then the least recent out past BLOCKS"""
+    for key in reversed(keys):
+        pool[key] = value
+        pool.move_to_end(key)
+    while len(pool) > blocks:
+        pool.popitem(last=False)
 
 
 def held_by_left(sent, flat, rows, blocks):

@@ -78,12 +78,7 @@ def replay(reqs, servers, choose, blocks, tau=None):
         for w in servers:
             model["seen"][w].pop(s, None)
         model["seen"][v][s] = (t, len(keys))
-        pool = pools[v]
-        for k in reversed(keys):
-            pool[k] = t
-            pool.move_to_end(k)
-        while len(pool) > blocks:
-            pool.popitem(last=False)
+        session_moves.pool_add(pools[v], keys, blocks, t)
     return hit / (total or 1), moves
 
 
