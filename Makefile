@@ -90,13 +90,17 @@ PROVE      = HARNESS_RULESFILE=$(TEST_RULES) \
 #      subscribing worker's peak memory under 4 MB messages (under ASan,
 #      side by side, its reads batched up and it grew 37 MB against 32),
 #      the bridge's snapshot pacing and its memory with Redis hung, the
-#      status page under load, and the two soaks (side by side with the
-#      others, both once lost every request to a flood of connections;
-#      beside each other, on a loaded machine, kvload's requests piled up
-#      past nginx's 1,024 connections).
+#      status page under load, the warning of a bridge pair (it waits
+#      while the followed bridge's messages come later than the 2 s
+#      heartbeat: under ASan beside the others one server was not warned
+#      in 45 s), and the two soaks (side by side with the others, both
+#      once lost every request to a flood of connections; beside each
+#      other, on a loaded machine, kvload's requests piled up past
+#      nginx's 1,024 connections).
 # TEST_JOBS=1: everything one at a time.
 TEST_JOBS   ?= 5
-TESTS_ALONE := t/23-kvload-stages.t t/36-clear-flood.t t/37-clear-message.t \
+TESTS_ALONE := t/06-bridge-pair.t \
+               t/23-kvload-stages.t t/36-clear-flood.t t/37-clear-message.t \
                t/38-hash-flood.t t/45-status-under-load.t \
                t/48-event-amplification.t \
                t/65-kvbridge-engine.t t/74-kvbridge-redis-hung.t \
