@@ -119,16 +119,21 @@ def pool_held(reqs, blocks):
     last, out = {}, []
     for _, s, _, server, _, keys in reqs:
         prev = last.get(s)
-        n = 0
-        if prev is not None:
-            for key in keys:
-                if key not in pools[prev]:
-                    break
-                n += 1
-        out.append((prev, n))
+        out.append((prev, 0 if prev is None else pool_prefix(pools[prev],
+                                                             keys)))
         last[s] = server
         pool_add(pools[server], keys, blocks)
     return out
+
+
+def pool_prefix(pool, keys):
+    """the leading blocks of keys that pool holds"""
+    n = 0
+    for key in keys:
+        if key not in pool:
+            break
+        n += 1
+    return n
 
 
 def pool_add(pool, keys, blocks, value=True):

@@ -58,14 +58,8 @@ def replay(reqs, servers, choose, blocks, tau=None):
              "blocks": blocks}
     hit = total = moves = 0
     for i, (t, s, keys) in enumerate(reqs):
-        matched = {}
-        for v in servers:
-            n = 0
-            for k in keys:
-                if k not in pools[v]:
-                    break
-                n += 1
-            matched[v] = n
+        matched = {v: session_moves.pool_prefix(pools[v], keys)
+                   for v in servers}
         v = choose(model, i, t, s, keys, matched)
         home = model["home"].get(s)
         moves += home is not None and v != home
@@ -80,6 +74,13 @@ def replay(reqs, servers, choose, blocks, tau=None):
         model["seen"][v][s] = (t, len(keys))
         session_moves.pool_add(pools[v], keys, blocks, t)
     return hit / (total or 1), moves
+
+
+def pooled(reqs, blocks):
+    """the hit rate (of the blocks) of one LRU of BLOCKS blocks"""
+    return session_bounds.bounds(
+        [(len(k) * session_bounds.BLOCK, k) for _, _, k in reqs],
+        blocks)["lru_by_blocks"]
 
 
 def foresight(reqs, servers, noise=0.0, rng=None):
@@ -173,16 +174,14 @@ def main():
     reqs = [(r[0], r[1], r[5]) for r in started]
     chosen = [r[3] for r in started]
     servers = sorted(set(chosen))
-    pooled = session_bounds.bounds(
-        [(len(k) * session_bounds.BLOCK, k) for _, _, k in reqs],
-        a.blocks * len(servers))["lru_by_blocks"]
+    bound = pooled(reqs, a.blocks * len(servers))
 
     def line(what, hit, moves):
         print("%-44s %5.1f%%  %.3f of the bound  %3d moves"
-              % (what, 100 * hit, hit / pooled, moves))
+              % (what, 100 * hit, hit / bound, moves))
 
     print("%d requests, %d servers x %d blocks; pooled LRU %.1f%% of the "
-          "blocks" % (len(reqs), len(servers), a.blocks, 100 * pooled))
+          "blocks" % (len(reqs), len(servers), a.blocks, 100 * bound))
     line("the run's servers (the model)", *replay(
         reqs, servers, lambda m, i, *_: chosen[i], a.blocks))
     line("foresight", *replay(reqs, servers, foresight(reqs, servers),
@@ -208,10 +207,7 @@ def main():
         # stable sort keeps those sent at one instant as they were)
         j = sorted(((t + off[s], s, keys) for t, s, keys in reqs),
                    key=lambda r: r[0])
-        bound = session_bounds.bounds(
-            [(len(k) * session_bounds.BLOCK, k) for _, _, k in j],
-            a.blocks * len(servers))["lru_by_blocks"]
-        arrivals.append((j, bound))
+        arrivals.append((j, pooled(j, a.blocks * len(servers))))
 
     def spread(what, place, tau=None):
         r = [replay(j, servers, place(j), a.blocks, tau)[0] / b
