@@ -125,11 +125,14 @@ def main():
     p.add_argument("--variant", choices=["apart", "shared"],
                    default="shared")
     p.add_argument("--full", action="store_true",
-                   help="default sizes (about 160 s a run), not --quick")
+                   help="default sizes (about 4.5 min a run), not --quick")
     p.add_argument("arms", nargs="+", type=parse_arm)
     args = p.parse_args(argv)
     if args.runs < 1 or args.runs > 20:
         p.error("--runs: 1 to 20")
+    names = [name for name, _, _ in args.arms]
+    if len(set(names)) != len(names):
+        p.error("each arm needs a name of its own: %s" % " ".join(names))
 
     logs = os.environ.get("E2E_AB_LOGS",
                           os.path.join(ROOT, "build", "bench-e2e", "ab"))
