@@ -175,7 +175,7 @@ ngx_http_kv_aware_status_count(ngx_http_kv_aware_srv_conf_t *kcf,
             break;
         }
 
-        from = kva_index_count_range(ix, &clk, from, from + KVA_SCAN_CHUNK,
+        from = kva_index_count_range(ix, &clk, from, from + KVA_COUNT_CHUNK,
                                      counts);
 
         ngx_shmtx_unlock(&kcf->shpool->mutex);

@@ -37,6 +37,17 @@
 #define KVA_SCAN_CHUNK      65536
 
 /*
+ * The status pages' count of entries per slot and source reads every
+ * holder of an entry and tests its freshness (learned budgets, head
+ * room): a page of a full 32 MB index (921k entries, t/45) took 30 to
+ * 90 ms on 2 cores, 2 to 6 ms a chunk of KVA_SCAN_CHUNK, and requests
+ * on the other worker waited about as long as a page (the first third
+ * of them 28 to 36 ms in 4 runs of 5).  In chunks of this many: 0.1 to
+ * 0.4 ms a hold, the first third 4 to 6 ms in 3 runs of 4.
+ */
+#define KVA_COUNT_CHUNK     4096
+
+/*
  * Hashes a caller adds or deletes under one hold of its lock.  In a full
  * index each add evicts an entry, 0.5 to 1 us with the entry cold, so a
  * long prompt (2,048 blocks at 128k tokens) or a large event message goes
