@@ -30,20 +30,21 @@
 #define KVA_WIDE_MIN        8
 
 /*
- * Whole-index scans (clears, snapshots, status counts) go in chunks of this
- * many entries so that a caller can release its lock in between: about
- * 0.25 ms of work a chunk, whatever the index size.
+ * Whole-index clears go in chunks of this many entries so that a caller
+ * can release its lock in between: 0.7 to 2.9 ms a chunk on a full index
+ * (bench_worst, an entry freed each), within the event path's 5 ms a
+ * hold, whatever the index size.  Status counts: KVA_COUNT_CHUNK.
  */
 #define KVA_SCAN_CHUNK      65536
 
 /*
  * The status pages' count of entries per slot and source reads every
  * holder of an entry and tests its freshness (learned budgets, head
- * room): a page of a full 32 MB index (921k entries, t/45) took 30 to
- * 90 ms on 2 cores, 2 to 6 ms a chunk of KVA_SCAN_CHUNK, and requests
- * on the other worker waited about as long as a page (the first third
- * of them 28 to 36 ms in 4 runs of 5).  In chunks of this many: 0.1 to
- * 0.4 ms a hold, the first third 4 to 6 ms in 3 runs of 4.
+ * room): 1.8 to 3.6 ms a chunk of KVA_SCAN_CHUNK on a full index
+ * (bench_worst, 32m and 256m), and while a client polled the page the
+ * first third of routed requests waited 28 to 36 ms (t/45, 4 runs of
+ * 5).  In chunks of this many: 0.2 to 0.3 ms a hold, within a
+ * request's budget, and t/45's first third 4 to 6 ms.
  */
 #define KVA_COUNT_CHUNK     4096
 
