@@ -60,6 +60,7 @@ FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 FUZZ_CC      := clang
 FUZZ_FLAGS   := -g -O1 -fno-sanitize-recover=undefined -Wall -Wextra -Werror \
+                -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION \
                 -Wno-unused-parameter -Isrc/core -It/unit -Itools/common
 FUZZ_CFLAGS  := -fsanitize=fuzzer,address,undefined $(FUZZ_FLAGS)
 # the core for the fuzz targets: instrumented the same way, no main

@@ -15,6 +15,12 @@
  *     frame (the first frame is taken as it comes) (issue 18, defect 8);
  *   - and, by ASan and LSan, nothing held is read after free or leaked.
  *
+ * The stream's budget clock is the input's too (kvb_stream_fuzz_now_us):
+ * "time passes" also sets how far each reading of it moves, from 0 (no
+ * budget ever runs out on time) to past a whole budget (every call
+ * runs out after its first message), so calls cut short anywhere are
+ * explored and replayed, whatever the machine's load.
+ *
  *   make build/fuzz/fuzz_kvb_stream
  *   build/fuzz/fuzz_kvb_stream fuzz/corpus/kvb_stream
  */
@@ -68,7 +74,20 @@ static unsigned fz_byte(fz_in_t *in);
 static uint64_t fz_u64(fz_in_t *in);
 
 
-static void  *fz_zctx, *fz_router;
+static void      *fz_zctx, *fz_router;
+static uint64_t   fz_clock_us, fz_pace_us;
+
+
+uint64_t kvb_stream_fuzz_now_us(void);
+
+
+uint64_t
+kvb_stream_fuzz_now_us(void)
+{
+    fz_clock_us += fz_pace_us;
+
+    return fz_clock_us;
+}
 
 
 int
@@ -76,7 +95,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     int                    replay, lost, pair, last_stray, engine;
     char                   payload[48];
-    unsigned               op, flags, n;
+    unsigned               op, flags, n, b;
     uint64_t               now, seq, stray_prev;
     fz_in_t                in;
     fz_state_t             s;
@@ -88,6 +107,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     in.p = data;
     in.left = size;
     memset(&s, 0, sizeof(s));
+
+    fz_clock_us = 0;
+    fz_pace_us = 0;
 
     flags = fz_byte(&in);
     replay = flags & 1;
@@ -112,7 +134,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     engine = 0;
 
     for (n = 0; in.left > 0 && n < 4096; n++) {
-        op = fz_byte(&in) % 8;
+        b = fz_byte(&in);
+        op = b % 8;
 
         switch (op) {
 
@@ -152,8 +175,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             kvb_stream_io(st, now);
             break;
 
-        case 5:     /* time passes */
+        case 5:     /* time passes, the budget's clock at a new pace */
             now += fz_byte(&in);
+            fz_pace_us = (uint64_t) (b >> 3) * 200;
             kvb_stream_tick(st, now);
             break;
 

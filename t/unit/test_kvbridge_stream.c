@@ -627,6 +627,14 @@ main(void)
        && kvb_stream_stats(st)->duplicates == 1,
        "a stray with the engine's next seq: the engine's own dropped, "
        "no reset");
+
+    /* a repeat of the last seq between two strays parts them */
+    live_as(st, 1ULL << 62, 'x');
+    live_as(st, 14, 'x');
+    live_as(st, (1ULL << 62) + 1, 'x');
+    live(st, 15);
+    ok(resets == 0 && ngot == 16 && got[15] == 15,
+       "strays 2^62, the last seq again, 2^62 + 1: not a pair, no reset");
     kvb_stream_destroy(st);
 
     /*

@@ -64,8 +64,9 @@
  * No call holds the caller long: kvb_stream_io() reads at most
  * KVB_STREAM_IO_MSGS messages, KVB_STREAM_IO_BYTES bytes and
  * KVB_STREAM_IO_US of time (whichever comes first, batches handed on
- * included), and the replay timeout is checked between messages, not
- * only between turns.  Held batches are handed on under the same budget
+ * included; the first message always goes, so a call entered late
+ * still moves the stream), and the replay timeout is checked between
+ * messages, not only between turns.  Held batches are handed on under the same budget
  * from kvb_stream_tick() (kvb_stream_deadline() says "now" until they
  * are).  The replay socket queues at most KVB_STREAM_REPLAY_HWM messages
  * of at most the size kvb_stream_set_max_batch() sets: past that a
