@@ -416,7 +416,7 @@ write_conf() {
     local access="access_log off;"
     case $policy in
     kv_aware*)
-        [ "${BENCH_ACCESS_LOG:-0}" = 1 ] && access="log_format kva '\$msec \$http_x_session_affinity \$upstream_addr \$kv_aware_reason \$kv_aware_matched/\$kv_aware_blocks \$upstream_http_x_kvsim_cached_tokens \$upstream_response_time \$request_time';
+        [ "${BENCH_ACCESS_LOG:-0}" = 1 ] && access="log_format kva '\$msec \$http_x_session_affinity \$upstream_addr \$kv_aware_reason \$kv_aware_matched/\$kv_aware_blocks \$upstream_http_x_kvsim_cached_tokens \$upstream_response_time \$request_time \$upstream_header_time';
     access_log $prefix/logs/access.log kva;" ;;
     esac
     for k in $(seq 0 $(( SERVERS - 1 ))); do
