@@ -178,7 +178,7 @@ ngx_http_kv_aware_status_count(ngx_http_kv_aware_srv_conf_t *kcf,
         from = kva_index_count_range(ix, &clk, from, from + KVA_COUNT_CHUNK,
                                      counts);
 
-        ngx_shmtx_unlock(&kcf->shpool->mutex);
+        ngx_http_kv_aware_zone_unlock_between(kcf);
     }
 }
 

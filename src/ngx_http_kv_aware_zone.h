@@ -80,6 +80,8 @@ void ngx_http_kv_aware_zone_clock(ngx_http_kv_aware_srv_conf_t *kcf,
     kva_clock_t *clk);
 void ngx_http_kv_aware_zone_learn_budget(ngx_http_kv_aware_srv_conf_t *kcf,
     ngx_uint_t slot, kva_clock_t *clk);
+void ngx_http_kv_aware_zone_unlock_between(
+    ngx_http_kv_aware_srv_conf_t *kcf);
 void ngx_http_kv_aware_zone_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
     const kva_slotset_t *set, unsigned srcs);
 void ngx_http_kv_aware_zone_forget_slots(ngx_http_kv_aware_srv_conf_t *kcf,
