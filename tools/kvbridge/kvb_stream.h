@@ -66,11 +66,12 @@
  * KVB_STREAM_IO_US of time (whichever comes first, batches handed on
  * included; the first message always goes, so a call entered late
  * still moves the stream), and the replay timeout is checked between
- * messages, not only between turns.  Held batches are handed on under the same budget
- * from kvb_stream_tick() (kvb_stream_deadline() says "now" until they
- * are).  The replay socket queues at most KVB_STREAM_REPLAY_HWM messages
- * of at most the size kvb_stream_set_max_batch() sets: past that a
- * flooding replay loses messages, skips a seq and fails as a gap.
+ * messages, not only between turns.  Held batches are handed on under
+ * the same budget from kvb_stream_tick() (kvb_stream_deadline() says
+ * "now" until they are).  The replay socket queues at most
+ * KVB_STREAM_REPLAY_HWM messages of at most the size
+ * kvb_stream_set_max_batch() sets: past that a flooding replay loses
+ * messages, skips a seq and fails as a gap.
  */
 
 #ifndef _KVB_STREAM_H_INCLUDED_
