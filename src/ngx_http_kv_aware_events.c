@@ -430,7 +430,7 @@ ngx_http_kv_aware_apply_hashes(ngx_http_kv_aware_srv_conf_t *kcf,
 
         for (off = 0; off < ev->nhashes; off += n) {
             if (held >= KVA_ADD_CHUNK) {
-                ngx_shmtx_unlock(&kcf->shpool->mutex);
+                ngx_http_kv_aware_zone_unlock_between(kcf);
                 held = 0;
                 ngx_shmtx_lock(&kcf->shpool->mutex);
             }

@@ -319,7 +319,7 @@ ngx_http_kv_aware_share_apply(ngx_http_kv_aware_srv_conf_t *kcf,
 
         kva_index_add(kcf->sh->index, hashes + from, (uint32_t) piece, slot,
                       KVA_BIT_LEARNED, &clk);
-        ngx_shmtx_unlock(&kcf->shpool->mutex);
+        ngx_http_kv_aware_zone_unlock_between(kcf);
     }
 
     (void) ngx_atomic_fetch_add(&kcf->sh->share->stats.received, n);

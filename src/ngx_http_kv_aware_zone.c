@@ -527,8 +527,9 @@ ngx_http_kv_aware_zone_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
 
 /*
  * Gives the zone's lock up between two chunks of a long task (a clear, a
- * status page's count), letting a worker that sleeps waiting for it take
- * it first.  nginx's mutex is not fair: taken again at once, it was taken
+ * status page's count, a large event message or shared batch, the lookup
+ * and record of a long prompt), letting a worker that sleeps waiting for
+ * it take it first.  nginx's mutex is not fair: taken again at once, it was taken
  * again before the woken waiter ran, chunk after chunk, and a routed
  * request on the other worker waited 22 to 40 ms, most of a 43 to 155 ms
  * status page, not a chunk (t/45, requests on the worker making no page,
