@@ -48,7 +48,8 @@ $env->start_nginx or BAIL_OUT('nginx did not start');
 ok(wait_status($env, 5, sub { $_[0]{redis}{state} eq 'up' }), 'subscribed');
 
 # the worker holding the subscription: the one that logged it
-my ($subscriber) = $env->error_log =~ /^\S+ \S+ \[notice\] (\d+)#\d+: kv_aware: upstream "llm" subscribed to/m;
+my ($subscriber) = $env->error_log
+    =~ /^\S+ \S+ \[notice\] (\d+)#\d+: kv_aware: upstream "llm" subscribed/m;
 ok($subscriber, 'the subscribing worker: ' . ($subscriber // 'none'));
 
 my $pub = publisher($env);
