@@ -5,8 +5,9 @@
         before=/tmp/before.so after=/tmp/after.so[:kv_aware_ttft] \\
         [-- run.sh options, e.g. --slow-servers 0,1]
 
-Each arm is NAME=MODULE[:POLICY] (policy: one of run.sh's, default
-kv_aware).  The arms run in turn, run after run (a, b, a, b, ...), each a
+Each arm is NAME=MODULE[:POLICY[:PARAMS]] (policy: one of run.sh's,
+default kv_aware; PARAMS: more kv_aware parameters for this arm alone,
+added to KV_AWARE_PARAMS, e.g. 'session=$http_x_session_affinity').  The arms run in turn, run after run (a, b, a, b, ...), each a
 `bench/e2e/run.sh --workloads agents --quick` of one policy with
 KV_AWARE_MODULE set to the arm's build, so that a drift of the machine
 falls on all of them alike.  Prints every run's row, then each arm's
@@ -40,17 +41,19 @@ COLUMNS = ["hit rate", "/ LRU", "TTFT p50", "p90", "p99", "busiest / mean",
 
 
 def parse_arm(text):
-    """NAME=MODULE[:POLICY] -> (name, absolute module path, policy)"""
+    """NAME=MODULE[:POLICY[:PARAMS]] -> (name, absolute module path,
+    policy, params)"""
     if "=" not in text:
         raise argparse.ArgumentTypeError(
-            "an arm is NAME=MODULE[:POLICY], not %r" % text)
+            "an arm is NAME=MODULE[:POLICY[:PARAMS]], not %r" % text)
     name, rest = text.split("=", 1)
-    module, _, policy = rest.partition(":")
+    module, _, rest = rest.partition(":")
+    policy, _, params = rest.partition(":")
     module = os.path.abspath(module)
     if not name or not os.path.isfile(module):
         raise argparse.ArgumentTypeError(
             "arm %r: no module at %s" % (text, module))
-    return name, module, policy or "kv_aware"
+    return name, module, policy or "kv_aware", params
 
 
 def number(cell):
@@ -75,9 +78,12 @@ def read_row(results):
     return None
 
 
-def run_arm(name, module, policy, args, extra, logs, r):
+def run_arm(name, module, policy, params, args, extra, logs, r):
     env = dict(os.environ, KV_AWARE_MODULE=module,
                AGENTS_VARIANTS=args.variant)
+    if params:
+        env["KV_AWARE_PARAMS"] = " ".join(
+            p for p in (env.get("KV_AWARE_PARAMS"), params) if p)
     work = env.get("E2E_WORK", os.path.join(ROOT, "build", "bench-e2e"))
     results = env.get("E2E_RESULTS", os.path.join(work, "results"))
     cmd = ["bash", os.path.join(ROOT, "bench/e2e/run.sh"),
@@ -130,7 +136,7 @@ def main():
     args = p.parse_args(argv)
     if args.runs < 1 or args.runs > 20:
         p.error("--runs: 1 to 20")
-    names = [name for name, _, _ in args.arms]
+    names = [name for name, _, _, _ in args.arms]
     if len(set(names)) != len(names):
         p.error("each arm needs a name of its own: %s" % " ".join(names))
 
@@ -140,10 +146,11 @@ def main():
 
     print("| arm | run | " + " | ".join(COLUMNS) + " |")
     print("|---|---:|" + "---:|" * len(COLUMNS))
-    rows = {name: [] for name, _, _ in args.arms}
+    rows = {name: [] for name, _, _, _ in args.arms}
     for r in range(1, args.runs + 1):
-        for name, module, policy in args.arms:
-            row = run_arm(name, module, policy, args, extra, logs, r)
+        for name, module, policy, params in args.arms:
+            row = run_arm(name, module, policy, params, args, extra, logs,
+                          r)
             rows[name].append(row)
             print("| %s | %d | %s |" % (name, r, " | ".join(
                 fmt(row.get(c)) for c in COLUMNS)), flush=True)
@@ -153,14 +160,16 @@ def main():
                                                        args.variant))
     print("| arm | " + " | ".join(COLUMNS) + " |")
     print("|---|" + "---:|" * len(COLUMNS))
-    for name, _, policy in args.arms:
+    for name, _, policy, params in args.arms:
         cells = []
         for c in COLUMNS:
             vals = [row[c] for row in rows[name] if row.get(c) is not None]
             cells.append("%s (%s-%s)" % (fmt(statistics.median(vals)),
                                           fmt(min(vals)), fmt(max(vals)))
                          if vals else "-")
-        print("| %s %s | %s |" % (name, policy, " | ".join(cells)))
+        print("| %s %s%s | %s |" % (name, policy,
+                                     " " + params if params else "",
+                                     " | ".join(cells)))
 
 
 if __name__ == "__main__":
