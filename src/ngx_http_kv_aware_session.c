@@ -156,7 +156,17 @@ ngx_http_kv_aware_session_pick_locked(ngx_http_kv_aware_srv_conf_t *kcf,
         } else if (i == best) {
             outcome = NGX_HTTP_KV_AWARE_SESS_BOUND;
 
-        } else if (ngx_http_kv_aware_session_cold(cand, n, i)) {
+        } else if (ngx_http_kv_aware_session_cold(cand, n, i)
+                   || ctx->why == KVA_WHY_CAPACITY)
+        {
+            /*
+             * By capacity: no server holds affinity_min of the prompt,
+             * the bound one included, and another has more room for it
+             * once what each holds is counted.  Kept, the session
+             * overfilled a server its sessions had outgrown (each turn
+             * computing again what its neighbours' turns evicted), as
+             * it would not have without session=.
+             */
             outcome = NGX_HTTP_KV_AWARE_SESS_COLD;
 
         } else if (kva_score_overloaded(&kcf->score, cand, n, ctx->nblocks,

@@ -286,6 +286,38 @@ subtest 'its server holds nothing more than another: cold' => sub {
 };
 
 
+# A session whose server holds under affinity_min of a long prompt (a
+# context its server evicted, a large tool output) goes where the usual
+# choice puts it by capacity, as it would without session=: kept, it
+# overfilled a server its sessions had outgrown (bench/README.md).
+subtest 'its server holds little of a long prompt, another has room: cold'
+    => sub {
+    my $env = start(n => 2) or return;
+
+    # three turns of unrelated prompts: its server stores all three
+    my @t = map { turn($env, 'thin', "t$_") } 1 .. 3;
+    my $home = $t[0]{backend};
+    my ($other) = grep { $_ ne $home } qw(b1 b2);
+    is(scalar(grep { $_->{backend} eq $home } @t), 3,
+       "three turns on $home");
+
+    # the last prompt, then much more: its server holds a few blocks
+    my $long = prompt('t3') . ' ' . join ' ', map {
+        "Then tool output $_ came back with a line of text." } 1 .. 60;
+    my $r = send_body($env, chat_body('m', user => $long), undef,
+                      { 'X-Session-Affinity' => 'thin' });
+    is("$r->{backend} $r->{reason}", "$other session:yielded:cold",
+       "it moves to $other, emptier once what $home holds is counted");
+    my $n = send_body($env, chat_body('m', user => "$long And then?"),
+                      undef, { 'X-Session-Affinity' => 'thin' });
+    is("$n->{backend} $n->{reason}", "$other session", 'and stays there');
+    is(sessions($env)->{routed}{cold}, 1, 'status: cold 1');
+
+    $env->stop_nginx;
+    $env->check_logs_clean('thin');
+};
+
+
 subtest 'new sessions sharing a system prompt spread by capacity' => sub {
     my $env = start() or return;
 
