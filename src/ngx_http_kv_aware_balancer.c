@@ -634,7 +634,11 @@ ngx_http_kv_aware_balancer_learn_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
     for (from = 0; from < nblocks; from += piece) {
         if (from) {
-            ngx_http_kv_aware_zone_unlock_between(kcf);
+            /*
+             * Not handed over to a waiter: the peers' write lock is held
+             * here, and other workers routing would wait for that too.
+             */
+            ngx_shmtx_unlock(&kcf->shpool->mutex);
             ngx_shmtx_lock(&kcf->shpool->mutex);
         }
 

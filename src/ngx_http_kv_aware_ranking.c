@@ -260,7 +260,8 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
          from = piece)
     {
         if (from) {
-            ngx_http_kv_aware_zone_unlock_between(kcf);
+            /* not handed over: the peers' lock may be held (balancer.c) */
+            ngx_shmtx_unlock(&kcf->shpool->mutex);
             ngx_shmtx_lock(&kcf->shpool->mutex);
         }
 

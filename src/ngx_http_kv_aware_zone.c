@@ -527,17 +527,19 @@ ngx_http_kv_aware_zone_drop_slots(ngx_http_kv_aware_srv_conf_t *kcf,
 
 /*
  * Gives the zone's lock up between two chunks of a long task (a clear, a
- * status page's count, a large event message or shared batch, the lookup
- * and record of a long prompt), letting a worker that sleeps waiting for
- * it take it first.  nginx's mutex is not fair: taken again at once, it
- * was taken again before the woken waiter ran, chunk after chunk, and a
- * routed request on the other worker waited 22 to 40 ms, most of a 43 to
- * 155 ms status page, not a chunk (t/45, requests on the worker making no
- * page, 3 runs of 5; t/39 for event messages).  Waiters asleep are
- * counted by the mutex; one that still spins takes the lock in the gap
- * or soon sleeps and is counted.  The wait here is bounded
- * (KVA_HANDOVER_YIELDS), and spent only when someone waits: the long
- * task goes slower, routing does not.
+ * status page's count, a large event message or shared batch), letting a
+ * worker that sleeps waiting for it take it first.  nginx's mutex is not
+ * fair: taken again at once, it was taken again before the woken waiter
+ * ran, chunk after chunk, and a routed request on the other worker
+ * waited 22 to 40 ms, most of a 43 to 155 ms status page, not a chunk
+ * (t/45, requests on the worker making no page, 3 runs of 5; t/39 for
+ * event messages).  Waiters asleep are counted by the mutex; one that
+ * still spins takes the lock in the gap or soon sleeps and is counted.
+ * The wait here is bounded (KVA_HANDOVER_YIELDS), and spent only when
+ * someone waits: the long task goes slower, routing does not.  Not for
+ * a prompt's lookup and record: the upstream's peers lock may be held
+ * there, and waiting for another's chunk would stall every worker
+ * routing to the upstream.
  */
 void
 ngx_http_kv_aware_zone_unlock_between(ngx_http_kv_aware_srv_conf_t *kcf)
