@@ -7,10 +7,12 @@
  * upstream's zone (src/core/kva_session.c); its next ones go there,
  * whatever their prompt, unless the binding would hurt: the server is
  * down, failed, full or gone, cold (it holds no more of the prompt than
- * the usual choice, which holds some), or overloaded (kva_score_overloaded(): a
- * hot spot by the gate's test, or its cost over the least one's by more
- * than session_margin).  Then the usual choice is taken and the session
- * moves there.  A session idle for session_timeout is forgotten.
+ * the usual choice, which holds some; or no server holds affinity_min of
+ * the prompt and capacity chose another), or overloaded
+ * (kva_score_overloaded(): a hot spot by the gate's test, or its cost
+ * over the least one's by more than session_margin).  Then the usual
+ * choice is taken and the session moves there.  A session idle for
+ * session_timeout is forgotten.
  */
 
 #include "ngx_http_kv_aware_common.h"

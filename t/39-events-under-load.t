@@ -7,8 +7,10 @@
 # (X-Worker), and the requests of the worker that takes no events are
 # judged.  Here, 24 messages in about 2 s: their p99 went from 6.9-7.5
 # ms to 2.3-2.5 and the slowest from 19-20 to 5-6 when the lock was
-# handed over (the median, 0.5-0.9 ms, did not move); the bound is looser
-# (a loaded CI machine) and fails a lock held for whole messages.
+# handed over (the median, 0.5-0.9 ms, did not move).  The bound is
+# looser (a loaded CI machine): it fails a lock held for whole messages
+# for a tenth of the requests, not the unfair hand-over those figures
+# show, which only the p99 and the slowest printed here tell.
 
 use strict;
 use warnings;
@@ -47,9 +49,14 @@ EOF
 $env->start_nginx or BAIL_OUT('nginx did not start');
 ok(wait_status($env, 5, sub { $_[0]{redis}{state} eq 'up' }), 'subscribed');
 
-# the worker holding the subscription: the one that logged it
-my ($subscriber) = $env->error_log
-    =~ /^\S+ \S+ \[notice\] (\d+)#\d+: kv_aware: upstream "llm" subscribed/m;
+# the worker holding the subscription: the one that logged it (just
+# after the status said "up": polled)
+my $subscriber;
+KvAware::Launch::wait_until(5, sub {
+    ($subscriber) = $env->error_log =~ /^\S+\ \S+\ \[notice\]\ (\d+)\#\d+:
+                                        \ kv_aware:\ upstream\ "llm"
+                                        \ subscribed/mx;
+});
 ok($subscriber, 'the subscribing worker: ' . ($subscriber // 'none'));
 
 my $pub = publisher($env);
@@ -124,11 +131,14 @@ my @load = timed(sub {
 });
 my $load_s = time - $t0;
 waitpid($kid, 0) unless $published;
-my $taken = seen(status($env)) - seen($st0);
+my $st1 = status($env);
+my $taken = seen($st1) - seen($st0);
+my $applied = $st1->{events}{messages} - $st0->{events}{messages};
 
 cmp_ok(scalar @load, '>=', 40, scalar(@load) . ' requests routed to b2 '
        . 'during the flood');
 is($taken, $N, "all $N messages taken in meanwhile");
+is($applied, $N, 'all applied, none refused (no flood without the lock)');
 
 my @b = other_ms(@base);
 my @f = other_ms(@load);

@@ -211,7 +211,8 @@ subtest 'a failed server: the retry answers, the body whole' => sub {
     is($r->{status}, 200, 'answered');
     is($r->{headers}{'x-backend'}, 'b1', 'by the other server');
     like($env->error_log,
-         qr/(?:connect|recv)\(\) failed .*"http:\/\/\Q$A[1]\E/,
+         qr/(?:(?:connect|recv|writev|readv)\(\)\ failed
+               |upstream\ prematurely\ closed).*"http:\/\/\Q$A[1]\E/x,
          'after the first try went to the server of the blocks');
     is($r->{json}{len}, length $P, 'the body arrived whole');
     like($r->{headers}{'x-backend-rank'} // '', qr/^[01]$/,
