@@ -634,10 +634,6 @@ ngx_http_kv_aware_balancer_learn_locked(ngx_http_kv_aware_srv_conf_t *kcf,
 
     for (from = 0; from < nblocks; from += piece) {
         if (from) {
-            /*
-             * Not handed over to a waiter: the peers' write lock is held
-             * here, and other workers routing would wait for that too.
-             */
             ngx_shmtx_unlock(&kcf->shpool->mutex);
             ngx_shmtx_lock(&kcf->shpool->mutex);
         }

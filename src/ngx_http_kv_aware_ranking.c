@@ -260,7 +260,7 @@ ngx_http_kv_aware_ranking_weigh_locked(ngx_http_kv_aware_srv_conf_t *kcf,
          from = piece)
     {
         if (from) {
-            /* not handed over: the peers' lock may be held (balancer.c) */
+            /* not handed over: the peers lock may be held (zone.c) */
             ngx_shmtx_unlock(&kcf->shpool->mutex);
             ngx_shmtx_lock(&kcf->shpool->mutex);
         }
