@@ -22,7 +22,7 @@ use Time::HiRes qw(time sleep);
 use Test::KvAware ();
 use Test::KvAware::Events qw(
     $JSON $CHANNEL preflight block_hashes prompt addr upstream_conf status
-    wait_status publisher stored seen
+    wait_status publisher stored seen timed_chats
 );
 
 preflight();
@@ -63,27 +63,9 @@ my $pub = publisher($env);
 my $P = prompt('events-load', 8);
 $pub->event($A[1], events => [stored(block_hashes($P))]);
 
-# Requests in turn until $until->() (at most 2,000): [start, end,
-# worker] each, () if one went wrong
-sub timed {
-    my ($until) = @_;
-    my @t;
-    for my $i (1 .. 2000) {
-        last if $until->(scalar @t);
-        my $t0 = time;
-        my $r = $env->request(POST => '/v1/chat/completions', $P,
-                              { 'Content-Type' => 'application/json' });
-        my $h = $r->{headers} || {};
-        push @t, [$t0, time, $h->{'x-worker'} // 0];
-        next if ($r->{status} // 0) == 200
-                && ($h->{'x-backend'} // '-') eq 'b2';
-        diag("request $i: " . ($r->{status} // '-') . ' '
-             . ($h->{'x-backend'} // '-') . ' '
-             . ($h->{'x-kv-reason'} // $r->{error} // '-'));
-        return ();
-    }
-    return @t;
-}
+# requests in turn until $until->(): [start, end, worker] each, () if
+# one went wrong
+sub timed { timed_chats($env, $P, 'b2', @_) }
 
 # the times of those on the worker without the subscription, ms, in order
 sub other_ms {

@@ -18,7 +18,7 @@ use Time::HiRes qw(time sleep);
 use Test::KvAware ();
 use Test::KvAware::Events qw(
     preflight block_hashes prompt addr upstream_conf status wait_status
-    publisher stored fill_index seen
+    publisher stored fill_index seen timed_chats
 );
 
 preflight();
@@ -57,23 +57,7 @@ ok(wait_status($env, 10, sub { seen($_[0]) > seen($st) }),
    'the prompt\'s blocks reached nginx');
 
 # 40 requests in turn: [start, end, worker] each, () if one went wrong
-sub timed {
-    my @t;
-    for my $i (1 .. 40) {
-        my $t0 = time;
-        my $r = $env->request(POST => '/v1/chat/completions', $P,
-                              { 'Content-Type' => 'application/json' });
-        my $h = $r->{headers} || {};
-        push @t, [$t0, time, $h->{'x-worker'} // 0];
-        next if ($r->{status} // 0) == 200
-                && ($h->{'x-backend'} // '-') eq 'b2';
-        diag("request $i: " . ($r->{status} // '-') . ' '
-             . ($h->{'x-backend'} // '-') . ' '
-             . ($h->{'x-kv-reason'} // $r->{error} // '-'));
-        return ();
-    }
-    return @t;
-}
+sub timed { timed_chats($env, $P, 'b2', 40) }
 
 # their times, ms, in order
 sub ms { sort { $a <=> $b } map { ($_->[1] - $_->[0]) * 1000 } @_ }

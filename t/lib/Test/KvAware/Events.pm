@@ -34,7 +34,7 @@ our @EXPORT_OK = qw(
     preflight block_hashes prompt chat show addr bnum upstream_conf
     status server_status wait_status wait_until seen
     redis_connect redis_subscribe numsub publisher
-    stored removed cleared traffic fill_index
+    stored removed cleared traffic fill_index timed_chats
 );
 
 our $JSON = JSON::PP->new->canonical->utf8;
@@ -258,6 +258,32 @@ sub fill_index {
         sleep 1.05 if $round < 2;   # a fresh second of the budgets
     }
     return $st;
+}
+
+# Requests of $body in turn, each timed: [start, end, worker] each (the
+# worker from an X-Worker header the location adds), until
+# $until->(count so far), or $until requests if it is a number (2,000
+# at most); () as soon as one is not answered 200 by $backend (said).
+# t/39 and t/45 tell by the worker which requests waited for the lock.
+sub timed_chats {
+    my ($env, $body, $backend, $until) = @_;
+    my $enough = ref $until ? $until : sub { $_[0] >= $until };
+    my @t;
+    for my $i (1 .. 2000) {
+        last if $enough->(scalar @t);
+        my $t0 = time;
+        my $r = $env->request(POST => '/v1/chat/completions', $body,
+                              { 'Content-Type' => 'application/json' });
+        my $h = $r->{headers} || {};
+        push @t, [$t0, time, $h->{'x-worker'} // 0];
+        next if ($r->{status} // 0) == 200
+                && ($h->{'x-backend'} // '-') eq $backend;
+        Test::More::diag("request $i: " . ($r->{status} // '-') . ' '
+                         . ($h->{'x-backend'} // '-') . ' '
+                         . ($h->{'x-kv-reason'} // $r->{error} // '-'));
+        return ();
+    }
+    return @t;
 }
 
 # Requests in a forked child until stop(): ->stop returns their results
