@@ -223,7 +223,9 @@ sub cleared { return { type => 'cleared' } }
 # per-second budget of hashes.  The status afterwards.  Hashes sent are
 # not all kept: a chain at its cap evicts within its bucket before the
 # index is full, and a message refused as over a budget counts as seen
-# (t/45 once found 788,510 of 921,005 entries used, not saying why): so
+# (t/45 found 788,510 and once 562,305 of 921,005 entries used; the
+# second most likely the bucket hash's weakness on keys in progression,
+# such as these, fixed since: t/unit/test_index.c): so
 # more are sent, a tenth of the capacity at a time (two rounds at most),
 # until 0.97 of $fill of it (of all of it at most) is used.  Each
 # round's figures go to note().
