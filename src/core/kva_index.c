@@ -68,11 +68,11 @@ static uint32_t kva_evict(kva_index_t *ix);
  * keys spreads under one secret: arithmetic progressions (ids 1, 2, 3,
  * or (message << 32) + i, as t/45 publishes) piled into a fraction of
  * the buckets for about 1 secret in 30, and the chain cap then evicted
- * up to 26% of 928,000 such keys from an index of 921,005 entries
- * (60 secrets simulated; most likely why t/45 once found its index 61%
+ * up to 30% of 928,000 such keys from an index of 921,005 entries
+ * (100 secrets simulated; most likely why t/45 once found its index 61%
  * full).  The fold brings the product's high bits down, where the
- * second multiply spreads them over the top bits the shift keeps: in
- * the same simulation at most 0.04% past the cap, as for random keys;
+ * second multiply spreads them over the top bits the shift keeps:
+ * under 60 secrets at most 0.04% past the cap, as for random keys;
  * the second multiply costs 2% of a cold lookup (bench_index_cold),
  * nothing measurable in routing (bench_route).  SipHash, a PRF, would
  * also resist an attacker timing lookups to learn the secret, but it
