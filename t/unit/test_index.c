@@ -112,7 +112,7 @@ test_progressions(void)
      * Keys in arithmetic progression, as a publisher of ids might send
      * them: 1, 2, 3 ..., and (message << 32) + i.  Multiply-shift alone
      * piled them into a fraction of the buckets for about 1 secret in
-     * 30, and the chain cap evicted up to a quarter of them.  Under 20
+     * 30, and the chain cap evicted up to 30% of them.  Under 20
      * secrets (three of which, mix(1015), mix(1016) and mix(1030), made
      * multiply-shift alone lose 132,327, 33,403 and 69,898), 9/10 of
      * the index's capacity (8 keys a bucket, as t/45 fills it) of
